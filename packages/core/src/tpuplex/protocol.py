@@ -1,0 +1,148 @@
+"""The contract between the core's Trainer and a framework backend.
+
+The core owns the loop (data order, learning rate, evaluation, checkpoints); a backend owns the step. Everything
+that crosses the boundary is numpy or plain Python, so no framework tensor ever enters the core.
+
+A host batch (`Batch`) is a dict of numpy arrays with a static shape `[B, L]`, B the global batch and L one of the
+configured bucket lengths:
+
+    input_ids       int32   [B, L]   token ids, 0-padded on the right
+    token_type_ids  int32   [B, L]   segment ids (0 first sentence, 1 second)
+    attention_mask  int32   [B, L]   1 for real tokens, 0 for padding
+    labels          int32   [B]      class index; float32 [B] for regression (num_labels == 1)
+    weight          float32 [B]      1 for a real example, 0 for a padding row (only in evaluation batches)
+
+Semantics every backend implements the same way:
+- loss = sum(weight * per_example_loss) / max(sum(weight), 1); cross-entropy, or squared error for regression.
+- the gradient of that loss on the global batch, averaged over replicas (each replica gets B / replicas rows);
+  with `grad_accum = k` each replica's rows are split into k equal micro-batches whose gradients are averaged.
+- clip by global norm: g *= min(1, clip_norm / global_norm(g)).
+- AdamW (decoupled weight decay, bias-corrected moments):
+      m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  t += 1
+      p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)  +  lr * weight_decay * p   [decay only where decays(name)]
+- the learning rate of each step comes from the Trainer (see `tpuplex.schedule`); backends never compute it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from tpuplex.devices import Topology
+
+Batch = Mapping[str, np.ndarray]
+BATCH_KEYS: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask", "labels", "weight")
+
+
+def decays(name: str) -> bool:
+    """Whether AdamW applies weight decay to the parameter `name` (HF naming): not to biases nor LayerNorm."""
+    return not (name.endswith(".bias") or "LayerNorm" in name or "layer_norm" in name)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """The model to build, as the core resolved it.
+
+    hf_config: the checkpoint's `config.json` (architecture sizes, layer_norm_eps, ...).
+    params: initial weights under HF `BertForSequenceClassification` names in torch layout (Linear weights are
+        [out, in]), float32; includes `classifier.weight` [num_labels, hidden] and `classifier.bias`
+        [num_labels], initialised by the core so every backend starts from the same numbers.
+    num_labels: classes; 1 means regression.
+    dropout: False turns every dropout off (used for parity runs); True uses the rates in `hf_config`.
+    checkpoint_dir: where the weights came from, for backends that build from the directory (HF torch).
+    """
+
+    hf_config: Mapping[str, Any]
+    params: Mapping[str, np.ndarray]
+    num_labels: int
+    dropout: bool = True
+    checkpoint_dir: Path | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+    """Everything about the update rule a backend needs; the learning rate arrives per step instead."""
+
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+    clip_norm: float = 1.0
+    grad_accum: int = 1
+    bf16: bool = False
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class PortableState:
+    """A training state every backend can read: the portable checkpoint's content.
+
+    params: HF names -> float32 arrays (same names and layout as `ModelSpec.params`).
+    exp_avg, exp_avg_sq: Adam's first and second moments under the same names (zeros before the first step).
+    step: optimizer updates applied so far (Adam's bias-correction count).
+    """
+
+    params: dict[str, np.ndarray]
+    exp_avg: dict[str, np.ndarray]
+    exp_avg_sq: dict[str, np.ndarray]
+    step: int
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a framework backend implements. `State` is opaque to the core."""
+
+    name: ClassVar[str]
+
+    def topology(self) -> Topology:
+        """Devices as the framework sees them; `device_count` is the number of data-parallel replicas."""
+
+    def init(self, model: ModelSpec, optimizer: OptimizerSpec) -> Any:
+        """Build the model from `model.params`, the optimizer with zero moments, and return the state."""
+
+    def train_step(self, state: Any, batch: Batch, learning_rate: float) -> tuple[Any, float]:
+        """One optimizer update on a global batch; returns the new state and the batch's mean loss."""
+
+    def train_steps(
+        self, state: Any, batches: Sequence[Batch], learning_rates: Sequence[float]
+    ) -> tuple[Any, list[float]]:
+        """Several updates in one call (steps_per_execution); batches share one shape. Returns each loss."""
+
+    def predict(self, state: Any, batch: Batch) -> np.ndarray:
+        """Logits float32 [B, num_labels] for every row, padding rows included (the core applies the weights)."""
+
+    def state_to_arrays(self, state: Any) -> PortableState:
+        """Parameters and Adam moments as numpy arrays under HF names."""
+
+    def state_from_arrays(self, state: Any, arrays: PortableState) -> Any:
+        """A state equal to `arrays`; raises TpuplexError naming missing/unexpected/mis-shaped parameters."""
+
+    def compile_count(self) -> int:
+        """Programs the framework has compiled (or traced) so far, for the recompilation guard."""
+
+    def start_profile(self, logdir: Path) -> None:
+        """Start the framework's profiler trace into `logdir`."""
+
+    def stop_profile(self) -> None:
+        """Stop the trace started by `start_profile`."""
+
+
+class BackendBase:
+    """Defaults a backend may inherit: `train_steps` as a loop over `train_step`, and no profiler."""
+
+    def train_steps(self, state, batches, learning_rates):
+        losses = []
+        for batch, learning_rate in zip(batches, learning_rates, strict=True):
+            state, loss = self.train_step(state, batch, learning_rate)
+            losses.append(loss)
+        return state, losses
+
+    def start_profile(self, logdir: Path) -> None:
+        return None
+
+    def stop_profile(self) -> None:
+        return None

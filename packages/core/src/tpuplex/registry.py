@@ -1,0 +1,43 @@
+"""Backends announce themselves through the `tpuplex.backends` entry-point group; this module finds them.
+
+A backend class is constructed with the run's `RuntimeConfig` and implements `tpuplex.protocol.Backend`.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+from tpuplex.config import RuntimeConfig
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import Backend
+
+GROUP = "tpuplex.backends"
+INSTALL = {
+    "tf": "pip install tpuplex-tf[cpu]  (or [gpu], [tpu])",
+    "torch": "pip install tpuplex-torch  (add [xla] for torch_xla)",
+    "jax": "pip install tpuplex-jax  (or tpuplex-jax[tpu], [gpu])",
+}
+
+
+def available() -> list[str]:
+    """Names of the installed backends."""
+    return sorted(ep.name for ep in entry_points(group=GROUP))
+
+
+def create(name: str, runtime: RuntimeConfig) -> Backend:
+    """Construct the backend `name`; a missing one gives the pip command that installs it."""
+    found = {ep.name: ep for ep in entry_points(group=GROUP)}
+    if name not in found:
+        installed = ", ".join(sorted(found)) or "none"
+        if name in INSTALL:
+            raise TpuplexError(f"backend {name!r} is not installed (installed: {installed}): {INSTALL[name]}")
+        raise TpuplexError(
+            f"backend {name!r} is not known: use one of {', '.join(sorted(set(INSTALL) | set(found)))}"
+        )
+    try:
+        cls = found[name].load()
+    except ImportError as error:
+        raise TpuplexError(
+            f"backend {name!r} is installed but cannot be imported ({error}): reinstall it with {INSTALL.get(name)}"
+        ) from None
+    return cls(runtime)

@@ -1,0 +1,22 @@
+"""The learning-rate schedule, defined once so every backend follows the same curve.
+
+The Trainer evaluates it on the host and hands each step its learning rate, so no backend re-implements it.
+"""
+
+import math
+
+
+def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
+    """Number of warmup steps: `ceil(total_steps * warmup_ratio)`, as in HF's `get_linear_schedule_with_warmup` use."""
+    return math.ceil(total_steps * warmup_ratio)
+
+
+def warmup_linear_decay(step: int, *, peak: float, warmup: int, total: int) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup to `peak`, then linear decay to 0 at `total`.
+
+    Matches HF `get_linear_schedule_with_warmup`: lr(step) = peak * step / warmup while step < warmup,
+    then peak * (total - step) / (total - warmup), never below 0.
+    """
+    if step < warmup:
+        return peak * step / max(1, warmup)
+    return peak * max(0.0, (total - step) / max(1, total - warmup))
