@@ -74,6 +74,9 @@ class RuntimeConfig:
     """[first, last] optimizer steps to trace with the framework's profiler; empty: no trace."""
     torch_mode: str = "auto"
     """PyTorch only: auto (XLA on TPU, else eager), eager or xla."""
+    cpu_devices: int = 0
+    """On CPU, split the host into this many devices to exercise data parallelism (JAX: forced host platform
+    device count; TF: logical devices; torch_xla: CPU_NUM_DEVICES); 0 keeps the framework's default."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +101,7 @@ _CHOICES = {
 _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_accum"),
              ("train", "steps_per_execution"), ("train", "learning_rate"), ("runtime", "keep_checkpoints"),
              ("runtime", "log_every")}
-_NON_NEGATIVE = {("train", "weight_decay"), ("train", "epochs"), ("train", "max_steps"), ("train", "eval_batch"),
+_NON_NEGATIVE = {("runtime", "cpu_devices"), ("train", "weight_decay"), ("train", "epochs"), ("train", "max_steps"), ("train", "eval_batch"),
                  ("train", "clip_norm"), ("runtime", "eval_every"), ("runtime", "checkpoint_every"),
                  ("train", "adam_epsilon")}
 _UNIT_INTERVAL = {("train", "warmup_ratio"), ("train", "adam_beta1"), ("train", "adam_beta2")}
