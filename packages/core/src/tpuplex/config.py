@@ -1,6 +1,6 @@
 """Experiment configuration: one TOML file with [model], [data], [train] and [runtime] sections.
 
-`load(path, overrides)` reads the file, applies `--set section.field=value` overrides (values parsed as TOML, so
+`load(path, overrides)` reads the file (and the file it `extends`, if any), applies `--set section.field=value` overrides (values parsed as TOML, so
 `3e-5`, `true` and `[32, 64]` work; anything else is a string), and validates every field. Every error names the
 field, the bad value and what is allowed.
 """
@@ -109,18 +109,36 @@ _UNIT_INTERVAL = {("train", "warmup_ratio"), ("train", "adam_beta1"), ("train", 
 
 def load(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
     """Read a TOML config (or start from defaults when `path` is None), apply overrides, validate."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise TpuplexError(f"config file {path} does not exist: pass the path of a TOML config")
-        try:
-            raw = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as error:
-            raise TpuplexError(f"config file {path} is not valid TOML ({error}): fix the syntax") from None
+    raw = _read(Path(path), ()) if path is not None else {}
     for override in overrides:
         _apply_override(raw, override)
     return from_dict(raw)
+
+
+def _read(path: Path, including: tuple[Path, ...]) -> dict[str, Any]:
+    """The TOML file's sections; a top-level `extends = "base.toml"` (relative to the file) is read first and the
+    file's fields are laid over it, field by field."""
+    if not path.is_file():
+        raise TpuplexError(f"config file {path} does not exist: pass the path of a TOML config")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise TpuplexError(f"config file {path} is not valid TOML ({error}): fix the syntax") from None
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str):
+        raise TpuplexError(f"extends = {base!r} in {path} is not allowed: use the path of a TOML file")
+    base_path = (path.parent / base).resolve()
+    if base_path in including or base_path == path.resolve():
+        raise TpuplexError(f"config file {path} extends {base_path}, which extends it back: remove the cycle")
+    merged = _read(base_path, (*including, path.resolve()))
+    for section, values in raw.items():
+        if isinstance(values, dict) and isinstance(merged.get(section), dict):
+            merged[section] = {**merged[section], **values}
+        else:
+            merged[section] = values
+    return merged
 
 
 def from_dict(raw: dict[str, Any]) -> Config:

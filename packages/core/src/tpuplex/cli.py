@@ -1,0 +1,89 @@
+"""The `tpuplex` command.
+
+    tpuplex train CONFIG --backend NAME [--set section.field=value ...] [--data-dir DIR]
+    tpuplex devices
+
+A TpuplexError ends the command with one line on stderr, `tpuplex: error: <message>`, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tpuplex import __version__, devices, registry
+from tpuplex import config as config_lib
+from tpuplex.errors import TpuplexError
+
+USAGE_ERROR = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.command(args)
+    except TpuplexError as error:
+        print(f"tpuplex: error: {_one_line(str(error))}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("tpuplex: interrupted (run the same command again to resume from the last checkpoint)",
+              file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tpuplex", description="Fine-tune one GLUE experiment on TPU, GPU or CPU "
+                                     "with TensorFlow, PyTorch or JAX.")
+    parser.add_argument("--version", action="version", version=f"tpuplex {__version__}")
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+
+    train = commands.add_parser("train", help="run an experiment from a TOML config")
+    train.add_argument("config", type=Path, help="the experiment's TOML file")
+    train.add_argument("--backend", required=True,
+                       help=f"framework backend; installed: {', '.join(registry.available()) or 'none'}")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                       help="override a config field (value parsed as TOML), e.g. --set train.learning_rate=3e-5")
+    train.add_argument("--data-dir", help="folder with the task's GLUE files (sets data.data_dir)")
+    train.set_defaults(command=_train)
+
+    listing = commands.add_parser("devices", help="show the devices found and how each installed backend sees them")
+    listing.set_defaults(command=_devices)
+    return parser
+
+
+def _train(args: argparse.Namespace) -> int:
+    from tpuplex import (
+        run,  # the pipeline pulls in GLUE and the trainer; `tpuplex devices` needs neither
+    )
+
+    config = config_lib.load(args.config, args.overrides)
+    if args.data_dir is not None:
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, data_dir=args.data_dir))
+    results = run.train(config, args.backend, config_path=args.config)
+    for split, metrics in results["metrics"].items():
+        print(f"{split}: " + ", ".join(f"{name} {value:.4f}" for name, value in metrics.items()))
+    print(f"results: {Path(results['output_dir']) / run.RESULTS_FILE}")
+    return 0
+
+
+def _devices(args: argparse.Namespace) -> int:
+    print(f"core discovery: {devices.discover().report()}")
+    installed = registry.available()
+    for name in installed:
+        try:
+            line = registry.create(name, config_lib.RuntimeConfig()).topology().report()
+        except Exception as error:  # noqa: BLE001 - a broken framework install must not hide the other backends
+            line = f"unavailable ({type(error).__name__}: {_one_line(str(error))})"
+        print(f"backend {name}: {line}")
+    for name, command in registry.INSTALL.items():
+        if name not in installed:
+            print(f"backend {name}: not installed ({command})")
+    return 0
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())

@@ -1,0 +1,25 @@
+"""GLUE for tpuplex: the nine tasks, their files (or the HF hub), tokenization with a cache, and the metrics.
+
+The trainer's entry point is `load_encoded(task, split, data_dir, tokenizer_dir, max_length, cache_dir)`, which
+returns the split as static-shape `tpuplex.collate.Encoded` arrays; `compute(task, logits, labels)` scores
+predictions with the task's official GLUE metrics.
+"""
+
+from tpuplex.glue.features import encode, load_encoded, load_tokenizer
+from tpuplex.glue.files import Examples, read_split
+from tpuplex.glue.hub import read_hub_split
+from tpuplex.glue.metrics import compute
+from tpuplex.glue.tasks import TASKS, Task, get_task
+
+__all__ = [
+    "TASKS",
+    "Examples",
+    "Task",
+    "compute",
+    "encode",
+    "get_task",
+    "load_encoded",
+    "load_tokenizer",
+    "read_hub_split",
+    "read_split",
+]

@@ -1,0 +1,175 @@
+"""Tokenization into static-shape arrays, with an on-disk cache so each split is tokenized once.
+
+The tokenizer is the checkpoint's HF fast tokenizer: `tokenizer.json`, or, when only `vocab.txt` exists, a BERT
+WordPiece tokenizer that lowercases as `tokenizer_config.json` says (`do_lower_case`, default true). Truncation is
+set here (longest_first to max_length, special tokens included) and the file's own padding is switched off, so
+the checkpoint's saved settings never change the arrays.
+
+The cache file is keyed by a hash of everything the arrays depend on: the tokenizer files, the task, the split,
+max_length and the source data's content. It is written to a temporary file and renamed into place, so an error or
+an interrupt never leaves a partial cache. Rows are stored unpadded (concatenated ids and their lengths), which
+keeps files small whatever max_length is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import tokenizers
+from tokenizers import Tokenizer
+from tokenizers.implementations import BertWordPieceTokenizer
+
+from tpuplex.collate import Encoded
+from tpuplex.errors import TpuplexError
+from tpuplex.glue.files import Examples
+from tpuplex.glue.sources import Source, resolve_source
+from tpuplex.glue.tasks import Task
+
+PAD_ID = 0
+# Bump when the arrays written for the same inputs change, so old cache files are not reused.
+CACHE_FORMAT = 1
+
+
+def _tokenizer_files(tokenizer_dir: Path) -> tuple[Path, bool | None]:
+    """(tokenizer.json, None), or (vocab.txt, lowercase) when only a WordPiece vocabulary exists."""
+    tokenizer_dir = Path(tokenizer_dir)
+    if (tokenizer_dir / "tokenizer.json").is_file():
+        return tokenizer_dir / "tokenizer.json", None
+    if (tokenizer_dir / "vocab.txt").is_file():
+        return tokenizer_dir / "vocab.txt", _lowercase(tokenizer_dir / "tokenizer_config.json")
+    raise TpuplexError(f"no tokenizer in {tokenizer_dir}: the checkpoint folder needs tokenizer.json or vocab.txt "
+                       "(save the tokenizer with the model, e.g. tokenizer.save_pretrained(folder))")
+
+
+def _lowercase(config_path: Path) -> bool:
+    if not config_path.is_file():
+        return True  # BERT's default, and BertWordPieceTokenizer's
+    try:
+        value = json.loads(config_path.read_text(encoding="utf-8")).get("do_lower_case", True)
+    except (json.JSONDecodeError, AttributeError):
+        raise TpuplexError(f"{config_path} is not a JSON object: repair it or delete it to lowercase by default") \
+            from None
+    if not isinstance(value, bool):
+        raise TpuplexError(f"{config_path}: do_lower_case = {value!r} must be true or false")
+    return value
+
+
+def load_tokenizer(tokenizer_dir: Path, max_length: int) -> Tokenizer:
+    """The checkpoint's tokenizer, truncating (longest_first) to `max_length` tokens and not padding."""
+    if max_length < 1:
+        raise TpuplexError(f"data.max_length = {max_length} must be positive: use e.g. 128")
+    path, lowercase = _tokenizer_files(tokenizer_dir)
+    try:
+        if lowercase is None:
+            tokenizer = Tokenizer.from_file(str(path))
+        else:
+            # Serialised and reloaded to get a plain Tokenizer rather than the implementation wrapper.
+            tokenizer = Tokenizer.from_str(BertWordPieceTokenizer(str(path), lowercase=lowercase).to_str())
+    except Exception as error:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for unreadable files
+        raise TpuplexError(f"cannot load the tokenizer {path} ({error}): give a checkpoint folder with a valid "
+                           "tokenizer.json or vocab.txt") from None
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length, strategy="longest_first")
+    return tokenizer
+
+
+def encode(examples: Examples, tokenizer: Tokenizer, max_length: int) -> Encoded:
+    """Tokenize every example ([CLS] a [SEP] (b [SEP])) into arrays right-padded with id 0 to [N, max_length].
+
+    `tokenizer` must truncate to at most `max_length` tokens (as `load_tokenizer` sets it up).
+    """
+    if examples.text_b is None:
+        inputs = examples.text_a
+    else:
+        inputs = list(zip(examples.text_a, examples.text_b, strict=True))
+    try:
+        encodings = tokenizer.encode_batch(inputs)
+    except Exception as error:  # noqa: BLE001 - e.g. max_length shorter than the special tokens
+        raise TpuplexError(f"tokenization failed ({error}): check data.max_length = {max_length} "
+                           "(it must leave room for [CLS] and [SEP] tokens)") from None
+    ids = [encoding.ids for encoding in encodings]
+    lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
+    if lengths.size and lengths.max() > max_length:
+        raise TpuplexError(f"the tokenizer returned {lengths.max()} tokens for max_length = {max_length}: "
+                           "load it with load_tokenizer(folder, max_length)")
+    flat_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
+    flat_type_ids = np.fromiter(itertools.chain.from_iterable(encoding.type_ids for encoding in encodings),
+                                dtype=np.int32, count=int(lengths.sum()))
+    return _pad(flat_ids, flat_type_ids, lengths, examples.labels, max_length)
+
+
+def _pad(ids: np.ndarray, type_ids: np.ndarray, lengths: np.ndarray, labels: np.ndarray,
+         max_length: int) -> Encoded:
+    """Encoded arrays from the concatenated rows: ids, type_ids [sum(lengths)] and lengths [N]."""
+    real = np.arange(max_length)[None, :] < lengths[:, None]  # [N, max_length], row-major = concatenation order
+    input_ids = np.full((len(lengths), max_length), PAD_ID, dtype=np.int32)
+    token_type_ids = np.zeros((len(lengths), max_length), dtype=np.int32)
+    input_ids[real] = ids
+    token_type_ids[real] = type_ids
+    return Encoded(input_ids, token_type_ids, lengths, labels)
+
+
+def cache_path(cache_dir: Path, task: Task, split: str, max_length: int, tokenizer_dir: Path,
+               source: Source) -> Path:
+    """The cache file for these inputs: `<task>-<split>-L<max_length>-<hash>.npz` in `cache_dir`."""
+    tokenizer_file, lowercase = _tokenizer_files(tokenizer_dir)
+    key = hashlib.sha256()
+    for part in (CACHE_FORMAT, tokenizers.__version__, tokenizer_file.name, lowercase, task.name, split,
+                 max_length, source.fingerprint):
+        key.update(repr(part).encode() + b"\0")
+    key.update(tokenizer_file.read_bytes())
+    return Path(cache_dir) / f"{task.name}-{split}-L{max_length}-{key.hexdigest()[:20]}.npz"
+
+
+def read_cache(path: Path) -> Encoded | None:
+    """The cached arrays, or None when the file is absent or unreadable (it is then rebuilt)."""
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            return _pad(stored["ids"], stored["type_ids"], stored["lengths"], stored["labels"],
+                        int(stored["max_length"]))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def write_cache(path: Path, encoded: Encoded) -> None:
+    """Write `encoded` to `path` atomically: a temporary file in the same folder, renamed when complete."""
+    real = np.arange(encoded.max_length)[None, :] < encoded.lengths[:, None]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
+    except OSError as error:
+        raise TpuplexError(f"cannot write the token cache in {path.parent} ({error.strerror}): "
+                           "set data.cache_dir to a writable folder") from None
+    try:
+        with os.fdopen(handle, "wb") as file:
+            np.savez(file, ids=encoded.input_ids[real], type_ids=encoded.token_type_ids[real],
+                     lengths=encoded.lengths, labels=encoded.labels, max_length=np.int64(encoded.max_length))
+        os.replace(temporary, path)
+    except BaseException:  # includes KeyboardInterrupt: never leave the temporary file behind
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def load_encoded(task: Task, split: str, data_dir: str | Path | None, tokenizer_dir: Path, max_length: int,
+                 cache_dir: Path) -> Encoded:
+    """The tokenized split, from the cache when these exact inputs were tokenized before.
+
+    Data come from `data_dir` when given (the task folder, or a GLUE folder holding it), else from
+    `$GLUE_DIR/<task.folder>`, else from the HF hub (see `tpuplex.glue.sources.resolve_source`).
+    input_ids, token_type_ids: int32 [N, max_length]; lengths: int32 [N]; labels: int32 or float32 [N].
+    """
+    source = resolve_source(task, split, data_dir)
+    path = cache_path(Path(cache_dir), task, split, max_length, Path(tokenizer_dir), source)
+    cached = read_cache(path)
+    if cached is not None:
+        return cached
+    encoded = encode(source.read(), load_tokenizer(Path(tokenizer_dir), max_length), max_length)
+    write_cache(path, encoded)
+    return encoded

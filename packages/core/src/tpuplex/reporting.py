@@ -1,0 +1,113 @@
+"""What a run tells the world: a JSONL log, TensorBoard scalars and a progress bar.
+
+    <output_dir>/log.jsonl       one JSON object per line: {"event": "start" | "train" | "eval" | "checkpoint", ...}
+    <output_dir>/tensorboard/    tensorboardX event files: train/loss, train/learning_rate, train/examples_per_s,
+                                 eval/<split>/<metric>
+
+A resumed run appends to both. The progress bar (rich) shows steps, loss and examples/s, and stays silent when
+stderr is not a terminal, so logs of batch jobs hold only the lines printed on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Self
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
+
+
+def _import_summary_writer() -> type:
+    """tensorboardX's SummaryWriter, imported without torch.
+
+    tensorboardX imports torch at module level when it is installed (only to accept torch tensors), and the core
+    must never import a framework; a `None` entry in sys.modules makes that `import torch` fail, which
+    tensorboardX handles. When torch is already loaded (a torch backend in this process) nothing is masked.
+    """
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
+SummaryWriter = _import_summary_writer()
+
+LOG_FILE = "log.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+class Reporter:
+    """Writes every record to the JSONL log and its numbers to TensorBoard; drives the progress bar.
+
+    Use as a context manager so files are flushed and closed even when training stops with an error.
+    """
+
+    def __init__(self, output_dir: Path, console: Console | None = None):
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.console = console or Console(stderr=True)
+        self._log = (self.output_dir / LOG_FILE).open("a", encoding="utf-8")
+        self._tensorboard = SummaryWriter(str(self.output_dir / TENSORBOARD_DIR))
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} ex/s"), TimeRemainingColumn(),
+            console=self.console, disable=not self.console.is_terminal,
+        )
+        self._bar = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def say(self, line: str) -> None:
+        """Print one line for the user (above the progress bar while it runs)."""
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def record(self, event: str, step: int, **fields: Any) -> None:
+        """Append `{"event", "step", "time", **fields}` to the log; numeric fields become TensorBoard scalars
+        tagged `<event>/<field>` (eval records carry their split: `eval/<split>/<field>`)."""
+        entry = {"event": event, "step": step, "time": round(time.time(), 3), **fields}
+        self._log.write(json.dumps(entry, default=_plain) + "\n")
+        self._log.flush()
+        prefix = f"{event}/{fields['split']}" if "split" in fields else event
+        for name, value in fields.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                self._tensorboard.add_scalar(f"{prefix}/{name}", value, step)
+        self._tensorboard.flush()
+
+    def start_progress(self, total_steps: int, done: int) -> None:
+        self._bar = self._progress.add_task("train", total=total_steps, completed=done, loss="-", rate="-")
+        self._progress.start()
+
+    def advance(self, step: int, loss: float, examples_per_s: float) -> None:
+        if self._bar is not None:
+            self._progress.update(self._bar, completed=step, loss=f"{loss:.4f}", rate=f"{examples_per_s:.1f}")
+
+    def close(self) -> None:
+        self._progress.stop()
+        self._tensorboard.close()
+        self._log.close()
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and paths in log records, as JSON numbers and strings."""
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)

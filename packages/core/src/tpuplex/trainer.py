@@ -1,0 +1,403 @@
+"""The training loop: the core drives, the backend steps.
+
+The Trainer owns everything that must be identical on every framework: the data order (`Batcher`), the learning
+rate of each step (`tpuplex.schedule`), when to evaluate, log and checkpoint, and how to resume. Steps are
+counted as optimizer updates; "step n" is the n-th update (1-based), and `lr` of update n is
+`warmup_linear_decay(n - 1, ...)`.
+
+Cadence (`runtime`):
+    eval_every / checkpoint_every    every this many steps; 0 means at the end of each epoch
+    log_every                        one "train" record per this many steps (mean loss over the window)
+    profile_steps = [a, b]           backend.start_profile before step a, stop_profile after step b
+Training always ends with an evaluation and a checkpoint of the final state.
+
+With `train.steps_per_execution = k > 1`, k consecutive batches of the same shape go to `backend.train_steps` in
+one call; a group never spans an evaluation, checkpoint, profile boundary or the end of an epoch, so those happen
+at exactly the configured steps. Batches that cannot form a whole group run one by one through `train_step`,
+which keeps the number of distinct programs at two per shape.
+
+Resume: `<output_dir>/checkpoints/step-*` holds the state plus `trainer.json` (step, epoch, position = batches
+already consumed in that epoch, seed, config hash, metrics); the run continues with batch `position` of `epoch`,
+so a resumed run sees exactly the batches and learning rates an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpuplex import checkpoint
+from tpuplex.collate import Batcher, Encoded
+from tpuplex.config import Config
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import Backend, Batch
+from tpuplex.reporting import Reporter
+from tpuplex.schedule import warmup_linear_decay, warmup_steps
+
+CHECKPOINTS_DIR = "checkpoints"
+PROFILE_DIR = "profile"
+
+MetricFn = Callable[[np.ndarray, np.ndarray], dict[str, float]]
+"""(logits float32 [N, num_labels], labels [N]) -> metric name -> value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """Work done in one phase of this process: examples (real rows), tokens (real, unpadded) and seconds."""
+
+    examples: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, batch: Batch, seconds: float = 0.0) -> Throughput:
+        real = batch["weight"] > 0
+        return Throughput(self.examples + int(real.sum()), self.tokens + int(batch["attention_mask"][real].sum()),
+                          self.seconds + seconds)
+
+    def timed(self, seconds: float) -> Throughput:
+        return dataclasses.replace(self, seconds=self.seconds + seconds)
+
+    def summary(self) -> dict[str, float]:
+        rate = 1.0 / self.seconds if self.seconds > 0 else 0.0
+        return {"examples": self.examples, "tokens": self.tokens, "seconds": round(self.seconds, 3),
+                "examples_per_s": round(self.examples * rate, 2), "tokens_per_s": round(self.tokens * rate, 1)}
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """The outcome of `Trainer.fit`.
+
+    metrics: eval split -> metric -> value, from the last evaluation (of the final state).
+    losses: the training loss of every step this process ran, in order, beginning at step `first_step`.
+    train, eval: throughput of this process's training steps and evaluations.
+    """
+
+    state: Any
+    step: int
+    metrics: dict[str, dict[str, float]]
+    losses: list[float]
+    first_step: int
+    train: Throughput
+    eval: Throughput
+    resumed_from: Path | None
+    checkpoint: Path | None
+
+
+@dataclasses.dataclass
+class _Position:
+    step: int = 0
+    epoch: int = 0
+    position: int = 0
+
+
+class Trainer:
+    """Runs one experiment on `backend`.
+
+    Args:
+        backend: the framework backend.
+        config: the whole run configuration (its hash guards resuming with another config).
+        train_data: the encoded training split.
+        eval_data: eval split name -> encoded split (e.g. {"dev": ...}).
+        metric_fn: official metrics of a split from its logits and labels.
+        num_labels: classes; 1 means regression (squared-error eval loss).
+        output_dir: where checkpoints (and, through the Reporter, logs) go.
+    """
+
+    def __init__(self, backend: Backend, config: Config, train_data: Encoded, eval_data: Mapping[str, Encoded],
+                 metric_fn: MetricFn, num_labels: int, output_dir: Path):
+        self.backend = backend
+        self.config = config
+        self.metric_fn = metric_fn
+        self.num_labels = num_labels
+        self.output_dir = Path(output_dir)
+        self.checkpoint_root = self.output_dir / CHECKPOINTS_DIR
+        train, runtime = config.train, config.runtime
+        replicas = backend.topology().device_count
+        buckets = config.data.buckets
+        self.train_batcher = Batcher(train_data, train.global_batch, replicas, buckets, seed=train.seed)
+        self.eval_batchers = {split: Batcher(data, train.eval_batch or train.global_batch, replicas, buckets,
+                                             seed=train.seed) for split, data in eval_data.items()}
+        self.steps_per_epoch = self.train_batcher.steps_per_epoch
+        if self.steps_per_epoch == 0:
+            raise TpuplexError(
+                f"the training split ({len(train_data)} examples) has no full batch of train.global_batch = "
+                f"{train.global_batch} in any length bucket: lower train.global_batch or use fewer data.buckets"
+            )
+        self.total_steps = train.max_steps or train.epochs * self.steps_per_epoch
+        self.warmup = warmup_steps(self.total_steps, train.warmup_ratio)
+        self.profile = tuple(runtime.profile_steps)
+
+    def learning_rate(self, step: int) -> float:
+        """The learning rate of update `step` (1-based)."""
+        return warmup_linear_decay(step - 1, peak=self.config.train.learning_rate, warmup=self.warmup,
+                                   total=self.total_steps)
+
+    def fit(self, state: Any, reporter: Reporter) -> TrainResult:
+        """Train from `state` (or from the latest checkpoint in `<output_dir>/checkpoints`) to `total_steps`."""
+        state, at, resumed_from = self._resume(state)
+        run = _Run(self, state, at, reporter)
+        if resumed_from is not None:
+            run.last_checkpoint_step = at.step
+            reporter.say(f"resuming from {resumed_from} (step {at.step}, epoch {at.epoch}, batch {at.position})")
+        reporter.start_progress(self.total_steps, at.step)
+        first_step = at.step + 1
+        try:
+            while at.step < self.total_steps:
+                run.epoch()
+        finally:
+            run.stop_profile()
+        if run.last_eval_step != at.step or not run.metrics:
+            run.evaluate()
+        if run.last_checkpoint_step != at.step:
+            run.save()
+        return TrainResult(state=run.state, step=at.step, metrics=run.metrics, losses=run.losses,
+                           first_step=first_step, train=run.train_throughput, eval=run.eval_throughput,
+                           resumed_from=resumed_from, checkpoint=checkpoint.latest(self.checkpoint_root))
+
+    def _resume(self, state: Any) -> tuple[Any, _Position, Path | None]:
+        path = checkpoint.latest(self.checkpoint_root)
+        if path is None:
+            return state, _Position(), None
+        arrays, info = checkpoint.load(path)
+        if info.get("config_hash") != self.config.hash():
+            raise TpuplexError(
+                f"{path} was written with another configuration (hash {info.get('config_hash')}, now "
+                f"{self.config.hash()}): restore that configuration to resume, or set a new runtime.output_dir"
+            )
+        at = _Position(int(info["step"]), int(info["epoch"]), int(info["position"]))
+        if at.position > self.steps_per_epoch:
+            raise TpuplexError(f"{path} stopped at batch {at.position} of an epoch that now has "
+                               f"{self.steps_per_epoch}: the training data changed; set a new runtime.output_dir")
+        return self.backend.state_from_arrays(state, arrays), at, path
+
+
+class _Run:
+    """The mutable side of one `Trainer.fit` call: state, position, the metrics so far, and the cadence."""
+
+    def __init__(self, trainer: Trainer, state: Any, at: _Position, reporter: Reporter):
+        self.trainer = trainer
+        self.backend = trainer.backend
+        self.state = state
+        self.at = at
+        self.reporter = reporter
+        runtime = trainer.config.runtime
+        self.eval_every = runtime.eval_every
+        self.checkpoint_every = runtime.checkpoint_every
+        self.log_every = runtime.log_every
+        self.metrics: dict[str, dict[str, float]] = {}
+        self.losses: list[float] = []
+        self.last_eval_step = self.last_checkpoint_step = -1
+        self.train_throughput = Throughput()
+        self.eval_throughput = Throughput()
+        self.profiling = False
+        self._window: list[float] = []
+        self._window_examples = 0
+        self._window_start = time.perf_counter()
+
+    # -- training ----------------------------------------------------------------------------------------
+
+    def epoch(self) -> None:
+        """Train from the current position to the end of the epoch (or to the last step)."""
+        trainer, at = self.trainer, self.at
+        batches = _Lookahead(trainer.train_batcher.train_batches(at.epoch, at.position))
+        stop = min(trainer.total_steps, at.step + trainer.steps_per_epoch - at.position)
+        while at.step < stop:
+            started = time.perf_counter()
+            group = self._next_group(batches, stop)
+            self._maybe_start_profile()
+            losses = self._run_group(group)
+            elapsed = time.perf_counter() - started
+            for batch in group:
+                self.train_throughput = self.train_throughput.add(batch)
+            self.train_throughput = self.train_throughput.timed(elapsed)
+            self._after_steps(losses)
+        if at.position == trainer.steps_per_epoch:
+            at.epoch, at.position = at.epoch + 1, 0
+            if self.eval_every == 0:
+                self.evaluate()
+            if self.checkpoint_every == 0:
+                self.save()
+
+    def _next_group(self, batches: _Lookahead, stop: int) -> list[Batch]:
+        """The next 1 or `steps_per_execution` batches: a whole group only if it ends at or before the next
+        evaluation/checkpoint/profile boundary and all its batches share one shape."""
+        k = self.trainer.config.train.steps_per_execution
+        group = [next(batches)]
+        if k > 1 and self._next_boundary(stop) - self.at.step >= k:
+            shape = group[0]["input_ids"].shape
+            # A shape change may cut the group short; `_run_group` then runs its batches one by one.
+            while len(group) < k and batches.peek() is not None and batches.peek()["input_ids"].shape == shape:
+                group.append(next(batches))
+        return group
+
+    def _next_boundary(self, stop: int) -> int:
+        step = self.at.step
+        candidates = [stop] + [(step // every + 1) * every for every in (self.eval_every, self.checkpoint_every)
+                               if every > 0]
+        if self.trainer.profile:
+            first, last = self.trainer.profile
+            candidates += [edge for edge in (first - 1, last) if edge > step]
+        return min(candidates)
+
+    def _run_group(self, group: list[Batch]) -> list[float]:
+        first = self.at.step + 1
+        rates = [self.trainer.learning_rate(first + i) for i in range(len(group))]
+        k = self.trainer.config.train.steps_per_execution
+        if k > 1 and len(group) == k:
+            self.state, losses = self.backend.train_steps(self.state, group, rates)
+            return [float(loss) for loss in losses]
+        losses = []
+        for batch, rate in zip(group, rates, strict=True):
+            self.state, loss = self.backend.train_step(self.state, batch, rate)
+            losses.append(float(loss))
+        return losses
+
+    def _after_steps(self, losses: list[float]) -> None:
+        """Account for the steps just run: loss check, log records, progress, then the step-cadence events."""
+        at = self.at
+        for offset, loss in enumerate(losses):
+            step = at.step + offset + 1
+            if not math.isfinite(loss):
+                self._stop(step, f"loss became {loss}")
+            self._window.append(loss)
+            self._window_examples += self.trainer.config.train.global_batch
+            if step % self.log_every == 0:
+                self._log_window(step)
+        at.step += len(losses)
+        at.position += len(losses)
+        self.losses.extend(losses)
+        self.reporter.advance(at.step, losses[-1], self.train_throughput.summary()["examples_per_s"])
+        if self.profiling and at.step >= self.trainer.profile[1]:
+            self.stop_profile()
+        if self.eval_every and at.step % self.eval_every == 0:
+            self.evaluate()
+        if self.checkpoint_every and at.step % self.checkpoint_every == 0:
+            self.save()
+
+    def _log_window(self, step: int) -> None:
+        """One "train" record: mean loss and examples/s since the previous one (a group's steps share its time)."""
+        self.reporter.record("train", step, epoch=self.at.epoch, loss=float(np.mean(self._window)),
+                             learning_rate=self.trainer.learning_rate(step),
+                             examples_per_s=self._rate(self._window_examples))
+        self._window, self._window_examples = [], 0
+        self._window_start = time.perf_counter()
+
+    def _rate(self, examples: int) -> float:
+        elapsed = time.perf_counter() - self._window_start
+        return round(examples / elapsed, 2) if elapsed > 0 else 0.0
+
+    def _stop(self, step: int, what: str) -> None:
+        """End training on a diverged state, naming the last good checkpoint (none is written of this one)."""
+        last_good = checkpoint.latest(self.trainer.checkpoint_root)
+        rate = self.trainer.config.train.learning_rate
+        message = (f"{what} at step {step}; last good checkpoint: {last_good or 'none'}; lower "
+                   f"train.learning_rate (now {rate:g}) or raise train.warmup_ratio, and start again in a new "
+                   "runtime.output_dir")
+        self.reporter.record("error", step, message=message)
+        raise TpuplexError(message)
+
+    # -- profile ------------------------------------------------------------------------------------------
+
+    def _maybe_start_profile(self) -> None:
+        if self.trainer.profile and not self.profiling:
+            first, last = self.trainer.profile
+            if first <= self.at.step + 1 <= last:
+                self.backend.start_profile(self.trainer.output_dir / PROFILE_DIR)
+                self.profiling = True
+
+    def stop_profile(self) -> None:
+        if self.profiling:
+            self.backend.stop_profile()
+            self.profiling = False
+            self.reporter.say(f"profile written to {self.trainer.output_dir / PROFILE_DIR}")
+
+    # -- evaluation and checkpoints ------------------------------------------------------------------------
+
+    def evaluate(self) -> None:
+        """Metrics of every eval split at the current step, each real example counted exactly once."""
+        for split, batcher in self.trainer.eval_batchers.items():
+            started = time.perf_counter()
+            logits = self._predict_split(batcher)
+            labels = batcher.data.labels
+            metrics = {**self.trainer.metric_fn(logits, labels), "loss": mean_loss(logits, labels)}
+            self.eval_throughput = self.eval_throughput.timed(time.perf_counter() - started)
+            self.metrics[split] = metrics
+            self.reporter.record("eval", self.at.step, split=split, **metrics)
+            shown = ", ".join(f"{name} {value:.4f}" for name, value in metrics.items())
+            self.reporter.say(f"step {self.at.step} {split}: {shown}")
+        self.last_eval_step = self.at.step
+        self._window_start = time.perf_counter()  # evaluation time is not training throughput
+
+    def _predict_split(self, batcher: Batcher) -> np.ndarray:
+        """float32 [N, num_labels]: the logits of every example of the split, in split order."""
+        count = len(batcher.data)
+        logits = np.zeros((count, self.trainer.num_labels), np.float32)
+        seen = np.zeros(count, np.int64)
+        for item in batcher.eval_batches():
+            output = np.asarray(self.backend.predict(self.state, item.batch), np.float32)
+            real = item.batch["weight"] > 0
+            if output.shape != (len(real), self.trainer.num_labels) or np.any(item.index[real] < 0) \
+                    or np.any(item.index[~real] >= 0):
+                raise RuntimeError(f"evaluation batch mismatch: logits {output.shape}, "
+                                   f"{int(real.sum())} weighted rows, indices {item.index.tolist()}")
+            np.add.at(seen, item.index[real], 1)
+            logits[item.index[real]] = output[real]
+            self.eval_throughput = self.eval_throughput.add(item.batch)
+        if not np.all(seen == 1):
+            wrong = np.flatnonzero(seen != 1)
+            raise RuntimeError(f"evaluation counted examples {wrong[:5].tolist()} {seen[wrong[:5]].tolist()} "
+                               "times instead of once")
+        return logits
+
+    def save(self) -> None:
+        """Checkpoint the current state, refusing a state whose parameters are no longer finite."""
+        trainer, at = self.trainer, self.at
+        arrays = self.backend.state_to_arrays(self.state)
+        broken = sorted(name for name, array in arrays.params.items() if not np.all(np.isfinite(array)))
+        if broken:
+            self._stop(at.step, f"parameter {broken[0]} became non-finite")
+        if arrays.step != at.step:
+            raise RuntimeError(f"backend {self.backend.name} reports {arrays.step} optimizer steps, "
+                               f"the trainer ran {at.step}")
+        trainer_state = {"step": at.step, "epoch": at.epoch, "position": at.position,
+                         "seed": trainer.config.train.seed, "config_hash": trainer.config.hash(),
+                         "metrics": self.metrics}
+        path = checkpoint.save(trainer.checkpoint_root, arrays, trainer_state, trainer.config.runtime.keep_checkpoints)
+        self.reporter.record("checkpoint", at.step, path=str(path))
+        self.last_checkpoint_step = at.step
+        self._window_start = time.perf_counter()
+
+
+def mean_loss(logits: np.ndarray, labels: np.ndarray) -> float:
+    """Mean cross-entropy of logits [N, C] against class labels [N], or mean squared error when C == 1."""
+    logits = logits.astype(np.float64)
+    if logits.shape[1] == 1:
+        return float(np.mean((logits[:, 0] - labels) ** 2))
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return float(-np.mean(log_probs[np.arange(len(labels)), labels]))
+
+
+class _Lookahead:
+    """An iterator with one item of lookahead (`peek` returns None at the end)."""
+
+    _END = object()
+
+    def __init__(self, items: Iterator[Batch]):
+        self._items = items
+        self._next: Any = next(items, self._END)
+
+    def __next__(self) -> Batch:
+        if self._next is self._END:
+            raise StopIteration
+        item, self._next = self._next, next(self._items, self._END)
+        return item
+
+    def peek(self) -> Batch | None:
+        return None if self._next is self._END else self._next

@@ -1,0 +1,121 @@
+"""Exact resume: a run killed with SIGKILL mid-epoch and resumed ends bit-identical to an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tpuplex import checkpoint, cli
+
+# The numpy backend, made to stop (as if busy) before update HANG_AT + 1; the test then kills the process.
+HANGING_RUN = """
+import sys, time
+from pathlib import Path
+from tpuplex.cli import main
+from tpuplex.testing.numpy_backend import NumpyBackend
+
+marker, hang_at = Path(sys.argv[1]), int(sys.argv[2])
+train_step = NumpyBackend.train_step
+
+def hanging_train_step(self, state, batch, learning_rate):
+    if state.step == hang_at:
+        marker.write_text("hanging")
+        time.sleep(600)
+    return train_step(self, state, batch, learning_rate)
+
+NumpyBackend.train_step = hanging_train_step
+sys.exit(main(sys.argv[3:]))
+"""
+CHECKPOINT_EVERY, HANG_AT = 4, 6  # steps 5 and 6 are done but never checkpointed when the kill comes
+
+
+def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended (code {process.returncode}) before {path.name} appeared: "
+                                 f"{process.stderr.read()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.05)
+
+
+def final_state(output_dir: Path):
+    return checkpoint.load(checkpoint.latest(output_dir / "checkpoints"))
+
+
+def logged_losses(output_dir: Path) -> dict[int, float]:
+    """Step -> training loss from log.jsonl (the last record of a step wins: a resumed run logs it again)."""
+    records = [json.loads(line) for line in (output_dir / "log.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r["event"] == "train"}
+
+
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(write_config, tmp_path, capsys) -> None:
+    common = ["--set", f"runtime.checkpoint_every={CHECKPOINT_EVERY}", "--set", "runtime.log_every=1",
+              "--set", "runtime.keep_checkpoints=5"]
+    killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
+    path = write_config()
+
+    marker = tmp_path / "hanging"
+    argv = ["train", str(path), "--backend", "numpy", *common,
+            "--set", f"runtime.output_dir={json.dumps(str(killed_dir))}"]
+    process = subprocess.Popen([sys.executable, "-c", HANGING_RUN, str(marker), str(HANG_AT), *argv],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(marker, process)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    interrupted = checkpoint.latest(killed_dir / "checkpoints")
+    info = json.loads((interrupted / "trainer.json").read_text())
+    assert (info["step"], info["epoch"], info["position"]) == (CHECKPOINT_EVERY, 0, CHECKPOINT_EVERY)
+    assert not (killed_dir / "results.json").exists()
+
+    assert cli.main(argv) == 0
+    assert cli.main(["train", str(path), "--backend", "numpy", *common,
+                     "--set", f"runtime.output_dir={json.dumps(str(whole_dir))}"]) == 0
+    capsys.readouterr()
+
+    resumed = json.loads((killed_dir / "results.json").read_text())
+    whole = json.loads((whole_dir / "results.json").read_text())
+    assert resumed["resumed_from"] == str(interrupted)
+    assert resumed["losses"]["first_step"] == CHECKPOINT_EVERY + 1 and resumed["step"] == whole["step"]
+    assert resumed["metrics"] == whole["metrics"]
+    (state, trainer_info), (reference, reference_info) = final_state(killed_dir), final_state(whole_dir)
+    assert state.step == reference.step == whole["step"]
+    for kind in ("params", "exp_avg", "exp_avg_sq"):
+        ours, theirs = getattr(state, kind), getattr(reference, kind)
+        assert set(ours) == set(theirs)
+        assert all(np.array_equal(ours[name], theirs[name]) for name in ours), kind
+    assert (trainer_info["epoch"], trainer_info["position"]) == (reference_info["epoch"], reference_info["position"])
+    assert logged_losses(killed_dir) == logged_losses(whole_dir)
+
+
+def test_resuming_with_another_config_is_refused(write_config, tmp_path, capsys) -> None:
+    path = write_config()
+    assert cli.main(["train", str(path), "--backend", "numpy", "--set", "train.max_steps=3"]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", str(path), "--backend", "numpy", "--set", "train.max_steps=3",
+                     "--set", "train.learning_rate=0.01"]) == 2
+    err = capsys.readouterr().err
+    assert "was written with another configuration" in err and "set a new runtime.output_dir" in err
+
+
+def test_rerunning_a_finished_run_trains_no_more(write_config, tmp_path, capsys) -> None:
+    path = write_config()
+    argv = ["train", str(path), "--backend", "numpy", "--set", "train.max_steps=4"]
+    assert cli.main(argv) == 0
+    first = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert cli.main(argv) == 0
+    again = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert again["losses"] == {"steps": 0} and again["step"] == first["step"] == 4
+    assert again["metrics"] == first["metrics"]
+    assert again["resumed_from"].endswith("step-00000004")
+
