@@ -10,6 +10,7 @@ checked before the output directory is created, so bad input leaves nothing half
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -22,18 +23,37 @@ from typing import Any
 from tpuplex import devices, params, registry
 from tpuplex.collate import check_divisible
 from tpuplex.config import Config
+from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.glue import compute, get_task, load_encoded
 from tpuplex.glue.tasks import Task
-from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex.protocol import Backend, ModelSpec, OptimizerSpec
 from tpuplex.reporting import Reporter
 from tpuplex.trainer import Trainer, TrainResult
 
 RESULTS_FILE = "results.json"
 
 
-def train(config: Config, backend_name: str, config_path: Path | None = None) -> dict[str, Any]:
-    """Run the experiment `config` on the backend `backend_name`; returns what it writes to results.json."""
+@dataclasses.dataclass
+class Experiment:
+    """A run, validated and built, before its first step: what `train` fits and tools such as parity inspect."""
+
+    task: Task
+    backend_name: str
+    backend: Backend
+    topology: Topology
+    discovered: Topology
+    trainer: Trainer
+    state: Any
+    output_dir: Path
+    started: float
+
+
+def prepare(config: Config, backend_name: str) -> Experiment:
+    """Check the config against the task, devices, backend, checkpoint and data, then build the model state.
+
+    Creates no output directory: bad input leaves nothing behind (only the tokenization cache may be written).
+    """
     started = time.perf_counter()
     task = get_task(config.data.task)
     output_dir = output_directory(config, task, backend_name)
@@ -57,18 +77,24 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
                       params=params.initial_params(checkpoint_dir, hf_config, task.num_labels, config.train.seed),
                       checkpoint_dir=checkpoint_dir)
     state = backend.init(model, optimizer_spec(config))
+    return Experiment(task, backend_name, backend, topology, discovered, trainer, state, output_dir, started)
 
-    with Reporter(output_dir) as reporter:
-        reporter.say(f"{backend_name}: {topology.report()}")
-        reporter.record("start", 0, task=task.name, backend=backend_name, topology=topology.report(),
+
+def train(config: Config, backend_name: str, config_path: Path | None = None) -> dict[str, Any]:
+    """Run the experiment `config` on the backend `backend_name`; returns what it writes to results.json."""
+    run = prepare(config, backend_name)
+    trainer, backend = run.trainer, run.backend
+    with Reporter(run.output_dir) as reporter:
+        reporter.say(f"{backend_name}: {run.topology.report()}")
+        reporter.record("start", 0, task=run.task.name, backend=backend_name, topology=run.topology.report(),
                         config_hash=config.hash(), total_steps=trainer.total_steps)
-        result = trainer.fit(state, reporter)
+        result = trainer.fit(run.state, reporter)
         results = {
-            "task": task.name,
+            "task": run.task.name,
             "backend": backend_name,
-            "output_dir": str(output_dir),
-            "topology": topology.report(),
-            "discovered": discovered.report(),
+            "output_dir": str(run.output_dir),
+            "topology": run.topology.report(),
+            "discovered": run.discovered.report(),
             "metrics": result.metrics,
             "step": result.step,
             "total_steps": trainer.total_steps,
@@ -84,13 +110,13 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
             "losses": loss_summary(result, config.runtime.log_every),
             "resumed_from": str(result.resumed_from) if result.resumed_from else None,
             "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-            "wall_seconds": round(time.perf_counter() - started, 3),
+            "wall_seconds": round(time.perf_counter() - run.started, 3),
             "config_hash": config.hash(),
             "config_file": str(config_path) if config_path else None,
             "config_sha256": hashlib.sha256(Path(config_path).read_bytes()).hexdigest() if config_path else None,
             "config": config.to_dict(),
         }
-        path = write_json_atomic(output_dir / RESULTS_FILE, results)
+        path = write_json_atomic(run.output_dir / RESULTS_FILE, results)
         reporter.say(f"results written to {path}")
     return results
 
