@@ -91,11 +91,76 @@ def tests_jax(session: nox.Session) -> None:
     _pytest(session, "jax", XLA_FLAGS="--xla_force_host_platform_device_count=8")
 
 
-@nox.session(python="3.11")
+@nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The whole suite: every test session, each in its own environment."""
     for name in ("tests-core", "tests-torch", "tests-jax", "tests-tf", "tests-torch-xla"):
         session.notify(name, session.posargs)
+
+
+# What each backend needs to run (the test sessions add their test tools to these).
+BACKEND_INSTALL = {"tf": [f"{TF}[cpu]"], "torch": [TORCH, "torch==2.13.0"], "jax": [JAX]}
+GLUE_DEFAULT_CONFIG = "examples/glue/configs/mrpc.toml"
+SHARED_GLUE = ROOT.parent / "shared" / "glue"
+
+
+def _glue_env() -> dict[str, str]:
+    """Offline model loading, and ../shared/glue as GLUE_DIR when the user has not set one."""
+    env = {"HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if "GLUE_DIR" not in os.environ and SHARED_GLUE.is_dir():
+        env["GLUE_DIR"] = str(SHARED_GLUE)
+    return env
+
+
+def _glue(session: nox.Session, backend: str) -> None:
+    """`tpuplex train` on one GLUE config; arguments after `--` pass through (a leading .toml picks the config)."""
+    _install(session, CORE, *BACKEND_INSTALL[backend], MINILM)
+    args = list(session.posargs)
+    config = args.pop(0) if args and args[0].endswith(".toml") else GLUE_DEFAULT_CONFIG
+    session.run("tpuplex", "train", config, "--backend", backend, *args, env=_glue_env())
+
+
+@nox.session(name="glue-tf", python="3.11")
+def glue_tf(session: nox.Session) -> None:
+    _glue(session, "tf")
+
+
+@nox.session(name="glue-torch", python="3.11")
+def glue_torch(session: nox.Session) -> None:
+    _glue(session, "torch")
+
+
+@nox.session(name="glue-jax", python="3.11")
+def glue_jax(session: nox.Session) -> None:
+    _glue(session, "jax")
+
+
+PARITY_OUT = "runs/parity"
+
+
+@nox.session(name="parity-run", python="3.11")
+@nox.parametrize("backend", list(BACKEND_INSTALL))
+def parity_run(session: nox.Session, backend: str) -> None:
+    """The fixed parity scenario on one backend, in that backend's own environment."""
+    _install(session, CORE, *BACKEND_INSTALL[backend], MINILM)
+    session.run("python", "examples/glue/parity.py", "run", "--backend", backend, "--out", PARITY_OUT,
+                env=_glue_env())
+
+
+@nox.session(venv_backend="none")
+def parity(session: nox.Session) -> None:
+    """Run the parity scenario on every backend, each in its own environment, then compare (see parity.py)."""
+    for stale in Path(PARITY_OUT).glob("*.json"):
+        stale.unlink()
+    for backend in BACKEND_INSTALL:
+        session.notify(f"parity-run(backend='{backend}')")
+    session.notify("parity-compare")
+
+
+@nox.session(name="parity-compare", python="3.11")
+def parity_compare(session: nox.Session) -> None:
+    _install(session, CORE)
+    session.run("python", "examples/glue/parity.py", "compare", PARITY_OUT)
 
 
 @nox.session(python="3.11")

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
 from tpuplex.testing.tiny_bert import TINY_CONFIG, write_tiny_bert
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

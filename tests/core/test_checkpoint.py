@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from tpuplex import checkpoint
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import PortableState

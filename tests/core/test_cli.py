@@ -10,14 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tpuplex import cli, registry
 from tpuplex import config as config_lib
 
 
 def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`python -m tpuplex ARGS` in a fresh interpreter, as a user would run it."""
-    return subprocess.run([sys.executable, "-m", "tpuplex", *args], capture_output=True, text=True, cwd=cwd, check=False,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    return subprocess.run([sys.executable, "-m", "tpuplex", *args], capture_output=True, text=True, cwd=cwd,
+                          check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
 
 
 def test_a_whole_run_writes_results_logs_tensorboard_and_checkpoints(write_config, tmp_path) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tpuplex.collate import Batcher, Encoded, bucket_lengths, check_divisible
 from tpuplex.errors import TpuplexError
 

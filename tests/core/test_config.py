@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from tpuplex import config as config_lib
 from tpuplex.config import Config
 from tpuplex.errors import TpuplexError

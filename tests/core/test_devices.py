@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tpuplex import devices
 from tpuplex.errors import TpuplexError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib.metadata import EntryPoint
 
 import pytest
+
 from tpuplex import registry
 from tpuplex.config import RuntimeConfig
 from tpuplex.errors import TpuplexError

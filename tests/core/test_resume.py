@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from tpuplex import checkpoint, cli
 
 # The numpy backend, made to stop (as if busy) before update HANG_AT + 1; the test then kills the process.

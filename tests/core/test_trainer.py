@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from tpuplex import checkpoint, params
 from tpuplex import config as config_lib
 from tpuplex.collate import Encoded

@@ -1,7 +1,8 @@
 """Experiment configuration: one TOML file with [model], [data], [train] and [runtime] sections.
 
-`load(path, overrides)` reads the file (and the file it `extends`, if any), applies `--set section.field=value` overrides (values parsed as TOML, so
-`3e-5`, `true` and `[32, 64]` work; anything else is a string), and validates every field. Every error names the
+`load(path, overrides)` reads the file (and the file it `extends`, if any), applies `--set section.field=value`
+overrides (values parsed as TOML, so `3e-5`, `true` and `[32, 64]` work; anything else is a string), and
+validates every field. Every error names the
 field, the bad value and what is allowed.
 """
 
@@ -101,9 +102,9 @@ _CHOICES = {
 _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_accum"),
              ("train", "steps_per_execution"), ("train", "learning_rate"), ("runtime", "keep_checkpoints"),
              ("runtime", "log_every")}
-_NON_NEGATIVE = {("runtime", "cpu_devices"), ("train", "weight_decay"), ("train", "epochs"), ("train", "max_steps"), ("train", "eval_batch"),
-                 ("train", "clip_norm"), ("runtime", "eval_every"), ("runtime", "checkpoint_every"),
-                 ("train", "adam_epsilon")}
+_NON_NEGATIVE = {("train", "weight_decay"), ("train", "epochs"), ("train", "max_steps"), ("train", "eval_batch"),
+                 ("train", "clip_norm"), ("train", "adam_epsilon"), ("runtime", "eval_every"),
+                 ("runtime", "checkpoint_every"), ("runtime", "cpu_devices")}
 _UNIT_INTERVAL = {("train", "warmup_ratio"), ("train", "adam_beta1"), ("train", "adam_beta2")}
 
 

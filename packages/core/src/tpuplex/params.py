@@ -57,7 +57,7 @@ def _download(repo_id: str) -> Path:
         ) from None
     try:
         return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt"]))
-    except Exception as error:  # offline, unknown repo, auth: all end the same way for the user
+    except Exception as error:  # noqa: BLE001 - offline, unknown repo, auth: all end the same way for the user
         raise TpuplexError(
             f"model.checkpoint = {repo_id!r} could not be downloaded ({type(error).__name__}): "
             "check the hub id and the network, or give a local checkpoint directory"
