@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,15 +75,22 @@ def _devices(args: argparse.Namespace) -> int:
     print(f"core discovery: {devices.discover().report()}")
     installed = registry.available()
     for name in installed:
-        try:
-            line = registry.create(name, config_lib.RuntimeConfig()).topology().report()
-        except Exception as error:  # noqa: BLE001 - a broken framework install must not hide the other backends
-            line = f"unavailable ({type(error).__name__}: {_one_line(str(error))})"
-        print(f"backend {name}: {line}")
+        print(f"backend {name}: {_backend_view(name)}")
     for name, command in registry.INSTALL.items():
         if name not in installed:
             print(f"backend {name}: not installed ({command})")
     return 0
+
+
+def _backend_view(name: str) -> str:
+    """The backend's topology report, asked in a process of its own: two frameworks must never claim one TPU."""
+    probe = ("import sys; from tpuplex import config, registry; "
+             "print(registry.create(sys.argv[1], config.RuntimeConfig()).topology().report())")
+    done = subprocess.run([sys.executable, "-c", probe, name], capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        return done.stdout.strip().splitlines()[-1]
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return f"unavailable ({_one_line(last)})"
 
 
 def _one_line(message: str) -> str:
