@@ -1,0 +1,132 @@
+"""`JaxBackend`: the tpuplex protocol on JAX, data parallel with `jax.pmap` over the selected devices.
+
+A host batch [B, L] is split into [R, B / R, L] (R replicas; on a multi-host job each process first takes its
+contiguous B / processes rows), the replicated step runs once per bucket shape (one compiled program per
+(step, L)), and losses and logits come back as numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, ClassVar
+
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import jax
+from tpuplex.collate import check_divisible
+from tpuplex.config import RuntimeConfig
+from tpuplex.devices import Topology
+from tpuplex.errors import TpuplexError
+from tpuplex.params import bert_shapes, check_names
+from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
+from tpuplex_jax import checkpoint, step
+from tpuplex_jax.devices import select_devices
+from tpuplex_jax.model import BertClassifier, BertConfig, param_template, to_flax
+
+
+@dataclasses.dataclass(frozen=True)
+class _Programs:
+    """What `init` builds for one model: the replicated steps and what checks a batch or a checkpoint."""
+
+    train: Any
+    predict: Any
+    config: BertConfig
+    shapes: dict[str, tuple[int, ...]]
+    grad_accum: int
+
+
+class JaxBackend(BackendBase):
+    name: ClassVar[str] = "jax"
+
+    def __init__(self, runtime: RuntimeConfig):
+        self.runtime = runtime
+        self.devices, self._topology = select_devices(runtime)
+        self._local_replicas = sum(d.process_index == jax.process_index() for d in self.devices)
+        self._replicated = NamedSharding(Mesh(np.array(self.devices), (step.AXIS,)), PartitionSpec())
+        self._compiles = step.CompileCounter()
+        self._programs: _Programs | None = None
+
+    def topology(self) -> Topology:
+        return self._topology
+
+    def init(self, model: ModelSpec, optimizer: OptimizerSpec) -> step.TrainState:
+        config = BertConfig.from_hf(model.hf_config, model.num_labels, model.dropout)
+        shapes = bert_shapes(model.hf_config, model.num_labels)
+        check_names(shapes, model.params, "model.params")
+        flax_model = BertClassifier(config, dtype=jnp.bfloat16 if optimizer.bf16 else jnp.float32)
+        params = to_flax(model.params, param_template(flax_model))
+        tx = step.make_optimizer(optimizer, params)
+        train = step.make_train_step(flax_model, tx, optimizer.grad_accum, model.dropout, optimizer.seed)
+        self._programs = _Programs(
+            train=step.replicate_train_step(train, self.devices),
+            predict=step.replicate_predict_step(step.make_predict_step(flax_model), self.devices),
+            config=config, shapes=shapes, grad_accum=optimizer.grad_accum)
+        return self._place(step.TrainState(params, tx.init(params)))
+
+    def train_step(self, state: step.TrainState, batch: Batch, learning_rate: float) -> tuple[step.TrainState, float]:
+        programs = self._require_init()
+        keys = (*step.MODEL_INPUTS, "labels", *(("weight",) if "weight" in batch else ()))
+        rows = self._local_rows(batch, programs, per_replica_split=programs.grad_accum, keys=keys)
+        rows.setdefault("weight", np.ones(rows["input_ids"].shape[:2], np.float32))
+        with self._compiles.watching():
+            state, loss = programs.train(state, rows, np.float32(learning_rate))
+        return state, float(np.asarray(loss.addressable_shards[0].data))
+
+    def predict(self, state: step.TrainState, batch: Batch) -> np.ndarray:
+        programs = self._require_init()
+        rows = self._local_rows(batch, programs, per_replica_split=1, keys=step.MODEL_INPUTS)
+        with self._compiles.watching():
+            logits = programs.predict(state.params, rows)
+        local = np.asarray(logits).reshape(-1, programs.config.num_labels)
+        if jax.process_count() == 1:
+            return local
+        return np.asarray(multihost_utils.process_allgather(local)).reshape(-1, programs.config.num_labels)
+
+    def state_to_arrays(self, state: step.TrainState) -> PortableState:
+        return checkpoint.to_portable(state)
+
+    def state_from_arrays(self, state: step.TrainState, arrays: PortableState) -> step.TrainState:
+        programs = self._require_init()
+        return self._place(checkpoint.from_portable(arrays, state, programs.shapes))
+
+    def compile_count(self) -> int:
+        return self._compiles.count
+
+    def start_profile(self, logdir: Path) -> None:
+        jax.profiler.start_trace(str(logdir))
+
+    def stop_profile(self) -> None:
+        jax.profiler.stop_trace()
+
+    def _require_init(self) -> _Programs:
+        if self._programs is None:
+            raise TpuplexError("the JAX backend has no model yet: call backend.init(model, optimizer) first")
+        return self._programs
+
+    def _place(self, state: step.TrainState) -> step.TrainState:
+        """Host state -> one copy on every device, laid out as the replicated steps take and return it."""
+        return jax.device_put(state, self._replicated)
+
+    def _local_rows(self, batch: Batch, programs: _Programs, per_replica_split: int,
+                    keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+        """This process's rows of a global batch [B, ...], as [local replicas, rows per replica, ...]."""
+        global_batch, length = batch["input_ids"].shape
+        replicas = self._topology.device_count
+        check_divisible(global_batch, replicas)
+        if (global_batch // replicas) % per_replica_split:
+            raise TpuplexError(
+                f"train.global_batch = {global_batch} gives {global_batch // replicas} rows per replica, which do "
+                f"not split into train.grad_accum = {per_replica_split} micro-batches: use a multiple of "
+                f"{replicas * per_replica_split} (replicas x grad_accum)")
+        if length > programs.config.max_positions:
+            raise TpuplexError(
+                f"batches of length {length} exceed the model's {programs.config.max_positions} positions: set "
+                f"data.max_length to at most {programs.config.max_positions}")
+        local = global_batch // replicas * self._local_replicas
+        begin = jax.process_index() * local
+        return step.split_rows({name: np.asarray(batch[name])[begin:begin + local] for name in keys},
+                               self._local_replicas)

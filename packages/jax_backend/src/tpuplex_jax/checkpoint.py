@@ -1,0 +1,49 @@
+"""The JAX training state to and from `tpuplex.protocol.PortableState` (HF names, torch layout).
+
+Adam's mu and nu become `exp_avg` and `exp_avg_sq` and share the parameters' layout (Dense kernels transposed);
+the AdamW bias-correction count is the portable `step`. Restoring sets Adam's count (and inject_hyperparams'
+own) to that step, so the next update, and its dropout draw, are exactly the ones an uninterrupted run makes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import optax
+
+import jax
+from tpuplex.params import check_names
+from tpuplex.protocol import PortableState
+from tpuplex_jax.model import to_flax, to_hf
+from tpuplex_jax.step import TrainState, adam_state, with_adam_state
+
+
+def to_portable(state: TrainState) -> PortableState:
+    """Numpy copies of the (replicated) parameters and moments under HF names."""
+    adam = adam_state(state.opt_state)
+    return PortableState(params=to_hf(_host(state.params)), exp_avg=to_hf(_host(adam.mu)),
+                         exp_avg_sq=to_hf(_host(adam.nu)), step=int(_host(adam.count)))
+
+
+def from_portable(arrays: PortableState, template: TrainState, expected_shapes: Mapping[str, tuple[int, ...]],
+                  ) -> TrainState:
+    """A host (numpy) TrainState equal to `arrays`, structured like `template`.
+
+    Raises TpuplexError (via tpuplex.params.check_names) naming missing, unexpected or mis-shaped entries.
+    """
+    for what, named in (("checkpoint parameters", arrays.params), ("checkpoint exp_avg", arrays.exp_avg),
+                        ("checkpoint exp_avg_sq", arrays.exp_avg_sq)):
+        check_names(expected_shapes, named, what)
+    structure = template.params
+    adam = optax.ScaleByAdamState(count=np.asarray(arrays.step, dtype=np.int32),
+                                  mu=to_flax(arrays.exp_avg, structure), nu=to_flax(arrays.exp_avg_sq, structure))
+    return TrainState(params=to_flax(arrays.params, structure),
+                      opt_state=with_adam_state(_host(template.opt_state), adam))
+
+
+def _host(tree: Any) -> Any:
+    """Numpy copies of a tree of replicated device arrays, read from each array's first local shard."""
+    return jax.tree.map(lambda leaf: np.array(leaf.addressable_shards[0].data)
+                        if isinstance(leaf, jax.Array) else np.asarray(leaf), tree)

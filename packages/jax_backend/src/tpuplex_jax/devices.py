@@ -1,0 +1,108 @@
+"""Devices as JAX sees them: which platform, how many replicas, and whether the core's discovery agrees.
+
+`select_devices(runtime)` is called once per backend. It starts `jax.distributed` when the environment describes a
+multi-host job, honours `runtime.device` and `runtime.cpu_devices`, and returns the devices the data-parallel steps
+run on (every process's devices, in the order `jax.pmap(devices=...)` expects) with the matching `Topology`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+
+import jax
+from tpuplex.config import RuntimeConfig
+from tpuplex.devices import OVERRIDE_ENV, Topology, discover
+from tpuplex.errors import TpuplexError
+
+DETAIL = "jax.pmap"
+_GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+_FORCED_CPU_COUNT = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
+
+
+def select_devices(runtime: RuntimeConfig) -> tuple[list[jax.Device], Topology]:
+    """The devices to replicate over and their Topology, or a TpuplexError naming the mismatch and the fix."""
+    if runtime.cpu_devices > 0 and runtime.device in ("gpu", "tpu"):
+        raise TpuplexError(
+            f"runtime.cpu_devices = {runtime.cpu_devices} splits the CPU, but runtime.device = {runtime.device!r}: "
+            "set runtime.device = \"cpu\" (or \"auto\") to test on CPU devices, or runtime.cpu_devices = 0"
+        )
+    requested = runtime.device if runtime.device != "auto" else os.environ.get(OVERRIDE_ENV) or "auto"
+    found = discover(requested)  # raises when the asked-for kind is not on this machine
+    _initialize_distributed(found)
+    if runtime.cpu_devices > 0 or requested == "cpu":
+        devices = _cpu_devices(runtime.cpu_devices)
+    else:
+        devices = _platform_devices(found, explicit=requested != "auto")
+    kind = platform_kind(devices[0])
+    topology = Topology(kind=kind, device_count=len(devices), host_count=jax.process_count(),
+                        process_index=jax.process_index(), source=f"jax.devices({kind!r})", detail=DETAIL)
+    return devices, topology
+
+
+def platform_kind(device: jax.Device) -> str:
+    """"tpu", "gpu" or "cpu" for a JAX device (CUDA and ROCm devices are both "gpu")."""
+    return "gpu" if device.platform in _GPU_PLATFORMS else device.platform
+
+
+def _initialize_distributed(found: Topology) -> None:
+    """Join the multi-host job when the environment describes one; JAX reads the coordinator from it."""
+    multi_host = (found.host_count > 1 or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
+                  or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1
+                  or int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1)
+    if not multi_host or jax.distributed.is_initialized():
+        return
+    try:
+        jax.distributed.initialize()
+    except (RuntimeError, ValueError) as error:
+        raise TpuplexError(
+            f"this looks like a multi-host job ({found.report()}) but jax.distributed.initialize failed "
+            f"({str(error).splitlines()[0]}): start every host with the same command, or set "
+            "JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID"
+        ) from None
+
+
+def _cpu_devices(count: int) -> list[jax.Device]:
+    """`count` CPU devices (0: all JAX has). Splits the host when JAX has not started yet and XLA_FLAGS does not
+    already choose a count; otherwise takes the first `count` of the CPU devices JAX already has."""
+    if count > 0 and not _FORCED_CPU_COUNT.search(os.environ.get("XLA_FLAGS", "")):
+        try:
+            jax.config.update("jax_num_cpu_devices", count)
+        except RuntimeError:
+            pass  # JAX has started; its CPU devices are fixed, so take the first `count` below
+    available = jax.devices("cpu")
+    if count > len(available):
+        raise TpuplexError(
+            f"runtime.cpu_devices = {count} but JAX already runs with {len(available)} CPU device(s): set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={count} before the process starts, "
+            f"or use at most {len(available)}"
+        )
+    return available[:count] if count > 0 else available
+
+
+def _platform_devices(found: Topology, explicit: bool) -> list[jax.Device]:
+    """The devices of the asked-for platform (explicit) or of JAX's default one, checked against the core's discovery.
+
+    With runtime.device = "auto" JAX's default platform is used; when the core found a TPU or GPU that JAX cannot
+    use (a CPU-only jaxlib), that is an error rather than a silent fall back to the CPU.
+    """
+    kind = found.kind if explicit else platform_kind(jax.devices()[0])
+    try:
+        devices = jax.devices(kind)
+    except RuntimeError as error:
+        raise TpuplexError(
+            f"the core found {found.report()} but JAX cannot use it ({str(error).splitlines()[0]}): "
+            f"pip install tpuplex-jax[{found.kind}] (the jaxlib build for {found.kind.upper()}), "
+            "or set runtime.device = \"cpu\""
+        ) from None
+    if found.kind != "cpu" and kind != found.kind:
+        raise TpuplexError(
+            f"the core found {found.report()} but JAX only sees {kind} devices: pip install "
+            f"tpuplex-jax[{found.kind}] (the jaxlib build for {found.kind.upper()}), or set runtime.device = \"{kind}\""
+        )
+    if kind != "cpu" and found.kind == kind and found.device_count != len(devices):
+        warnings.warn(
+            f"the core counted {found.device_count} {kind} device(s) ({found.source}) but JAX sees {len(devices)}; "
+            "using JAX's count", stacklevel=3)
+    return devices

@@ -1,0 +1,175 @@
+"""Compiled train and predict steps: one per-device function each, replicated with `jax.pmap`.
+
+The train step follows `tpuplex.protocol` exactly:
+- each replica takes B / R rows and splits them into `grad_accum` micro-batches (a `lax.scan`);
+- the loss is the weighted mean over the global batch: every replica sums weight * loss and the denominator is
+  `max(psum(sum(weight)), 1)`, so the mean is exact for any weights (training batches have all weights 1);
+- each replica differentiates `R * (its weighted sum) / denominator`, so `lax.pmean` of the gradients over the
+  replica axis is exactly the gradient of the global mean loss;
+- `optax.clip_by_global_norm` (g * min(1, c / ||g||), written by optax as g / ||g|| * c when ||g|| >= c), then
+  `optax.adamw` with the decay mask from `tpuplex.protocol.decays` and the per-step learning rate injected
+  through `optax.inject_hyperparams`.
+Parameters and optimizer state stay replicated (pmap `in_axes=None`, `out_axes=None`) and are donated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import jax
+from tpuplex.protocol import OptimizerSpec, decays
+from tpuplex_jax.model import BertClassifier, hf_name
+
+AXIS = "replicas"
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
+MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+
+
+class TrainState(NamedTuple):
+    """Flax parameter tree (float32) and the optax state (clip, then injected-hyperparameter AdamW)."""
+
+    params: Any
+    opt_state: Any
+
+
+def make_optimizer(spec: OptimizerSpec, params: Any) -> optax.GradientTransformation:
+    """Global-norm clip then AdamW; the learning rate is a hyperparameter set before every update.
+
+    `clip_norm` = 0 turns clipping off (as HF's max_grad_norm = 0 does) instead of zeroing every gradient.
+    """
+    mask = jax.tree_util.tree_map_with_path(lambda path, _: decays(hf_name(path)), params)
+    adamw = optax.inject_hyperparams(optax.adamw)(
+        learning_rate=0.0, b1=spec.beta1, b2=spec.beta2, eps=spec.epsilon, eps_root=0.0,
+        weight_decay=spec.weight_decay, mask=mask)
+    if spec.clip_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(spec.clip_norm), adamw)
+    return optax.chain(adamw)
+
+
+def adam_state(opt_state: Any) -> optax.ScaleByAdamState:
+    """The AdamW moments (mu, nu) and bias-correction count inside the optax state."""
+    return optax.tree_utils.tree_get(opt_state, "ScaleByAdamState")
+
+
+def with_adam_state(opt_state: Any, adam: optax.ScaleByAdamState) -> Any:
+    """`opt_state` with Adam's moments and count replaced by `adam`, and the injected-hyperparameter count (the
+    number of updates inject_hyperparams has seen) set to the same step."""
+    def replace(node: Any, kind: type, new: Callable[[Any], Any]) -> Any:
+        return jax.tree.map(lambda n: new(n) if isinstance(n, kind) else n, node,
+                            is_leaf=lambda n: isinstance(n, kind))
+
+    opt_state = replace(opt_state, optax.ScaleByAdamState, lambda _: adam)
+    return replace(opt_state, optax.InjectStatefulHyperparamsState, lambda n: n._replace(count=adam.count))
+
+
+def example_losses(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-example loss [B]: cross-entropy on logits [B, C] and int labels, or squared error when C == 1."""
+    if logits.shape[-1] == 1:
+        return jnp.square(logits[:, 0] - labels.astype(jnp.float32))
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def make_train_step(model: BertClassifier, optimizer: optax.GradientTransformation, grad_accum: int,
+                    dropout: bool, seed: int) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, jax.Array]]:
+    """The per-device train step `(state, rows, learning_rate) -> (state, global mean loss)` under axis AXIS.
+
+    rows: this replica's arrays, input_ids/token_type_ids/attention_mask [b, L], labels [b], weight [b].
+    Dropout draws from `key(seed)` folded with the optimizer step, the replica and the micro-batch, so a resumed
+    run draws the same masks as an uninterrupted one.
+    """
+    def step(state: TrainState, rows: dict, learning_rate: jax.Array) -> tuple[TrainState, jax.Array]:
+        replicas = jax.lax.psum(1, AXIS)
+        denominator = jnp.maximum(jax.lax.psum(jnp.sum(rows["weight"]), AXIS), 1.0)
+        micro_batches = jax.tree.map(lambda a: a.reshape(grad_accum, a.shape[0] // grad_accum, *a.shape[1:]), rows)
+        step_key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), adam_state(state.opt_state).count),
+                                      jax.lax.axis_index(AXIS))
+
+        def scaled_loss(params, micro, key):
+            logits = model.apply({"params": params}, *(micro[name] for name in MODEL_INPUTS),
+                                 deterministic=not dropout, rngs={"dropout": key} if dropout else None)
+            weighted_sum = jnp.sum(micro["weight"] * example_losses(logits, micro["labels"]))
+            return weighted_sum * replicas / denominator, weighted_sum
+
+        def accumulate(carry, inputs):
+            grads, loss_sum = carry
+            micro, index = inputs
+            (_, weighted_sum), micro_grads = jax.value_and_grad(scaled_loss, has_aux=True)(
+                state.params, micro, jax.random.fold_in(step_key, index))
+            return (jax.tree.map(jnp.add, grads, micro_grads), loss_sum + weighted_sum), None
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        (grads, loss_sum), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0.0)),
+                                            (micro_batches, jnp.arange(grad_accum)))
+        grads = jax.lax.pmean(grads, AXIS)
+        opt_state = optax.tree_utils.tree_set(state.opt_state, learning_rate=learning_rate)
+        updates, opt_state = optimizer.update(grads, opt_state, state.params)
+        loss = jax.lax.psum(loss_sum, AXIS) / denominator
+        return TrainState(optax.apply_updates(state.params, updates), opt_state), loss
+
+    return step
+
+
+def make_predict_step(model: BertClassifier) -> Callable[[Any, dict], jax.Array]:
+    """The per-device predict step `(params, rows) -> logits float32 [b, num_labels]`, dropout off."""
+    def predict(params: Any, rows: dict) -> jax.Array:
+        return model.apply({"params": params}, *(rows[name] for name in MODEL_INPUTS), deterministic=True)
+
+    return predict
+
+
+def replicate_train_step(step: Callable, devices: list[jax.Device]) -> Callable:
+    """`step` on every device: state and learning rate broadcast, rows split on the leading axis [R, b, ...];
+    the new state comes back replicated (its buffers are donated) and the loss as one scalar."""
+    return jax.pmap(step, axis_name=AXIS, in_axes=(None, 0, None), out_axes=(None, None), devices=devices,
+                    donate_argnums=(0,))
+
+
+def replicate_predict_step(predict: Callable, devices: list[jax.Device]) -> Callable:
+    """`predict` on every device: params broadcast, rows [R, b, ...] in, logits [R, b, num_labels] out."""
+    return jax.pmap(predict, axis_name=AXIS, in_axes=(None, 0), out_axes=0, devices=devices)
+
+
+class CompileCounter:
+    """Counts XLA compilations (JAX's backend-compile events) that happen while this backend's steps run.
+
+    JAX reports every compilation to its monitoring listeners, named only `jit(_fun)` for pmapped functions; a
+    thread-local marker set around our own calls attributes the events, so other JAX work in the same process
+    (another backend, a test's reference computation) is not counted.
+    """
+
+    _active = threading.local()
+    _listening = False
+
+    def __init__(self) -> None:
+        self.count = 0
+        if not CompileCounter._listening:
+            jax.monitoring.register_event_duration_secs_listener(CompileCounter._on_event)
+            CompileCounter._listening = True
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        previous = getattr(CompileCounter._active, "counter", None)
+        CompileCounter._active.counter = self
+        try:
+            yield
+        finally:
+            CompileCounter._active.counter = previous
+
+    @staticmethod
+    def _on_event(event: str, duration: float, **kwargs: Any) -> None:
+        counter = getattr(CompileCounter._active, "counter", None)
+        if event == BACKEND_COMPILE_EVENT and counter is not None:
+            counter.count += 1
+
+
+def split_rows(batch: dict[str, np.ndarray], replicas: int) -> dict[str, np.ndarray]:
+    """Host arrays [B, ...] -> [replicas, B / replicas, ...] (a view; the caller checked divisibility)."""
+    return {name: array.reshape(replicas, array.shape[0] // replicas, *array.shape[1:])
+            for name, array in batch.items()}
