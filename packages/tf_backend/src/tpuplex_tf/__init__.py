@@ -1,0 +1,1 @@
+"""tpuplex TensorFlow backend: TPUStrategy / MirroredStrategy / OneDeviceStrategy, XLA-compiled steps."""

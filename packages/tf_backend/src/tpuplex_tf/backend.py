@@ -1,0 +1,85 @@
+"""`TfBackend`: the tpuplex protocol on TensorFlow (registered as the `tf` entry point of `tpuplex.backends`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import tensorflow as tf
+
+from tpuplex.config import RuntimeConfig
+from tpuplex.devices import Topology
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
+from tpuplex_tf import checkpoint, model
+from tpuplex_tf.devices import build_strategy, use_xla
+from tpuplex_tf.step import Steps
+
+
+@dataclasses.dataclass
+class TfState:
+    """The opaque training state: the Keras model and its compiled steps with the AdamW state (in place)."""
+
+    steps: Steps
+
+
+class TfBackend(BackendBase):
+    """TensorFlow backend: TPUStrategy / MirroredStrategy / OneDeviceStrategy and XLA-compiled steps.
+
+    Constructing it initialises TensorFlow's devices for `runtime` (see `tpuplex_tf.devices`).
+    """
+
+    name: ClassVar[str] = "tf"
+
+    def __init__(self, runtime: RuntimeConfig):
+        self.runtime = runtime
+        self.strategy, topology = build_strategy(runtime)
+        self.jit_compile = use_xla(topology)
+        xla = "XLA on" if self.jit_compile else "XLA off"
+        self._topology = dataclasses.replace(topology, detail=f"{topology.detail}, {xla}")
+        self._steps: list[Steps] = []
+
+    def topology(self) -> Topology:
+        return self._topology
+
+    def init(self, model_spec: ModelSpec, optimizer: OptimizerSpec) -> TfState:
+        if optimizer.bf16:
+            raise TpuplexError("train.bf16 = true is not supported by the tf backend yet: set train.bf16 = false "
+                               "(or use the jax or torch backend for bfloat16)")
+        with self.strategy.scope():
+            keras_model = model.build(model_spec.hf_config, model_spec.num_labels, model_spec.dropout)
+            steps = Steps(self.strategy, keras_model, optimizer, model_spec.num_labels, self.jit_compile)
+        checkpoint.load_params(steps, model_spec.params, "the initial parameters")
+        self._steps.append(steps)
+        return TfState(steps)
+
+    def train_step(self, state: TfState, batch: Batch, learning_rate: float) -> tuple[TfState, float]:
+        state, (loss,) = self.train_steps(state, [batch], [learning_rate])
+        return state, loss
+
+    def train_steps(self, state: TfState, batches: Sequence[Batch],
+                    learning_rates: Sequence[float]) -> tuple[TfState, list[float]]:
+        return state, state.steps.train(batches, learning_rates)
+
+    def predict(self, state: TfState, batch: Batch) -> np.ndarray:
+        return state.steps.predict(batch)
+
+    def state_to_arrays(self, state: TfState) -> PortableState:
+        return checkpoint.to_portable(state.steps)
+
+    def state_from_arrays(self, state: TfState, arrays: PortableState) -> TfState:
+        checkpoint.from_portable(state.steps, arrays)
+        return state
+
+    def compile_count(self) -> int:
+        """Traces of the training and prediction tf.functions: one program per (kind, batch shape)."""
+        return sum(steps.traces for steps in self._steps)
+
+    def start_profile(self, logdir: Path) -> None:
+        tf.profiler.experimental.start(str(logdir))
+
+    def stop_profile(self) -> None:
+        tf.profiler.experimental.stop()

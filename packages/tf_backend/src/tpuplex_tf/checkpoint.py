@@ -1,0 +1,57 @@
+"""Between the TF training state and `tpuplex.protocol.PortableState` (HF names, torch layout, numpy).
+
+Dense kernels (and their Adam moments) are transposed on the way in and out; everything else keeps its layout.
+Writes go through `Variable.assign` in cross-replica context, so every replica's copy gets the same value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tpuplex.params import check_names
+from tpuplex.protocol import PortableState
+from tpuplex_tf.model import swap_layout
+from tpuplex_tf.step import Steps
+
+
+def to_portable(steps: Steps) -> PortableState:
+    """Parameters, Adam moments and the optimizer step as numpy arrays under HF names."""
+    return PortableState(params=_read(steps, steps.variables), exp_avg=_read(steps, steps.exp_avg),
+                         exp_avg_sq=_read(steps, steps.exp_avg_sq), step=int(steps.step.numpy()))
+
+
+def load_params(steps: Steps, params: Mapping[str, np.ndarray], what: str) -> None:
+    """Assign HF-named parameters (torch layout) to the model's variables, after checking names and shapes."""
+    check_names(_hf_shapes(steps), params, what)
+    _write(steps, steps.variables, params)
+
+
+def from_portable(steps: Steps, state: PortableState) -> None:
+    """Make `steps` hold exactly `state`: parameters, both moments and the step count."""
+    expected = _hf_shapes(steps)
+    check_names(expected, state.params, "the checkpoint's parameters")
+    check_names(expected, state.exp_avg, "the checkpoint's exp_avg (Adam first moment)")
+    check_names(expected, state.exp_avg_sq, "the checkpoint's exp_avg_sq (Adam second moment)")
+    _write(steps, steps.variables, state.params)
+    _write(steps, steps.exp_avg, state.exp_avg)
+    _write(steps, steps.exp_avg_sq, state.exp_avg_sq)
+    steps.step.assign(state.step)
+
+
+def _hf_shapes(steps: Steps) -> dict[str, tuple[int, ...]]:
+    """HF name -> torch-layout shape of every model parameter."""
+    return {name: tuple(reversed(v.shape)) if transposed else tuple(v.shape)
+            for name, transposed, v in zip(steps.names, steps.transposed, steps.variables, strict=True)}
+
+
+def _read(steps: Steps, variables: Sequence[tf.Variable]) -> dict[str, np.ndarray]:
+    return {name: swap_layout(v.numpy(), transposed)
+            for name, transposed, v in zip(steps.names, steps.transposed, variables, strict=True)}
+
+
+def _write(steps: Steps, variables: Sequence[tf.Variable], arrays: Mapping[str, np.ndarray]) -> None:
+    for name, transposed, variable in zip(steps.names, steps.transposed, variables, strict=True):
+        variable.assign(swap_layout(np.asarray(arrays[name], np.float32), transposed))

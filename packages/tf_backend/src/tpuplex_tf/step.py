@@ -1,0 +1,232 @@
+"""Compiled train and predict steps under a `tf.distribute` strategy, following `tpuplex.protocol` exactly.
+
+One training step, per replica (inside `strategy.run`, inside one `tf.function`):
+  1. `_replica_gradients` (XLA, `jit_compile=True`): forward and backward over the replica's B/n rows, split into
+     `grad_accum` micro-batches whose weighted-mean-loss gradients are averaged.
+  2. one batched all-reduce (SUM) of the gradients, the weighted loss sum and the weight sum. It stays outside
+     XLA: MirroredStrategy cannot compile collectives into a jit_compile function, so the strategy runs it.
+  3. `_adamw` (XLA): global-norm clip and AdamW on the reduced gradients; every replica gets the same inputs, so
+     every replica computes the same new values.
+  4. `merge_call` -> `extended.update`: each replica writes the new values into its own copy of the variables.
+On TPUStrategy the whole tf.function becomes one TPU program anyway.
+
+How host batches reach the devices (`_distribute`): the k host batches of one call, each [B, L], are concatenated
+row-wise into one `tf.data` pipeline (`from_tensor_slices` -> `batch(B, drop_remainder=True)` -> `prefetch`),
+which yields the same k batches with the static shape [B, L]. `experimental_distribute_dataset` cuts every batch
+into n consecutive slices of B/n rows, slice i for replica i. A `tf.range` loop inside the training tf.function
+runs the k steps (steps_per_execution) on-device; `train_step` is the same program with k = 1, so there is one
+training program per bucket length. Prediction uses the same path with k = 1 and gathers the replicas' logits in
+replica order, which is row order.
+
+The learning rates arrive as a float32 tensor [k], so a new value never retraces. Dropout seeds are derived from
+(optimizer seed, optimizer step, replica, micro-batch), so a resumed run draws the same masks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tpuplex.collate import check_divisible
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import Batch, OptimizerSpec, decays
+from tpuplex_tf.model import BertClassifier
+
+MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+TRAIN_INPUTS = (*MODEL_INPUTS, "labels", "weight")
+
+
+class Steps:
+    """The compiled programs and the AdamW state of one model.
+
+    Attributes:
+        names: HF parameter names, in the order of `variables`, `exp_avg` and `exp_avg_sq`.
+        transposed: per name, whether the variable is the transpose of the HF tensor (Dense kernels).
+        variables: the model's tf.Variables (Keras layout: Dense kernels are [in, out]).
+        exp_avg, exp_avg_sq: Adam moments, one per variable, same shapes.
+        step: int64 scalar, optimizer updates applied so far.
+        traces: Python traces of the top-level tf.functions (training and prediction programs).
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, model: BertClassifier, optimizer: OptimizerSpec,
+                 num_labels: int, jit_compile: bool):
+        self.strategy = strategy
+        self.model = model
+        self.optimizer = optimizer
+        self.num_labels = num_labels
+        hf_variables = model.hf_variables()
+        self.names = list(hf_variables)
+        self.variables = [hf_variables[name][0].value for name in self.names]
+        self.transposed = [hf_variables[name][1] for name in self.names]
+        self._decays = [decays(name) for name in self.names]
+        with strategy.scope():
+            self.exp_avg = [tf.Variable(tf.zeros(v.shape), trainable=False) for v in self.variables]
+            self.exp_avg_sq = [tf.Variable(tf.zeros(v.shape), trainable=False) for v in self.variables]
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.traces = 0
+        self._replica_gradients_xla = tf.function(self._replica_gradients, jit_compile=jit_compile)
+        self._adamw_xla = tf.function(self._adamw, jit_compile=jit_compile)
+        self._logits_xla = tf.function(self._logits, jit_compile=jit_compile)
+        self._train_program = tf.function(self._train_loop)
+        self._predict_program = tf.function(self._predict)
+
+    def train(self, batches: Sequence[Batch], learning_rates: Sequence[float]) -> list[float]:
+        """Apply one update per batch (all of one shape [B, L]) in a single call; returns each batch's loss."""
+        if len(batches) != len(learning_rates) or not batches:
+            raise TpuplexError(f"train_steps got {len(batches)} batches and {len(learning_rates)} learning "
+                               "rates: pass one learning rate per batch, at least one batch")
+        shapes = {b["input_ids"].shape for b in batches}
+        if len(shapes) != 1:
+            raise TpuplexError(f"train_steps got batches of shapes {sorted(shapes)}: one call takes batches of "
+                               "one shape (group steps_per_execution batches by bucket length)")
+        self._check_rows(batches[0]["input_ids"].shape[0])
+        rows = batches[0]["input_ids"].shape[0]
+        arrays = {key: np.concatenate([_train_array(b, key) for b in batches]) for key in TRAIN_INPUTS}
+        arrays["learning_rate"] = np.repeat(np.asarray(learning_rates, np.float32), rows)
+        return [float(loss) for loss in self._train_program(self._distribute(arrays, rows)).numpy()]
+
+    def predict(self, batch: Batch) -> np.ndarray:
+        """Logits float32 [B, num_labels] for every row of `batch`."""
+        rows = batch["input_ids"].shape[0]
+        check_divisible(rows, self.strategy.num_replicas_in_sync, "the evaluation batch size")
+        arrays = {key: np.asarray(batch[key], np.int32) for key in MODEL_INPUTS}
+        return self._predict_program(iter(self._distribute(arrays, rows))).numpy()
+
+    def _check_rows(self, rows: int) -> None:
+        replicas, accum = self.strategy.num_replicas_in_sync, self.optimizer.grad_accum
+        check_divisible(rows, replicas)
+        if (rows // replicas) % accum:
+            raise TpuplexError(
+                f"train.grad_accum = {accum} does not divide the {rows // replicas} rows each of the {replicas} "
+                f"replicas gets: use a global batch that is a multiple of {replicas * accum}, or another grad_accum"
+            )
+
+    def _distribute(self, arrays: dict[str, np.ndarray], rows: int) -> tf.distribute.DistributedDataset:
+        """`arrays` (each [k * rows, ...]) as k batches of `rows`, each split into per-replica slices."""
+        dataset = tf.data.Dataset.from_tensor_slices(arrays).batch(rows, drop_remainder=True)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        dataset = dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+        return self.strategy.experimental_distribute_dataset(dataset)
+
+    # --- traced programs -------------------------------------------------------------------------------------
+
+    def _train_loop(self, dataset: tf.distribute.DistributedDataset) -> tf.Tensor:
+        """One optimizer step per batch of `dataset` -> losses float32 [k]."""
+        self.traces += 1
+        losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+        for batch in dataset:
+            per_replica = self.strategy.run(self._replica_step, args=(batch,))
+            losses = losses.write(losses.size(), self.strategy.experimental_local_results(per_replica)[0])
+        return losses.stack()
+
+    def _predict(self, iterator) -> tf.Tensor:
+        """Logits [B, num_labels] of the next batch of `iterator`, gathered from the replicas in row order."""
+        self.traces += 1
+        return self.strategy.gather(self.strategy.run(self._replica_logits, args=(next(iterator),)), axis=0)
+
+    def _replica_step(self, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """One update, in replica context; returns the global batch's weighted mean loss (a scalar)."""
+        learning_rate = batch["learning_rate"][0]
+        batch = {key: batch[key] for key in TRAIN_INPUTS}
+        context = tf.distribute.get_replica_context()
+        replicas = self.strategy.num_replicas_in_sync
+        replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
+        seed = tf.stack([tf.constant(self.optimizer.seed, tf.int32),
+                         tf.cast(self.step, tf.int32) * replicas + replica])
+        gradients, loss_sum, weight_sum = self._replica_gradients_xla(batch, seed)
+        *gradient_sums, loss_sum, weight_sum = context.all_reduce(
+            tf.distribute.ReduceOp.SUM, [*gradients, loss_sum, weight_sum])
+        gradients = [g / replicas for g in gradient_sums]
+        updated = self._adamw_xla([v.read_value() for v in self.variables], [m.read_value() for m in self.exp_avg],
+                                  [v.read_value() for v in self.exp_avg_sq], gradients, learning_rate,
+                                  self.step + 1)
+        context.merge_call(self._write, args=updated)
+        return loss_sum / tf.maximum(weight_sum, 1.0)
+
+    def _write(self, strategy: tf.distribute.Strategy, params, exp_avg, exp_avg_sq) -> None:
+        """Cross-replica: every replica's new values into its own copy of each variable; step += 1."""
+        targets = (*self.variables, *self.exp_avg, *self.exp_avg_sq)
+        for variable, value in zip(targets, (*params, *exp_avg, *exp_avg_sq), strict=True):
+            strategy.extended.update(variable, _assign, args=(value,), group=False)
+        strategy.extended.update(self.step, _increment, group=False)
+
+    def _replica_gradients(self, batch: dict[str, tf.Tensor], seed: tf.Tensor):
+        """Gradients of this replica's rows [R, L], averaged over `grad_accum` micro-batches of R/k rows.
+
+        Returns (gradients like `variables`, sum(weight * loss) over the rows, sum(weight)).
+        """
+        accum = self.optimizer.grad_accum
+        micro = {key: tf.reshape(x, [accum, -1, *x.shape[1:]]) for key, x in batch.items()}
+        gradients = [tf.zeros(v.shape) for v in self.variables]
+        loss_sum = weight_sum = tf.constant(0.0)
+        for index in tf.range(accum):
+            rows = {key: x[index] for key, x in micro.items()}
+            with tf.GradientTape() as tape:
+                logits = self.model(rows["input_ids"], rows["token_type_ids"], rows["attention_mask"],
+                                    seed=tf.random.experimental.stateless_fold_in(seed, index))
+                weighted = rows["weight"] * self._per_example_loss(logits, rows["labels"])
+                weight = tf.reduce_sum(rows["weight"])
+                mean_loss = tf.reduce_sum(weighted) / tf.maximum(weight, 1.0)
+            step_gradients = tape.gradient(mean_loss, self.variables)
+            # Embedding gradients come as IndexedSlices; dense tensors are what the all-reduce and AdamW take.
+            gradients = [g + tf.convert_to_tensor(s) / accum for g, s in zip(gradients, step_gradients, strict=True)]
+            loss_sum += tf.reduce_sum(weighted)
+            weight_sum += weight
+        return gradients, loss_sum, weight_sum
+
+    def _per_example_loss(self, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        """[B] cross-entropy, or squared error when num_labels == 1 (logits [B, 1] vs float labels [B])."""
+        if self.num_labels == 1:
+            return tf.square(logits[:, 0] - tf.cast(labels, logits.dtype))
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32), logits=logits)
+
+    def _adamw(self, params, exp_avg, exp_avg_sq, gradients, learning_rate, step):
+        """Clip by global norm, then AdamW with bias correction and decoupled decay (the protocol's formula).
+
+        `step` is the count including this update (t). Returns (params, exp_avg, exp_avg_sq), each a list.
+        """
+        spec = self.optimizer
+        if spec.clip_norm > 0:  # 0 turns clipping off
+            scale = tf.minimum(1.0, spec.clip_norm / tf.linalg.global_norm(gradients))
+            gradients = [g * scale for g in gradients]
+        t = tf.cast(step, tf.float32)
+        correction1, correction2 = 1.0 - spec.beta1 ** t, 1.0 - spec.beta2 ** t
+        new_params, new_exp_avg, new_exp_avg_sq = [], [], []
+        for p, m, v, g, decay in zip(params, exp_avg, exp_avg_sq, gradients, self._decays, strict=True):
+            m = spec.beta1 * m + (1.0 - spec.beta1) * g
+            v = spec.beta2 * v + (1.0 - spec.beta2) * tf.square(g)
+            update = (m / correction1) / (tf.sqrt(v / correction2) + spec.epsilon)
+            if decay:
+                update += spec.weight_decay * p
+            new_params.append(p - learning_rate * update)
+            new_exp_avg.append(m)
+            new_exp_avg_sq.append(v)
+        return new_params, new_exp_avg, new_exp_avg_sq
+
+    def _replica_logits(self, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        # A plain Python function around the XLA one: passing the tf.function to strategy.run directly places
+        # every replica's XLA launch on the first device, which cannot read the other replicas' variables.
+        return self._logits_xla(batch)
+
+    def _logits(self, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+
+
+def _train_array(batch: Batch, key: str) -> np.ndarray:
+    """One training input as the dtype the program takes; a batch without `weight` counts every row."""
+    if key == "weight":
+        return np.asarray(batch.get("weight", np.ones(len(batch["input_ids"]))), np.float32)
+    if key == "labels":
+        return np.asarray(batch["labels"])
+    return np.asarray(batch[key], np.int32)
+
+
+def _assign(variable: tf.Variable, value: tf.Tensor):
+    return variable.assign(value)
+
+
+def _increment(variable: tf.Variable):
+    return variable.assign_add(1)
