@@ -80,7 +80,7 @@ def tests_torch(session: nox.Session) -> None:
 
 @nox.session(name="tests-torch-xla", python="3.11")
 def tests_torch_xla(session: nox.Session) -> None:
-    # The [xla] extra pins torch_xla, and torch_xla pins the torch it was built against.
+    # The [xla] extra pins torch_xla and the torch it was built against (torch_xla's wheel does not declare it).
     _install(session, CORE, f"{TORCH}[xla]", *TEST_DEPS, MINILM)
     _pytest(session, "torch_xla", PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4")
 

@@ -1,0 +1,58 @@
+"""`TorchBackend`: the `tpuplex.protocol.Backend` for PyTorch, registered as the `torch` entry point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from tpuplex.config import RuntimeConfig
+from tpuplex.devices import Topology
+from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
+from tpuplex_torch import checkpoint, devices, model, step
+from tpuplex_torch.step import TorchState
+
+
+class TorchBackend(BackendBase):
+    """HF transformers models on eager PyTorch (accelerate) or torch_xla SPMD; see `tpuplex_torch.devices`.
+
+    The state is a `TorchState` updated in place: `train_step` returns the object it was given.
+    """
+
+    name: ClassVar[str] = "torch"
+
+    def __init__(self, runtime: RuntimeConfig):
+        self.placement = devices.claim(runtime)
+
+    def topology(self) -> Topology:
+        return self.placement.topology
+
+    def init(self, model_spec: ModelSpec, optimizer: OptimizerSpec) -> TorchState:
+        module = model.build(model_spec).to(self.placement.device)
+        state = TorchState(module, step.make_optimizer(module, optimizer), optimizer)
+        return self.state_from_arrays(state, checkpoint.initial(model_spec.params))
+
+    def train_step(self, state: TorchState, batch: Batch, learning_rate: float) -> tuple[TorchState, float]:
+        return state, step.train_step(state, self.placement, batch, learning_rate)
+
+    def predict(self, state: TorchState, batch: Batch) -> np.ndarray:
+        return step.predict(state, self.placement, batch)
+
+    def state_to_arrays(self, state: TorchState) -> PortableState:
+        return checkpoint.to_portable(state)
+
+    def state_from_arrays(self, state: TorchState, arrays: PortableState) -> TorchState:
+        restored = checkpoint.restore(state, arrays, self.placement)
+        self.placement.sync()
+        return restored
+
+    def compile_count(self) -> int:
+        return self.placement.compile_count()
+
+    def start_profile(self, logdir: Path) -> None:
+        Path(logdir).mkdir(parents=True, exist_ok=True)
+        self.placement.start_profile(Path(logdir))
+
+    def stop_profile(self) -> None:
+        self.placement.stop_profile()

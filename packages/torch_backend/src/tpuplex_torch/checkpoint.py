@@ -1,0 +1,55 @@
+"""The training state to and from `tpuplex.protocol.PortableState`.
+
+Parameters keep their HF names and torch layout, so they cross over unchanged; torch AdamW's per-parameter state
+`exp_avg`, `exp_avg_sq` and `step` maps to the portable moments and step. A fresh state is restored from
+`initial(params)` the same way as a checkpoint, so Adam's state exists before the first step (torch would create
+it inside it, making the first step's XLA program differ from the rest), and every tensor is uploaded from the
+host, never computed on the device, so restoring compiles nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+import torch
+from tpuplex.params import check_names
+from tpuplex.protocol import PortableState
+from tpuplex_torch.devices import Placement
+from tpuplex_torch.step import TorchState
+
+
+def initial(params: Mapping[str, np.ndarray]) -> PortableState:
+    """The state before training: `params`, zero moments, step 0."""
+    zeros = {name: np.zeros(np.shape(array), np.float32) for name, array in params.items()}
+    return PortableState(params=dict(params), exp_avg=zeros, exp_avg_sq=dict(zeros), step=0)
+
+
+def to_portable(state: TorchState) -> PortableState:
+    """Parameters and Adam moments as float32 numpy arrays under HF names, and the optimizer step."""
+    params, exp_avg, exp_avg_sq = {}, {}, {}
+    for name, parameter in state.model.named_parameters():
+        moments = state.optimizer.state[parameter]
+        params[name] = parameter.detach().cpu().numpy()
+        exp_avg[name] = moments["exp_avg"].cpu().numpy()
+        exp_avg_sq[name] = moments["exp_avg_sq"].cpu().numpy()
+    return PortableState(params=params, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, step=state.step)
+
+
+def restore(state: TorchState, portable: PortableState, placement: Placement) -> TorchState:
+    """Overwrite `state` with `portable`; TpuplexError names any missing, unexpected or mis-shaped array."""
+    named = dict(state.model.named_parameters())
+    expected = {name: tuple(parameter.shape) for name, parameter in named.items()}
+    check_names(expected, portable.params, "the checkpoint's parameters")
+    check_names(expected, portable.exp_avg, "the checkpoint's exp_avg moments")
+    check_names(expected, portable.exp_avg_sq, "the checkpoint's exp_avg_sq moments")
+    for name, parameter in named.items():
+        parameter.data = placement.upload(portable.params[name])
+        state.optimizer.state[parameter] = {
+            "step": torch.tensor(float(portable.step), dtype=torch.float32),  # AdamW keeps it on the CPU
+            "exp_avg": placement.upload(portable.exp_avg[name]),
+            "exp_avg_sq": placement.upload(portable.exp_avg_sq[name]),
+        }
+    state.step = portable.step
+    return state

@@ -1,0 +1,257 @@
+"""Which torch runtime a run uses, the devices it sees, and how a host batch reaches them.
+
+`claim(runtime)` picks the mode before anything else framework-specific loads:
+- xla: `runtime.torch_mode = "xla"`, or "auto" on a machine with a TPU. torch_xla runs in SPMD mode with one mesh
+  over every device, shape (replicas, devices / replicas) with axes ("data", "copy"); a batch is sharded over
+  "data" and repeated over "copy". `runtime.cpu_devices = N` on XLA:CPU asks for N devices (CPU_NUM_DEVICES) or,
+  when the runtime already runs more, for N replicas over them.
+- eager: everything else, through accelerate: the CPU, one GPU, or several GPUs (or CPU processes) with one
+  process each under `accelerate launch` / torchrun, every process holding its share of the global batch's rows.
+
+torch_xla is imported only in xla mode. accelerate (which transformers imports) imports torch_xla by itself
+whenever it is installed, so eager mode sets USE_TORCH_XLA=0 before accelerate loads: one process never has two
+runtimes claiming the TPU.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import torch
+from tpuplex import devices as core_devices
+from tpuplex.collate import check_divisible
+from tpuplex.config import RuntimeConfig
+from tpuplex.devices import Topology
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import Batch
+
+XLA_INSTALL = "pip install tpuplex-torch[xla]"
+_PJRT_DEVICE = {"tpu": "TPU", "gpu": "CUDA", "cpu": "CPU"}
+_XLA_KIND = {"TPU": "tpu", "CUDA": "gpu", "CPU": "cpu"}
+
+
+def claim(runtime: RuntimeConfig) -> Placement:
+    """The placement for `runtime`: xla or eager mode (see the module docstring), its devices confirmed."""
+    found = core_devices.discover(runtime.device)  # a TPU/GPU asked for but absent fails here, naming the fix
+    if runtime.torch_mode == "xla":
+        return XlaPlacement(runtime, found, "runtime.torch_mode = xla")
+    if runtime.torch_mode == "auto" and found.kind == "tpu":
+        return XlaPlacement(runtime, found, f"torch_mode auto: TPU found ({found.source})")
+    if found.kind == "tpu" and runtime.device == "tpu":
+        raise TpuplexError('runtime.device = "tpu" needs torch_xla, but runtime.torch_mode = "eager": '
+                           'set runtime.torch_mode = "auto" or "xla"')
+    why = "runtime.torch_mode = eager" if runtime.torch_mode == "eager" else f"torch_mode auto: no TPU ({found.kind})"
+    return EagerPlacement(runtime, found, why)
+
+
+def host_tensors(batch: Batch) -> dict[str, torch.Tensor]:
+    """A host batch as CPU tensors: ids and mask int64 [B, L], labels int64 (float32 for regression) [B],
+    weight float32 [B] (ones when the batch has none, as training batches may)."""
+    tensors = {key: torch.from_numpy(np.asarray(batch[key], dtype=np.int64))
+               for key in ("input_ids", "token_type_ids", "attention_mask")}
+    labels = np.asarray(batch["labels"])
+    tensors["labels"] = torch.from_numpy(labels.astype(np.float32 if labels.dtype.kind == "f" else np.int64))
+    weight = batch.get("weight")
+    tensors["weight"] = torch.from_numpy(
+        np.ones(len(labels), np.float32) if weight is None else np.asarray(weight, dtype=np.float32))
+    return tensors
+
+
+class Placement(abc.ABC):
+    """Where the model lives and how batches get there; the step code is the same for every mode.
+
+    device: where parameters live. topology: the devices as torch sees them (device_count = replicas).
+    replicas_in_view: replicas whose rows `put` returns (all of them under SPMD, this process's one in eager).
+    row_processes: processes that each hold a different share of a batch's rows (1 under SPMD, where every
+        process sees the global batch).
+    """
+
+    mode: str
+    device: torch.device
+    topology: Topology
+    replicas_in_view: int
+    row_processes: int = 1
+
+    def upload(self, array: np.ndarray) -> torch.Tensor:
+        """A float32 host array as a state tensor (parameter or moment) on `device`, whole on every replica."""
+        return torch.from_numpy(np.array(array, dtype=np.float32)).to(self.device)
+
+    @abc.abstractmethod
+    def put(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The rows of `batch` this process computes, as tensors on `device` (dtypes of `host_tensors`)."""
+
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over processes that hold different rows of the batch (identity when one view holds them all)."""
+        return tensor
+
+    def gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Per-row results of every process, in global row order (identity when one view holds them all)."""
+        return tensor
+
+    def sync(self) -> None:
+        """Run what has been queued (the lazy XLA graph); eager work has already run."""
+        return None
+
+    def seed(self, seed: int) -> None:
+        """Seed the framework RNG that dropout draws from."""
+        torch.manual_seed(seed)
+
+    def autocast(self, bf16: bool) -> contextlib.AbstractContextManager:
+        """bfloat16 autocast on this device when `bf16`, else a no-op context."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
+
+    def compile_count(self) -> int:
+        """Programs compiled so far: eager runs kernels as they come and compiles none."""
+        return 0
+
+    @abc.abstractmethod
+    def start_profile(self, logdir: Path) -> None:
+        """Start the framework's profiler trace into `logdir`."""
+
+    @abc.abstractmethod
+    def stop_profile(self) -> None:
+        """Stop the trace and write it."""
+
+
+class EagerPlacement(Placement):
+    """Eager PyTorch through accelerate: CPU or GPU, one process per device."""
+
+    mode = "eager"
+
+    def __init__(self, runtime: RuntimeConfig, found: Topology, why: str):
+        if runtime.cpu_devices > 1:
+            raise TpuplexError(
+                f"runtime.cpu_devices = {runtime.cpu_devices} needs torch_mode = \"xla\": eager PyTorch runs one "
+                "device per process (set runtime.torch_mode = \"xla\" with pip install tpuplex-torch[xla], or "
+                "launch N processes with accelerate launch --cpu --num_processes N)")
+        if "torch_xla" not in sys.modules:
+            os.environ["USE_TORCH_XLA"] = "0"  # read when accelerate is first imported, just below
+        import accelerate
+
+        if accelerate.utils.is_torch_xla_available():
+            raise TpuplexError("torch_mode eager was asked for in a process where torch_xla is already loaded, so "
+                               "accelerate would run on XLA: use one torch mode per process")
+        use_gpu = found.kind == "gpu"
+        if use_gpu and not torch.cuda.is_available():
+            raise TpuplexError(f"a GPU was found ({found.source}) but this torch build has no CUDA: install a CUDA "
+                               "build of torch, or set runtime.device = \"cpu\"")
+        self.accelerator = accelerate.Accelerator(cpu=not use_gpu)
+        self._reduce = accelerate.utils.reduce
+        state = self.accelerator.state
+        self.device = self.accelerator.device
+        self.row_processes = state.num_processes
+        self.replicas_in_view = 1
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.row_processes))
+        self.topology = Topology(
+            kind="gpu" if self.device.type == "cuda" else "cpu", device_count=self.row_processes,
+            host_count=max(1, self.row_processes // local), process_index=state.process_index,
+            source=f"accelerate ({state.distributed_type.value})", detail=f"torch eager; {why}")
+        self._profiler: torch.profiler.profile | None = None
+
+    def put(self, batch: Batch) -> dict[str, torch.Tensor]:
+        rows = len(batch["labels"])
+        check_divisible(rows, self.row_processes)
+        share = rows // self.row_processes
+        mine = slice(self.topology.process_index * share, (self.topology.process_index + 1) * share)
+        return {name: t[mine].to(self.device) for name, t in host_tensors(batch).items()}
+
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.row_processes == 1 else self._reduce(tensor, reduction="sum")
+
+    def gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.row_processes == 1 else self.accelerator.gather(tensor)
+
+    def start_profile(self, logdir: Path) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._profiler = torch.profiler.profile(
+            activities=activities, on_trace_ready=torch.profiler.tensorboard_trace_handler(str(logdir)))
+        self._profiler.start()
+
+    def stop_profile(self) -> None:
+        if self._profiler is not None:
+            self._profiler.stop()
+            self._profiler = None
+
+
+class XlaPlacement(Placement):
+    """torch_xla in SPMD mode: one program over a mesh of every device, the batch sharded over replicas."""
+
+    mode = "xla"
+
+    def __init__(self, runtime: RuntimeConfig, found: Topology, why: str):
+        claimed = [name for name in ("jax", "tensorflow") if name in sys.modules]
+        if found.kind == "tpu" and claimed:
+            raise TpuplexError(f"{claimed[0]} is already loaded in this process and may hold the TPU: run the torch "
+                               "backend in a process of its own")
+        kind = found.kind if runtime.device == "auto" else runtime.device
+        os.environ.setdefault("PJRT_DEVICE", _PJRT_DEVICE[kind])
+        try:
+            import torch_xla.debug.metrics as metrics
+            import torch_xla.debug.profiler as profiler
+            import torch_xla.distributed.spmd as spmd
+            import torch_xla.runtime as xr
+
+            import torch_xla
+        except ImportError:
+            raise TpuplexError(f"runtime.torch_mode = \"xla\" (or a TPU) needs torch_xla, which is not installed: "
+                               f"{XLA_INSTALL}") from None
+        self._xla, self._metrics, self._profiler, self._spmd = torch_xla, metrics, profiler, spmd
+        on_cpu = os.environ["PJRT_DEVICE"] == "CPU"
+        if on_cpu and runtime.cpu_devices > 0 and not torch_xla._XLAC._xla_runtime_is_initialized():
+            os.environ["CPU_NUM_DEVICES"] = str(runtime.cpu_devices)
+        if not xr.is_spmd():
+            xr.use_spmd()
+        devices = xr.global_runtime_device_count()
+        replicas = runtime.cpu_devices if on_cpu and runtime.cpu_devices > 0 else devices
+        if devices % replicas:
+            raise TpuplexError(
+                f"runtime.cpu_devices = {replicas} does not fit the {devices} XLA CPU devices this process already "
+                f"runs: use a divisor of {devices}, or start a fresh process")
+        self.mesh = spmd.Mesh(np.arange(devices), (replicas, devices // replicas), ("data", "copy"))
+        self.device = torch_xla.device()
+        self.replicas_in_view = replicas
+        device_type = xr.device_type() or os.environ["PJRT_DEVICE"]
+        self.topology = Topology(
+            kind=_XLA_KIND.get(device_type, "cpu"), device_count=replicas, host_count=xr.process_count(),
+            process_index=xr.process_index(), source=f"torch_xla PJRT {device_type}",
+            detail=f"torch_xla SPMD, mesh data={replicas} x copy={devices // replicas}; {why}")
+
+    def upload(self, array: np.ndarray) -> torch.Tensor:
+        # Marked replicated now, as the step's outputs will be: an unmarked input would make the first step's
+        # program differ from every later one and compile twice.
+        tensor = super().upload(array)
+        self._spmd.mark_sharding(tensor, self.mesh, (None,) * tensor.dim())
+        return tensor
+
+    def put(self, batch: Batch) -> dict[str, torch.Tensor]:
+        check_divisible(len(batch["labels"]), self.replicas_in_view)
+        placed = {}
+        for name, tensor in host_tensors(batch).items():
+            placed[name] = tensor.to(self.device)
+            self._spmd.mark_sharding(placed[name], self.mesh, ("data",) + (None,) * (tensor.dim() - 1))
+        return placed
+
+    def sync(self) -> None:
+        self._xla.sync()
+
+    def seed(self, seed: int) -> None:
+        self._xla.manual_seed(seed)
+
+    def compile_count(self) -> int:
+        data: Any = self._metrics.metric_data("CompileTime")
+        return int(data[0]) if data else 0
+
+    def start_profile(self, logdir: Path) -> None:
+        self._profiler.start_trace(str(logdir))
+
+    def stop_profile(self) -> None:
+        self._profiler.stop_trace()

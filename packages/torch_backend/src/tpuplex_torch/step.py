@@ -1,0 +1,149 @@
+"""The train and predict steps, the same code for eager and XLA (the placement hides the difference).
+
+A train step follows `tpuplex.protocol` exactly: each micro-batch's loss is sum(weight * loss) over its rows divided
+by the global batch's total weight, so the summed gradients are the gradient of the global weighted mean loss
+(which is the average of replica and micro-batch means, the batches being full); then the global-norm clip
+g * min(1, c / ||g||) computed here (torch's clip_grad_norm_ adds 1e-6 to the norm) and torch.optim.AdamW, which
+applies the decoupled decay lr * wd * p to the pre-update parameters with epsilon outside the corrected square root.
+On XLA the whole step is one lazy graph per batch shape, cut by `torch_xla.sync()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+
+import torch
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import Batch, OptimizerSpec, decays
+from tpuplex_torch.devices import Placement
+from tpuplex_torch.model import forward_logits, per_example_loss
+
+
+@dataclasses.dataclass
+class TorchState:
+    """The training state, updated in place. step: optimizer updates applied so far."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.AdamW
+    spec: OptimizerSpec
+    step: int = 0
+
+
+def make_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.AdamW:
+    """AdamW with decay on the parameters `decays(name)` selects and none on the rest.
+
+    Its state (exp_avg, exp_avg_sq, step) is what checkpoints hold; on XLA `adamw_on_xla` applies the update.
+    """
+    named = list(model.named_parameters())
+    groups = [{"params": [p for name, p in named if decays(name)], "weight_decay": spec.weight_decay},
+              {"params": [p for name, p in named if not decays(name)], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=0.0, betas=(spec.beta1, spec.beta2), eps=spec.epsilon)
+
+
+def dropout_seed(seed: int, step: int) -> int:
+    """The RNG seed for the dropout masks of optimizer step `step`: a function of (seed, step) only, so a resumed
+    run draws the same masks as an uninterrupted one."""
+    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+
+
+def train_step(state: TorchState, placement: Placement, batch: Batch, learning_rate: float) -> float:
+    """One AdamW update on the global `batch`; returns the batch's weighted mean loss."""
+    model, spec = state.model, state.spec
+    inputs = placement.put(batch)
+    placement.seed(dropout_seed(spec.seed, state.step))
+    model.train()
+    total_weight = placement.reduce_sum(inputs["weight"].sum()).clamp(min=1.0)
+    loss = torch.zeros((), device=placement.device)
+    for micro in micro_batches(inputs, placement.replicas_in_view, spec.grad_accum):
+        with placement.autocast(spec.bf16):
+            logits = forward_logits(model, micro)
+        micro_loss = (per_example_loss(logits, micro["labels"]) * micro["weight"]).sum() / total_weight
+        micro_loss.backward()
+        loss = loss + micro_loss.detach()
+    parameters = [p for p in model.parameters() if p.grad is not None]
+    if placement.row_processes > 1:
+        _sum_gradients_over_processes(parameters, placement)
+    if spec.clip_norm > 0:
+        _clip_by_global_norm(parameters, spec.clip_norm)
+    if placement.mode == "xla":
+        adamw_on_xla(state.optimizer, placement, learning_rate)
+    else:
+        for group in state.optimizer.param_groups:
+            group["lr"] = learning_rate
+        state.optimizer.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    loss = placement.reduce_sum(loss)
+    placement.sync()
+    state.step += 1
+    return float(loss.item())
+
+
+def adamw_on_xla(optimizer: torch.optim.AdamW, placement: Placement, learning_rate: float) -> None:
+    """torch.optim.AdamW's update on its own state, with the per-step numbers uploaded as one tensor.
+
+    torch's step hands XLA the learning rate and bias corrections as Python numbers, which torch_xla passes as
+    cached scalar data: equal values share one input, so lr = 0 (the first warmup step, decay factor 1.0) changes
+    the program and compiles it again; its capturable variant divides by lr and gives NaN at lr = 0.
+    """
+    first = optimizer.param_groups[0]
+    beta1, beta2 = first["betas"]
+    step = int(optimizer.state[first["params"][0]]["step"]) + 1
+    numbers = [learning_rate / (1 - beta1**step), (1 - beta2**step) ** 0.5]
+    numbers += [learning_rate * group["weight_decay"] for group in optimizer.param_groups]
+    step_size, bias_correction2_sqrt, *decay = placement.upload(np.array(numbers)).unbind()
+    for group, group_decay in zip(optimizer.param_groups, decay, strict=True):
+        for parameter in group["params"]:
+            moments, grad = optimizer.state[parameter], parameter.grad
+            moments["exp_avg"].lerp_(grad, 1 - beta1)
+            moments["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            if group["weight_decay"]:
+                parameter.data.mul_(1 - group_decay)
+            denominator = moments["exp_avg_sq"].sqrt() / bias_correction2_sqrt + group["eps"]
+            parameter.data.sub_(step_size * moments["exp_avg"] / denominator)
+            moments["step"] += 1
+
+
+def predict(state: TorchState, placement: Placement, batch: Batch) -> np.ndarray:
+    """Logits float32 [B, num_labels] for every row of `batch`, padding rows included."""
+    inputs = placement.put(batch)
+    state.model.eval()
+    with torch.no_grad(), placement.autocast(state.spec.bf16):
+        logits = forward_logits(state.model, inputs).float()
+    placement.sync()
+    return placement.gather_rows(logits).cpu().numpy()
+
+
+def micro_batches(inputs: dict[str, torch.Tensor], replicas: int, count: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Split [b, ...] tensors holding `replicas` contiguous row blocks into `count` micro-batches, micro-batch j
+    made of the j-th part of every replica's block (so under SPMD each device keeps its own rows)."""
+    rows = len(inputs["labels"])
+    if (rows // replicas) % count:
+        raise TpuplexError(
+            f"train.grad_accum = {count} does not divide the {rows // replicas} rows each replica gets: use a "
+            f"global batch that divides by replicas x grad_accum = {replicas * count}, or another grad_accum")
+    if count == 1:
+        yield inputs
+        return
+    part = rows // (replicas * count)
+    for j in range(count):
+        yield {name: t.reshape(replicas, count, part, *t.shape[1:])[:, j].reshape(replicas * part, *t.shape[1:])
+               for name, t in inputs.items()}
+
+
+def _sum_gradients_over_processes(parameters: list[torch.nn.Parameter], placement: Placement) -> None:
+    """Add up the gradients of processes that each computed their own rows (one flat all-reduce)."""
+    grads = [p.grad for p in parameters]
+    summed = placement.reduce_sum(torch.cat([g.reshape(-1) for g in grads]))
+    for grad, part in zip(grads, summed.split([g.numel() for g in grads]), strict=True):
+        grad.copy_(part.view_as(grad))
+
+
+def _clip_by_global_norm(parameters: list[torch.nn.Parameter], clip_norm: float) -> None:
+    """g *= min(1, clip_norm / ||g||) over all gradients together; a zero norm (clip_norm / 0 = inf) leaves g."""
+    grads = [p.grad for p in parameters]
+    scale = (clip_norm / torch.nn.utils.get_total_norm(grads)).clamp(max=1.0)
+    for grad in grads:
+        grad.mul_(scale)
