@@ -96,6 +96,7 @@ CASES = {
     "batch not divisible by replicas": ({}, ["--set", "runtime.cpu_devices=3"],
                                         "train.global_batch = 8 does not divide by the 3 replicas"),
     "invalid config value": ({}, ["--set", "train.learning_rate=-0.1"], "train.learning_rate = -0.1 is not allowed"),
+    "missing model": ({}, ["--set", 'model.checkpoint="/nonexistent/model"'], "is not a directory"),
     "unknown backend": ({}, ["--backend", "mxnet"], "backend 'mxnet' is not known"),
     "backend not installed": ({}, ["--backend", "jax"], "pip install tpuplex-jax"),
 }
