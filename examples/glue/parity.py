@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tpuplex import config as config_lib
+from tpuplex import glue
 from tpuplex import run as run_lib
 from tpuplex.reporting import Reporter
 
@@ -38,9 +39,11 @@ BOUNDS = {"initial_logits": 1e-4, "losses": 1e-3, "dev_accuracy": 0.5}
 
 
 def run(backend: str, out: Path) -> None:
-    scratch = out / f"{backend}-run"
+    # The output directory is a template filled in per backend, so every backend runs the same config (same hash).
+    output_template = out / "{backend}-run"
+    config = config_lib.load(HERE / "configs" / "mrpc.toml", [*SCENARIO, f'runtime.output_dir="{output_template}"'])
+    scratch = run_lib.output_directory(config, glue.get_task(config.data.task), backend)
     shutil.rmtree(scratch, ignore_errors=True)  # a parity run starts fresh, never from an older checkpoint
-    config = config_lib.load(HERE / "configs" / "mrpc.toml", [*SCENARIO, f'runtime.output_dir="{scratch}"'])
     experiment = run_lib.prepare(config, backend)
     first_dev = next(experiment.trainer.eval_batchers["dev"].eval_batches())
     real = first_dev.batch["weight"] > 0
