@@ -35,7 +35,7 @@ def test_global_batch_not_divisible_by_replicas(initialised):
 
 def test_rows_per_replica_not_divisible_by_grad_accum(initialised):
     jax_backend, state = initialised
-    with pytest.raises(TpuplexError, match=r"global_batch = 8 gives 1 rows per replica.*grad_accum = 2"):
+    with pytest.raises(TpuplexError, match=r"train.grad_accum = 2 does not divide the 1 rows.*train.global_batch = 8"):
         jax_backend.train_step(state, batch_of(encoded_split(8)), 1e-3)
 
 

@@ -60,6 +60,18 @@ def check_divisible(global_batch: int, replicas: int, field: str = "train.global
         )
 
 
+def check_micro_batches(global_batch: int, replicas: int, grad_accum: int) -> None:
+    """`check_divisible`, then a TpuplexError unless each replica's rows split into `grad_accum` equal micro-batches."""
+    check_divisible(global_batch, replicas)
+    per_replica = global_batch // replicas
+    if per_replica % grad_accum:
+        raise TpuplexError(
+            f"train.grad_accum = {grad_accum} does not divide the {per_replica} rows each of the {replicas} replicas "
+            f"gets (train.global_batch = {global_batch}): use a grad_accum that divides {per_replica}, or a global "
+            f"batch that is a multiple of {replicas * grad_accum}"
+        )
+
+
 def bucket_lengths(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
     """The sorted set of allowed sequence lengths: the buckets below max_length, and max_length itself."""
     lengths = sorted({int(b) for b in buckets if 0 < b < max_length} | {max_length})

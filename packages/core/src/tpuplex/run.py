@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuplex import devices, params, registry
-from tpuplex.collate import check_divisible
+from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.config import Config
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
@@ -164,15 +164,9 @@ def write_json_atomic(path: Path, content: dict[str, Any]) -> Path:
 
 def _check_batch_sizes(config: Config, replicas: int) -> None:
     train = config.train
-    check_divisible(train.global_batch, replicas)
+    check_micro_batches(train.global_batch, replicas, train.grad_accum)
     if train.eval_batch:
         check_divisible(train.eval_batch, replicas, field="train.eval_batch")
-    per_replica = train.global_batch // replicas
-    if per_replica % train.grad_accum:
-        raise TpuplexError(
-            f"train.grad_accum = {train.grad_accum} does not divide the {per_replica} rows each of the {replicas} "
-            f"replicas gets (train.global_batch = {train.global_batch}): use a grad_accum that divides {per_replica}"
-        )
 
 
 def _check_max_length(config: Config, hf_config: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax
-from tpuplex.collate import check_divisible
+from tpuplex.collate import check_micro_batches
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
@@ -116,12 +116,7 @@ class JaxBackend(BackendBase):
         """This process's rows of a global batch [B, ...], as [local replicas, rows per replica, ...]."""
         global_batch, length = batch["input_ids"].shape
         replicas = self._topology.device_count
-        check_divisible(global_batch, replicas)
-        if (global_batch // replicas) % per_replica_split:
-            raise TpuplexError(
-                f"train.global_batch = {global_batch} gives {global_batch // replicas} rows per replica, which do "
-                f"not split into train.grad_accum = {per_replica_split} micro-batches: use a multiple of "
-                f"{replicas * per_replica_split} (replicas x grad_accum)")
+        check_micro_batches(global_batch, replicas, per_replica_split)
         if length > programs.config.max_positions:
             raise TpuplexError(
                 f"batches of length {length} exceed the model's {programs.config.max_positions} positions: set "

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tpuplex.collate import check_divisible
+from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import Batch, OptimizerSpec, decays
 from tpuplex_tf.model import BertClassifier
@@ -95,13 +95,7 @@ class Steps:
         return self._predict_program(iter(self._distribute(arrays, rows))).numpy()
 
     def _check_rows(self, rows: int) -> None:
-        replicas, accum = self.strategy.num_replicas_in_sync, self.optimizer.grad_accum
-        check_divisible(rows, replicas)
-        if (rows // replicas) % accum:
-            raise TpuplexError(
-                f"train.grad_accum = {accum} does not divide the {rows // replicas} rows each of the {replicas} "
-                f"replicas gets: use a global batch that is a multiple of {replicas * accum}, or another grad_accum"
-            )
+        check_micro_batches(rows, self.strategy.num_replicas_in_sync, self.optimizer.grad_accum)
 
     def _distribute(self, arrays: dict[str, np.ndarray], rows: int) -> tf.distribute.DistributedDataset:
         """`arrays` (each [k * rows, ...]) as k batches of `rows`, each split into per-replica slices."""

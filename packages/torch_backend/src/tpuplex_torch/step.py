@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 
 import torch
-from tpuplex.errors import TpuplexError
+from tpuplex.collate import check_micro_batches
 from tpuplex.protocol import Batch, OptimizerSpec, decays
 from tpuplex_torch.devices import Placement
 from tpuplex_torch.model import forward_logits, per_example_loss
@@ -120,10 +120,7 @@ def micro_batches(inputs: dict[str, torch.Tensor], replicas: int, count: int) ->
     """Split [b, ...] tensors holding `replicas` contiguous row blocks into `count` micro-batches, micro-batch j
     made of the j-th part of every replica's block (so under SPMD each device keeps its own rows)."""
     rows = len(inputs["labels"])
-    if (rows // replicas) % count:
-        raise TpuplexError(
-            f"train.grad_accum = {count} does not divide the {rows // replicas} rows each replica gets: use a "
-            f"global batch that divides by replicas x grad_accum = {replicas * count}, or another grad_accum")
+    check_micro_batches(rows, replicas, count)
     if count == 1:
         yield inputs
         return
