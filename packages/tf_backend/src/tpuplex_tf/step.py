@@ -11,7 +11,7 @@ One training step, per replica (inside `strategy.run`, inside one `tf.function`)
 On TPUStrategy the whole tf.function becomes one TPU program anyway.
 
 How host batches reach the devices (`_distribute`): the k host batches of one call, each [B, L], are concatenated
-row-wise into one `tf.data` pipeline (`from_tensor_slices` -> `batch(B, drop_remainder=True)` -> `prefetch`),
+row-wise into one `tf.data` pipeline (`from_tensor_slices` -> `batch(B, drop_remainder=True)`, no prefetch),
 which yields the same k batches with the static shape [B, L]. `experimental_distribute_dataset` cuts every batch
 into n consecutive slices of B/n rows, slice i for replica i. A `tf.range` loop inside the training tf.function
 runs the k steps (steps_per_execution) on-device; `train_step` is the same program with k = 1, so there is one
@@ -102,8 +102,10 @@ class Steps:
         dataset = tf.data.Dataset.from_tensor_slices(arrays).batch(rows, drop_remainder=True)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        dataset = dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
-        return self.strategy.experimental_distribute_dataset(dataset)
+        # The rows are already in memory and the pipeline lives for one call: a prefetch thread and autotuning
+        # have nothing to hide and cost about 1.5 s per step on a 2-core CPU (measured: 5.2 s -> 3.5 s at [32, 128]).
+        options.autotune.enabled = False
+        return self.strategy.experimental_distribute_dataset(dataset.with_options(options))
 
     # --- traced programs -------------------------------------------------------------------------------------
 
