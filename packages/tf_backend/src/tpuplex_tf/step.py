@@ -81,8 +81,8 @@ class Steps:
         if len(shapes) != 1:
             raise TpuplexError(f"train_steps got batches of shapes {sorted(shapes)}: one call takes batches of "
                                "one shape (group steps_per_execution batches by bucket length)")
-        self._check_rows(batches[0]["input_ids"].shape[0])
         rows = batches[0]["input_ids"].shape[0]
+        check_micro_batches(rows, self.strategy.num_replicas_in_sync, self.optimizer.grad_accum)
         arrays = {key: np.concatenate([_train_array(b, key) for b in batches]) for key in TRAIN_INPUTS}
         arrays["learning_rate"] = np.repeat(np.asarray(learning_rates, np.float32), rows)
         return [float(loss) for loss in self._train_program(self._distribute(arrays, rows)).numpy()]
@@ -93,9 +93,6 @@ class Steps:
         check_divisible(rows, self.strategy.num_replicas_in_sync, "the evaluation batch size")
         arrays = {key: np.asarray(batch[key], np.int32) for key in MODEL_INPUTS}
         return self._predict_program(iter(self._distribute(arrays, rows))).numpy()
-
-    def _check_rows(self, rows: int) -> None:
-        check_micro_batches(rows, self.strategy.num_replicas_in_sync, self.optimizer.grad_accum)
 
     def _distribute(self, arrays: dict[str, np.ndarray], rows: int) -> tf.distribute.DistributedDataset:
         """`arrays` (each [k * rows, ...]) as k batches of `rows`, each split into per-replica slices."""
