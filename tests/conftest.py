@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_GLUE = REPO.parent / "shared" / "glue"
+# Helpers shared by several sessions (tests/common); the TF session takes tests/ itself off the path.
+sys.path.insert(0, str(REPO / "tests" / "common"))
 
 
 @pytest.fixture(scope="session")

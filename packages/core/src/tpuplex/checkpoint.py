@@ -1,7 +1,7 @@
 """The portable checkpoint: one directory per step that every backend reads and writes.
 
     <root>/step-00000120/
-        model.safetensors       parameters under HF BertForSequenceClassification names (torch layout)
+        model.safetensors       parameters under the family's HF *ForSequenceClassification names (torch layout)
         optimizer.safetensors   Adam moments: "exp_avg.<name>" and "exp_avg_sq.<name>"
         trainer.json            optimizer step, epoch, batch position in the epoch, seed, config hash, metrics
 

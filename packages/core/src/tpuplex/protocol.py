@@ -48,12 +48,16 @@ class ModelSpec:
     """The model to build, as the core resolved it.
 
     hf_config: the checkpoint's `config.json` (architecture sizes, layer_norm_eps, ...).
-    params: initial weights under HF `BertForSequenceClassification` names in torch layout (Linear weights are
-        [out, in]), float32; includes `classifier.weight` [num_labels, hidden] and `classifier.bias`
-        [num_labels], initialised by the core so every backend starts from the same numbers.
+    params: initial weights under the HF names of the family's `*ForSequenceClassification` (see
+        `tpuplex.models`) in torch layout (Linear weights are [out, in]), float32; includes the classifier head
+        (e.g. BERT's `classifier.weight` [num_labels, hidden]), initialised by the core so every backend starts
+        from the same numbers.
     num_labels: classes; 1 means regression.
     dropout: False turns every dropout off (used for parity runs); True uses the rates in `hf_config`.
     checkpoint_dir: where the weights came from, for backends that build from the directory (HF torch).
+    architecture: a user model's import path (`tpuplex.models.user`); then `hf_config` and `params` are empty,
+        and the backend builds `factory(vocab_size=vocab_size, num_labels=num_labels)` in its framework.
+    vocab_size: the tokenizer's vocabulary size (what a user model's embedding table needs).
     """
 
     hf_config: Mapping[str, Any]
@@ -61,6 +65,8 @@ class ModelSpec:
     num_labels: int
     dropout: bool = True
     checkpoint_dir: Path | None = None
+    architecture: str = ""
+    vocab_size: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

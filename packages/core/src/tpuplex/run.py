@@ -20,13 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuplex import devices, params, registry
-from tpuplex.collate import check_divisible, check_micro_batches
+from tpuplex import devices, models, params, registry
+from tpuplex.collate import Encoded, check_divisible, check_micro_batches
 from tpuplex.config import Config
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
-from tpuplex.glue import compute, get_task, load_encoded
+from tpuplex.glue import CustomData, compute, encode_cached, load_tokenizer, task_data
+from tpuplex.glue.sources import GlueData, Source
 from tpuplex.glue.tasks import Task
+from tpuplex.models import user
 from tpuplex.protocol import Backend, ModelSpec, OptimizerSpec
 from tpuplex.reporting import Reporter
 from tpuplex.trainer import Trainer, TrainResult
@@ -47,15 +49,20 @@ class Experiment:
     state: Any
     output_dir: Path
     started: float
+    test_data: Encoded | None = None
+    """The tokenized data.test_file of your own data (checked, never trained on); None without one."""
 
 
-def prepare(config: Config, backend_name: str) -> Experiment:
+def prepare(config: Config, backend_name: str, config_path: Path | None = None) -> Experiment:
     """Check the config against the task, devices, backend, checkpoint and data, then build the model state.
+
+    A user model (`model.architecture`) imports from the current directory or the config file's folder.
 
     Creates no output directory: bad input leaves nothing behind (only the tokenization cache may be written).
     """
     started = time.perf_counter()
-    task = get_task(config.data.task)
+    data = task_data(config.data)
+    task = data.task
     output_dir = output_directory(config, task, backend_name)
     discovered = devices.discover(config.runtime.device)
     backend = registry.create(backend_name, config.runtime)
@@ -63,26 +70,34 @@ def prepare(config: Config, backend_name: str) -> Experiment:
     _check_batch_sizes(config, topology.device_count)
 
     checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint)
-    hf_config = params.read_hf_config(checkpoint_dir)
-    _check_max_length(config, hf_config)
-    data_dir = Path(config.data.data_dir).expanduser() if config.data.data_dir else None
-    cache_dir = Path(config.data.cache_dir).expanduser()
-    encoded = {split: load_encoded(task, split, data_dir, checkpoint_dir, config.data.max_length, cache_dir)
-               for split in task.splits}
+    user_model = config.model.architecture
+    if user_model and config_path is not None:
+        user.add_search_path(Path(config_path).resolve().parent)
+    hf_config = {} if user_model else params.read_hf_config(checkpoint_dir)
+    if not user_model:
+        _check_max_length(config, hf_config)
+    encoded, test_data = encode_data(config, data, checkpoint_dir)
+    if not user_model:
+        _check_vocabulary({**encoded, "data.test_file": test_data} if test_data else encoded, hf_config,
+                          checkpoint_dir)
     train_data, eval_data = encoded.pop("train"), encoded
     trainer = Trainer(backend, config, train_data, eval_data, functools.partial(compute, task), task.num_labels,
                       output_dir)
 
-    model = ModelSpec(hf_config=hf_config, num_labels=task.num_labels, dropout=config.model.dropout,
-                      params=params.initial_params(checkpoint_dir, hf_config, task.num_labels, config.train.seed),
-                      checkpoint_dir=checkpoint_dir)
+    model = ModelSpec(
+        hf_config=hf_config, num_labels=task.num_labels, dropout=config.model.dropout,
+        params={} if user_model else params.initial_params(checkpoint_dir, hf_config, task.num_labels,
+                                                           config.train.seed),
+        checkpoint_dir=checkpoint_dir, architecture=user_model,
+        vocab_size=load_tokenizer(checkpoint_dir, config.data.max_length).get_vocab_size())
     state = backend.init(model, optimizer_spec(config))
-    return Experiment(task, backend_name, backend, topology, discovered, trainer, state, output_dir, started)
+    return Experiment(task, backend_name, backend, topology, discovered, trainer, state, output_dir, started,
+                      test_data)
 
 
 def train(config: Config, backend_name: str, config_path: Path | None = None) -> dict[str, Any]:
     """Run the experiment `config` on the backend `backend_name`; returns what it writes to results.json."""
-    run = prepare(config, backend_name)
+    run = prepare(config, backend_name, config_path)
     trainer, backend = run.trainer, run.backend
     with Reporter(run.output_dir) as reporter:
         reporter.say(f"{backend_name}: {run.topology.report()}")
@@ -119,6 +134,19 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
         path = write_json_atomic(run.output_dir / RESULTS_FILE, results)
         reporter.say(f"results written to {path}")
     return results
+
+
+def encode_data(config: Config, data: GlueData | CustomData,
+                tokenizer_dir: Path) -> tuple[dict[str, Encoded], Encoded | None]:
+    """The labelled splits ("train" first) and the test file (None without one), tokenized through the cache."""
+    cache_dir = Path(config.data.cache_dir).expanduser()
+
+    def encode(split: str, source: Source) -> Encoded:
+        return encode_cached(data.task, split, source, tokenizer_dir, config.data.max_length, cache_dir)
+
+    labelled = {split: encode(split, source) for split, source in data.sources().items()}
+    test_source = data.test_source()
+    return labelled, None if test_source is None else encode("test", test_source)
 
 
 def output_directory(config: Config, task: Task, backend_name: str) -> Path:
@@ -169,8 +197,18 @@ def _check_batch_sizes(config: Config, replicas: int) -> None:
         check_divisible(train.eval_batch, replicas, field="train.eval_batch")
 
 
+def _check_vocabulary(encoded: dict[str, Any], hf_config: dict[str, Any], checkpoint_dir: Path) -> None:
+    """Token ids beyond the embedding table would index out of range deep inside a framework."""
+    rows = models.architecture_of(hf_config)[1].vocab_size
+    for split, data in encoded.items():
+        largest = int(data.input_ids.max(initial=0))
+        if largest >= rows:
+            raise TpuplexError(f"the tokenizer in {checkpoint_dir} gives token id {largest} on {split}, but the "
+                               f"model has {rows} word embeddings: use the tokenizer saved with this model")
+
+
 def _check_max_length(config: Config, hf_config: dict[str, Any]) -> None:
-    positions = int(hf_config["max_position_embeddings"])
-    if config.data.max_length > positions:
-        raise TpuplexError(f"data.max_length = {config.data.max_length} is longer than the model's "
-                           f"{positions} position embeddings: use data.max_length <= {positions}")
+    longest = models.architecture_of(hf_config)[1].max_length
+    if config.data.max_length > longest:
+        raise TpuplexError(f"data.max_length = {config.data.max_length} is longer than the model's position "
+                           f"embeddings cover: use data.max_length <= {longest}")

@@ -6,9 +6,10 @@ set here (longest_first to max_length, special tokens included) and the file's o
 the checkpoint's saved settings never change the arrays.
 
 The cache file is keyed by a hash of everything the arrays depend on: the tokenizer files, the task, the split,
-max_length and the source data's content. It is written to a temporary file and renamed into place, so an error or
-an interrupt never leaves a partial cache. Rows are stored unpadded (concatenated ids and their lengths), which
-keeps files small whatever max_length is.
+max_length and the source's fingerprint (the data's content; for your own data also its column and label
+settings). It is written to a temporary file and renamed into place, so an error or an interrupt never leaves a
+partial cache. Rows are stored unpadded (concatenated ids and their lengths), which keeps files small whatever
+max_length is.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def _tokenizer_files(tokenizer_dir: Path) -> tuple[Path, bool | None]:
         return tokenizer_dir / "tokenizer.json", None
     if (tokenizer_dir / "vocab.txt").is_file():
         return tokenizer_dir / "vocab.txt", _lowercase(tokenizer_dir / "tokenizer_config.json")
+    slow = [name for name in ("vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+            if (tokenizer_dir / name).is_file()]
+    if slow:
+        raise TpuplexError(f"{tokenizer_dir} has only a slow tokenizer ({', '.join(slow)}): write its tokenizer.json "
+                           "once with transformers: AutoTokenizer.from_pretrained(folder).save_pretrained(folder)")
     raise TpuplexError(f"no tokenizer in {tokenizer_dir}: the checkpoint folder needs tokenizer.json or vocab.txt "
                        "(save the tokenizer with the model, e.g. tokenizer.save_pretrained(folder))")
 
@@ -165,7 +171,13 @@ def load_encoded(task: Task, split: str, data_dir: str | Path | None, tokenizer_
     `$GLUE_DIR/<task.folder>`, else from the HF hub (see `tpuplex.glue.sources.resolve_source`).
     input_ids, token_type_ids: int32 [N, max_length]; lengths: int32 [N]; labels: int32 or float32 [N].
     """
-    source = resolve_source(task, split, data_dir)
+    return encode_cached(task, split, resolve_source(task, split, data_dir), tokenizer_dir, max_length, cache_dir)
+
+
+def encode_cached(task: Task, split: str, source: Source, tokenizer_dir: Path, max_length: int,
+                  cache_dir: Path) -> Encoded:
+    """The tokenized `source`, from the cache when its fingerprint was tokenized before with these settings; read,
+    tokenized and cached otherwise. Arrays as `load_encoded`'s."""
     path = cache_path(Path(cache_dir), task, split, max_length, Path(tokenizer_dir), source)
     cached = read_cache(path)
     if cached is not None:

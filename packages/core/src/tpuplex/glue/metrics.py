@@ -88,6 +88,10 @@ def average_ranks(values: np.ndarray) -> np.ndarray:
 
 
 _METRICS = {"accuracy": accuracy, "f1": f1, "mcc": matthews_corrcoef, "pearson": pearson, "spearman": spearman}
+CLASSIFICATION_METRICS = ("accuracy", "f1", "mcc")
+"""Metrics of class predictions (f1 only for two classes: it scores class 1)."""
+REGRESSION_METRICS = ("pearson", "spearman")
+"""Metrics of predicted scores."""
 
 
 def compute(task: Task, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:

@@ -26,6 +26,22 @@ class Source:
     read: Callable[[], Examples]
 
 
+@dataclasses.dataclass(frozen=True)
+class GlueData:
+    """A GLUE task and where its splits come from (`data_dir`, may be empty: see `resolve_source`)."""
+
+    task: Task
+    data_dir: str
+
+    def sources(self) -> dict[str, Source]:
+        """Every labelled split, "train" first."""
+        return {split: resolve_source(self.task, split, self.data_dir or None) for split in self.task.splits}
+
+    def test_source(self) -> None:
+        """GLUE's test files carry no labels, and nothing reads them."""
+        return None
+
+
 def resolve_source(task: Task, split: str, data_dir: str | Path | None) -> Source:
     """The first source that has the split, in the order data_dir, GLUE_DIR, HF hub.
 

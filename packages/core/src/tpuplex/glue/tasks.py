@@ -14,7 +14,8 @@ from tpuplex.errors import TpuplexError
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """One GLUE task.
+    """One GLUE task, or your own (`tpuplex.glue.custom`: folder empty, no hub columns, eval splits named after
+    its files).
 
     name: canonical lowercase name, also the HF dataset config ("sst2").
     folder: the folder of the GLUE distribution ("SST-2").

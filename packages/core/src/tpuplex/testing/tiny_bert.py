@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from tpuplex.params import bert_shapes
+from tpuplex.params import expected_shapes
 
 TINY_CONFIG = {
     "model_type": "bert",
@@ -39,7 +39,7 @@ def write_tiny_bert(directory: str | Path, seed: int = 0, **overrides) -> Path:
     config = {**TINY_CONFIG, **overrides}
     rng = np.random.default_rng(seed)
     weights = {}
-    for name, shape in bert_shapes(config, num_labels=1).items():
+    for name, shape in expected_shapes(config, num_labels=1).items():
         if name.startswith("classifier."):
             continue
         scale = 0.02 if name.endswith("weight") and "LayerNorm" not in name else 0.1

@@ -1,0 +1,234 @@
+"""Your own data: a task defined by the [data] fields instead of a GLUE name.
+
+    [data]
+    task = "reviews"                      # only a name here: cache files and runtime.output_dir's {task}
+    train_file = "data/train.csv"         # formats: see tpuplex.glue.tables
+    eval_files = ["data/dev.csv"]         # split names = file stems ("dev"); each evaluated and scored
+    test_file = "data/test.jsonl"         # optional; labels optional; checked and tokenized, never trained on
+    text_columns = ["review"]             # one column, or two for sentence pairs
+    label_column = "label"
+    labels = ["neg", "pos"]               # class index = position; or regression = true for float labels
+    metrics = ["accuracy", "f1"]          # default: accuracy, or pearson and spearman for regression
+
+`task_data(config.data)` is what the pipeline asks for: the task and the sources of its splits, your own files
+when `data.train_file` is set and the GLUE task `data.task` otherwise. Your task is a `Task` as GLUE's are (no
+GLUE folder, no hub columns), so batching, training and the metrics treat both alike.
+
+Labels are matched as text: a string as written, any other value as its JSON text, so `labels = [0, 1]` (kept as
+"0", "1") matches the CSV cell "0" and the JSON number 0 alike. A test file without the label column gets labels
+-1 (classification) or NaN (regression).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from tpuplex.config import DataConfig
+from tpuplex.errors import TpuplexError
+from tpuplex.glue.files import Examples
+from tpuplex.glue.metrics import CLASSIFICATION_METRICS, REGRESSION_METRICS
+from tpuplex.glue.sources import GlueData, Source
+from tpuplex.glue.tables import DataFile, Table, read_table, resolve_file
+from tpuplex.glue.tasks import Task, get_task
+
+# The fields that describe your own data: set without train_file they would be silently ignored.
+CUSTOM_FIELDS = ("eval_files", "test_file", "text_columns", "label_column", "labels", "regression", "metrics")
+TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomData:
+    """Your own task and its files: `files` maps "train" and each evaluation split to its file; `test` is the
+    optional test file."""
+
+    task: Task
+    files: dict[str, DataFile]
+    test: DataFile | None
+
+    def sources(self) -> dict[str, Source]:
+        """The labelled splits, "train" first."""
+        return {split: file_source(self.task, file, labelled=True) for split, file in self.files.items()}
+
+    def test_source(self) -> Source | None:
+        return None if self.test is None else file_source(self.task, self.test, labelled=False)
+
+
+def task_data(data: DataConfig) -> GlueData | CustomData:
+    """Your own task when `data.train_file` is set, else the GLUE task `data.task`; checks every [data] field
+    and that every file exists, reading none of them."""
+    if data.train_file:
+        return custom_data(data)
+    defaults = DataConfig()
+    for name in CUSTOM_FIELDS:
+        if getattr(data, name) != getattr(defaults, name):
+            raise TpuplexError(f"data.{name} is set but data.train_file is empty: set data.train_file to train on "
+                               f"your own data, or remove data.{name} to use the GLUE task {data.task!r}")
+    return GlueData(get_task(data.task), data.data_dir)
+
+
+def custom_data(data: DataConfig) -> CustomData:
+    """Your own task from `data` (data.train_file set), its fields checked before its files are looked up."""
+    if not TASK_NAME.fullmatch(data.task):
+        raise TpuplexError(f"data.task = {data.task!r} cannot name your own task: use letters, digits, '.', '-' "
+                           "and '_' (it names cache files and fills {task} in runtime.output_dir)")
+    if data.data_dir:
+        raise TpuplexError(f"data.data_dir = {data.data_dir!r} (--data-dir) is for GLUE tasks, but data.train_file "
+                           "is set: remove data.data_dir and give your files' paths in data.train_file and "
+                           "data.eval_files")
+    text_columns = _text_columns(data.text_columns)
+    labels = _labels(data.labels, data.regression)
+    metrics = _metrics(data.metrics, labels, data.regression)
+    if not data.eval_files:
+        raise TpuplexError('data.eval_files is empty: give at least one labelled evaluation file, e.g. '
+                           'eval_files = ["data/dev.csv"]')
+    train = resolve_file("data.train_file", data.train_file)
+    evaluation = _eval_files(data.eval_files)
+    test = resolve_file("data.test_file", data.test_file) if data.test_file else None
+    task = Task(data.task, folder="", labels=labels, metrics=metrics, text_columns=text_columns,
+                label_column=data.label_column, hub_text_columns=(), eval_splits=tuple(evaluation))
+    return CustomData(task, {"train": train, **evaluation}, test)
+
+
+def _text_columns(columns: tuple[str, ...]) -> tuple[str, ...]:
+    if not 1 <= len(columns) <= 2:
+        raise TpuplexError(f"data.text_columns = {list(columns)!r} must name one or two text columns: e.g. "
+                           '["sentence"], or ["premise", "hypothesis"] for sentence pairs')
+    if len(set(columns)) < len(columns):
+        raise TpuplexError(f"data.text_columns = {list(columns)!r} names one column twice: give two different "
+                           "columns, or one")
+    return columns
+
+
+def _labels(labels: tuple[str, ...], regression: bool) -> tuple[str, ...]:
+    """The class labels; empty for regression."""
+    if regression and labels:
+        raise TpuplexError("data.labels and data.regression = true are both set: give labels for classification "
+                           "or regression = true for number labels, not both")
+    if regression:
+        return ()
+    if not labels:
+        raise TpuplexError("your own data needs data.labels (classification, e.g. labels = [0, 1] or "
+                           '["neg", "pos"]) or data.regression = true (number labels)')
+    if len(labels) < 2:
+        raise TpuplexError(f"data.labels = {list(labels)!r} has one label: a classifier needs at least two (or set "
+                           "data.regression = true)")
+    repeated = next((label for label in labels if labels.count(label) > 1), None)
+    if repeated is not None:
+        raise TpuplexError(f"data.labels = {list(labels)!r} lists {repeated!r} twice: give each label once (the "
+                           "class index is its position)")
+    return labels
+
+
+def _metrics(metrics: tuple[str, ...], labels: tuple[str, ...], regression: bool) -> tuple[str, ...]:
+    allowed = REGRESSION_METRICS if regression else CLASSIFICATION_METRICS
+    if not metrics:
+        return REGRESSION_METRICS if regression else ("accuracy",)
+    kind = "regression (data.regression = true)" if regression else "classification (data.labels)"
+    for name in metrics:
+        if name not in allowed:
+            raise TpuplexError(f"data.metrics: {name!r} is not a metric for {kind}: use {', '.join(allowed)}")
+        if metrics.count(name) > 1:
+            raise TpuplexError(f"data.metrics lists {name!r} twice: give each metric once")
+    if "f1" in metrics and len(labels) != 2:
+        raise TpuplexError(f"data.metrics: f1 scores the second label as the positive class, so it needs two labels "
+                           f"and data.labels has {len(labels)}: use accuracy or mcc")
+    return metrics
+
+
+def _eval_files(specs: tuple[str, ...]) -> dict[str, DataFile]:
+    """Evaluation split name -> file; names must be unique and differ from "train"."""
+    files: dict[str, DataFile] = {}
+    for spec in specs:
+        file = resolve_file("data.eval_files", spec)
+        if file.name == "train":
+            raise TpuplexError(f"data.eval_files: {spec!r} would be the split 'train', the training split's name: "
+                               "rename the file (a split is named after its file)")
+        if file.name in files:
+            raise TpuplexError(f"data.eval_files: {files[file.name].spec!r} and {spec!r} are both the split "
+                               f"{file.name!r} (a split is named after its file): rename one")
+        files[file.name] = file
+    return files
+
+
+def file_source(task: Task, file: DataFile, labelled: bool) -> Source:
+    """The examples of `file`; the fingerprint covers its content and every setting that shapes the arrays."""
+    settings = {"kind": file.kind, "text_columns": task.text_columns, "label_column": task.label_column,
+                "labels": task.labels, "regression": task.is_regression, "labelled": labelled}
+    settings_hash = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    return Source(f"file-sha256:{file.fingerprint()}:settings-sha256:{settings_hash}",
+                  lambda: read_examples(task, file, labelled))
+
+
+def read_examples(task: Task, file: DataFile, labelled: bool) -> Examples:
+    """The examples of `file`: text columns checked row by row, labels parsed (when `labelled`, or when an
+    unlabelled file has the label column anyway)."""
+    label = [task.label_column]
+    table = read_table(file, [*task.text_columns, *label] if labelled else task.text_columns,
+                       optional=() if labelled else label)
+    texts = [_texts(table, column) for column in task.text_columns]
+    if task.label_column in table.columns:
+        labels = _label_indices(table, task) if not task.is_regression else _scores(table, task.label_column)
+    else:
+        labels = np.full(len(table), np.nan, np.float32) if task.is_regression else np.full(len(table), -1, np.int32)
+    return Examples(texts[0], texts[1] if task.is_pair else None, labels)
+
+
+def _texts(table: Table, column: str) -> list[str]:
+    values = table.columns[column]
+    for row, value in enumerate(values):
+        if value is None or isinstance(value, str) and not value.strip():
+            raise TpuplexError(f"{table.where(row)}: text column {column!r} is empty: fill in the text or drop "
+                               "the row")
+        if not isinstance(value, str):
+            raise TpuplexError(f"{table.where(row)}: text column {column!r} holds {value!r}, not text: text "
+                               "columns must hold strings")
+    return values
+
+
+def label_text(value: Any) -> str:
+    """How a label value is matched against data.labels: a string as it is, anything else as JSON (0 -> "0")."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _label_indices(table: Table, task: Task) -> np.ndarray:
+    """int32 [N]: each row's position in task.labels."""
+    index = {label: position for position, label in enumerate(task.labels)}
+    values = table.columns[task.label_column]
+    indices = np.empty(len(values), np.int32)
+    for row, value in enumerate(values):
+        position = index.get(label_text(value))
+        if position is None:
+            raise TpuplexError(f"{table.where(row)}: label {value!r} is not one of data.labels "
+                               f"({', '.join(task.labels)}): add it to data.labels or correct the row")
+        indices[row] = position
+    return indices
+
+
+def _scores(table: Table, column: str) -> np.ndarray:
+    """float32 [N]: each row's label as a finite number."""
+    values = table.columns[column]
+    scores = np.empty(len(values), np.float32)
+    for row, value in enumerate(values):
+        score = _number(value)
+        if not math.isfinite(score):
+            raise TpuplexError(f"{table.where(row)}: label {value!r} is not a number: with data.regression = true "
+                               f"the {column!r} column must hold a finite number in every row")
+        scores[row] = score
+    return scores
+
+
+def _number(value: Any) -> float:
+    """`value` as a float (numbers, and text such as "3.5"); NaN for anything else, booleans included."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return math.nan
+    try:
+        return float(value)
+    except (ValueError, OverflowError):
+        return math.nan

@@ -1,0 +1,43 @@
+"""Encoder families, each described once (`tpuplex.models.<family>`), and the lookup by `model_type`.
+
+    family = family_of(hf_config)                # Family: names, config reader
+    arch = family.architecture(hf_config)        # Architecture: sizes and switches, framework-free
+    family.hf_shapes(arch, num_labels)           # HF name -> shape of every classifier parameter
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tpuplex.errors import TpuplexError
+from tpuplex.models.albert import ALBERT
+from tpuplex.models.architecture import ACTIVATIONS, BLOCK_MODULES, Architecture, canonical_shapes
+from tpuplex.models.bert import BERT
+from tpuplex.models.distilbert import DISTILBERT
+from tpuplex.models.electra import ELECTRA
+from tpuplex.models.family import Family
+from tpuplex.models.roberta import ROBERTA
+
+FAMILIES: tuple[Family, ...] = (BERT, ROBERTA, DISTILBERT, ELECTRA, ALBERT)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for family in FAMILIES for t in family.model_types)
+
+
+def family_of(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> Family:
+    """The family whose `model_type` the config names; one clear error naming the supported ones otherwise."""
+    model_type = hf_config.get("model_type")
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    raise TpuplexError(f"model_type {model_type!r} in {path} is not supported: tpuplex builds "
+                       f"{', '.join(SUPPORTED_MODEL_TYPES)} encoders")
+
+
+def architecture_of(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> tuple[Family, Architecture]:
+    family = family_of(hf_config, path)
+    return family, family.architecture(hf_config, path)
+
+
+__all__ = ["ACTIVATIONS", "BLOCK_MODULES", "FAMILIES", "SUPPORTED_MODEL_TYPES", "Architecture", "Family",
+           "architecture_of", "canonical_shapes", "family_of"]

@@ -1,0 +1,10 @@
+"""BERT (`BertForSequenceClassification`): the pooler `tanh(dense(h[CLS]))`, dropout, `classifier`."""
+
+from tpuplex.models.family import Family, bert_style_modules, read_bert_style
+
+BERT = Family(
+    model_types=("bert",),
+    prefix="bert",
+    modules={**bert_style_modules("bert"), "head.dense": "bert.pooler.dense", "head.out": "classifier"},
+    read=lambda config: read_bert_style(config, "bert"),
+)

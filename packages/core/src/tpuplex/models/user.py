@@ -1,0 +1,87 @@
+"""Your own model: a classifier written in the backend's framework, named in the config, trained by tpuplex.
+
+    [model]
+    architecture = "my_pkg.{backend}_models:TextCNN"   # `module:attribute`, resolved by each backend
+    checkpoint = "minilm"                               # still gives the tokenizer (and nothing else)
+
+`{backend}` becomes the backend's name (torch, jax, tf), as in `runtime.output_dir`, so one config names the
+model's version in each framework; a path without it names one framework's model. The module is imported with
+the current directory and the config file's folder on `sys.path`. The attribute is called as
+`factory(vocab_size=..., num_labels=...)` and must return the framework's module:
+
+    torch  a `torch.nn.Module`  forward(input_ids, token_type_ids, attention_mask) -> logits
+    jax    a Flax linen Module  __call__(input_ids, token_type_ids, attention_mask, deterministic) -> logits
+    tf     a Keras layer/model  call(input_ids, token_type_ids, attention_mask, training=False) -> logits
+
+with int32 inputs [B, L] (attention_mask 1 on real tokens, 0 on padding) and float32 logits [B, num_labels]
+(num_labels 1 for regression). Everything else is tpuplex's: static-shape batches, devices, the update rule,
+exact evaluation, checkpoints and resume. Parameters keep the framework's own names (torch `state_dict` keys,
+Flax tree paths joined by ".", Keras variable paths), so a checkpoint of a user model is read back by the same
+backend only; the core checks its names and shapes like any other.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from tpuplex.errors import TpuplexError
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def check_import_path(architecture: str) -> None:
+    """Raise one clear error unless `architecture` looks like `package.module:Attribute` (with `{backend}`
+    allowed in the module part)."""
+    if not _IMPORT_PATH.match(architecture.replace("{backend}", "backend")):
+        raise TpuplexError(f"model.architecture = {architecture!r} is not an import path: write "
+                           "\"package.module:ClassName\" (or leave it empty for the checkpoint's own family)")
+
+
+def add_search_path(folder: Path) -> None:
+    """Let user models import from `folder` (after everything installed, so they never shadow a library)."""
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+
+
+def resolve(architecture: str, backend: str) -> Any:
+    """The object `module:attribute` names for `backend`, imported now; one clear error naming it on failure."""
+    check_import_path(architecture)
+    module_name, attribute = architecture.replace("{backend}", backend).split(":")
+    add_search_path(Path.cwd())
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as error:
+        raise TpuplexError(f"model.architecture = {architecture!r} cannot be imported ({type(error).__name__}: "
+                           f"{error}): make {module_name} importable (pip install -e your package, or add its "
+                           "folder to PYTHONPATH)") from None
+    if not callable(found):
+        raise TpuplexError(f"model.architecture = {architecture!r} is a {type(found).__name__}, not a class or "
+                           "function: name the model's class")
+    return found
+
+
+def check_logits(architecture: str, shape: tuple[int, ...] | str, rows: int, num_labels: int) -> None:
+    """One clear error when a user model's output is not logits [rows, num_labels] (`shape` names the type of an
+    output that is not an array)."""
+    if shape != (rows, num_labels):
+        got = f"a {shape}" if isinstance(shape, str) else f"an output of shape {shape}"
+        raise TpuplexError(f"model.architecture = {architecture!r} returned {got} "
+                           f"for a batch of {rows} rows: it must return logits of shape [{rows}, {num_labels}] "
+                           "(batch, num_labels)")
+
+
+def build(architecture: str, backend: str, vocab_size: int, num_labels: int) -> Any:
+    """`factory(vocab_size=..., num_labels=...)`, with a failure of the user's constructor named as such."""
+    factory = resolve(architecture, backend)
+    try:
+        return factory(vocab_size=vocab_size, num_labels=num_labels)
+    except TypeError as error:
+        raise TpuplexError(f"model.architecture = {architecture!r} could not be built as "
+                           f"{architecture.split(':')[1]}(vocab_size={vocab_size}, num_labels={num_labels}) "
+                           f"({error}): give it those keyword arguments") from None
