@@ -11,21 +11,24 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
+import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax
+from tpuplex import models
 from tpuplex.collate import check_micro_batches
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
-from tpuplex.params import bert_shapes, check_names
+from tpuplex.models import user
+from tpuplex.params import check_names
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
 from tpuplex_jax import checkpoint, step
 from tpuplex_jax.devices import select_devices
-from tpuplex_jax.model import BertClassifier, BertConfig, param_template, to_flax
+from tpuplex_jax.model import Classifier, Naming, param_template, to_flax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +37,9 @@ class _Programs:
 
     train: Any
     predict: Any
-    config: BertConfig
+    max_length: int
+    num_labels: int
+    naming: Naming
     shapes: dict[str, tuple[int, ...]]
     grad_accum: int
 
@@ -54,18 +59,37 @@ class JaxBackend(BackendBase):
         return self._topology
 
     def init(self, model: ModelSpec, optimizer: OptimizerSpec) -> step.TrainState:
-        config = BertConfig.from_hf(model.hf_config, model.num_labels, model.dropout)
-        shapes = bert_shapes(model.hf_config, model.num_labels)
-        check_names(shapes, model.params, "model.params")
-        flax_model = BertClassifier(config, dtype=jnp.bfloat16 if optimizer.bf16 else jnp.float32)
-        params = to_flax(model.params, param_template(flax_model))
-        tx = step.make_optimizer(optimizer, params)
+        if model.architecture:
+            flax_model, params, naming, max_length = self._user_model(model, optimizer.seed)
+        else:
+            family, arch = models.architecture_of(model.hf_config)
+            arch = arch if model.dropout else arch.without_dropout()
+            naming, max_length = Naming(family.hf_names(arch, model.num_labels)), arch.max_length
+            check_names(family.hf_shapes(arch, model.num_labels), model.params, "model.params")
+            flax_model = Classifier(arch, model.num_labels, dtype=jnp.bfloat16 if optimizer.bf16 else jnp.float32)
+            params = to_flax(model.params, param_template(flax_model), naming)
+        tx = step.make_optimizer(optimizer, params, naming)
         train = step.make_train_step(flax_model, tx, optimizer.grad_accum, model.dropout, optimizer.seed)
         self._programs = _Programs(
             train=step.replicate_train_step(train, self.devices),
             predict=step.replicate_predict_step(step.make_predict_step(flax_model), self.devices),
-            config=config, shapes=shapes, grad_accum=optimizer.grad_accum)
+            max_length=max_length, num_labels=model.num_labels, naming=naming, shapes=naming.shapes(params),
+            grad_accum=optimizer.grad_accum)
         return self._place(step.TrainState(params, tx.init(params)))
+
+    @staticmethod
+    def _user_model(model: ModelSpec, seed: int) -> tuple[nn.Module, Any, Naming, int]:
+        """The user's Flax module, its parameters from `init` with `seed`, after checking it returns logits."""
+        module = user.build(model.architecture, "jax", model.vocab_size, model.num_labels)
+        if not isinstance(module, nn.Module):
+            raise TpuplexError(f"model.architecture = {model.architecture!r} built a {type(module).__name__}, not "
+                               "a flax.linen.Module: the jax backend trains Flax modules")
+        ids = jnp.zeros((2, 8), jnp.int32)
+        params = jax.device_get(module.init(jax.random.key(seed), ids, ids, ids, deterministic=True)["params"])
+        logits = jax.eval_shape(lambda p: module.apply({"params": p}, ids, ids, ids, deterministic=True), params)
+        shape = tuple(logits.shape) if hasattr(logits, "shape") else type(logits).__name__
+        user.check_logits(model.architecture, shape, 2, model.num_labels)
+        return module, params, Naming.native(params), np.iinfo(np.int32).max
 
     def train_step(self, state: step.TrainState, batch: Batch, learning_rate: float) -> tuple[step.TrainState, float]:
         programs = self._require_init()
@@ -81,17 +105,17 @@ class JaxBackend(BackendBase):
         rows = self._local_rows(batch, programs, per_replica_split=1, keys=step.MODEL_INPUTS)
         with self._compiles.watching():
             logits = programs.predict(state.params, rows)
-        local = np.asarray(logits).reshape(-1, programs.config.num_labels)
+        local = np.asarray(logits).reshape(-1, programs.num_labels)
         if jax.process_count() == 1:
             return local
-        return np.asarray(multihost_utils.process_allgather(local)).reshape(-1, programs.config.num_labels)
+        return np.asarray(multihost_utils.process_allgather(local)).reshape(-1, programs.num_labels)
 
     def state_to_arrays(self, state: step.TrainState) -> PortableState:
-        return checkpoint.to_portable(state)
+        return checkpoint.to_portable(state, self._require_init().naming)
 
     def state_from_arrays(self, state: step.TrainState, arrays: PortableState) -> step.TrainState:
         programs = self._require_init()
-        return self._place(checkpoint.from_portable(arrays, state, programs.shapes))
+        return self._place(checkpoint.from_portable(arrays, state, programs.shapes, programs.naming))
 
     def compile_count(self) -> int:
         return self._compiles.count
@@ -117,10 +141,10 @@ class JaxBackend(BackendBase):
         global_batch, length = batch["input_ids"].shape
         replicas = self._topology.device_count
         check_micro_batches(global_batch, replicas, per_replica_split)
-        if length > programs.config.max_positions:
+        if length > programs.max_length:
             raise TpuplexError(
-                f"batches of length {length} exceed the model's {programs.config.max_positions} positions: set "
-                f"data.max_length to at most {programs.config.max_positions}")
+                f"batches of length {length} exceed the model's {programs.max_length} positions: set "
+                f"data.max_length to at most {programs.max_length}")
         local = global_batch // replicas * self._local_replicas
         begin = jax.process_index() * local
         return step.split_rows({name: np.asarray(batch[name])[begin:begin + local] for name in keys},

@@ -16,19 +16,20 @@ import optax
 import jax
 from tpuplex.params import check_names
 from tpuplex.protocol import PortableState
-from tpuplex_jax.model import to_flax, to_hf
+from tpuplex_jax.model import Naming, to_flax, to_portable_arrays
 from tpuplex_jax.step import TrainState, adam_state, with_adam_state
 
 
-def to_portable(state: TrainState) -> PortableState:
-    """Numpy copies of the (replicated) parameters and moments under HF names."""
+def to_portable(state: TrainState, naming: Naming) -> PortableState:
+    """Numpy copies of the (replicated) parameters and moments under their portable names."""
     adam = adam_state(state.opt_state)
-    return PortableState(params=to_hf(_host(state.params)), exp_avg=to_hf(_host(adam.mu)),
-                         exp_avg_sq=to_hf(_host(adam.nu)), step=int(_host(adam.count)))
+    return PortableState(params=to_portable_arrays(_host(state.params), naming),
+                         exp_avg=to_portable_arrays(_host(adam.mu), naming),
+                         exp_avg_sq=to_portable_arrays(_host(adam.nu), naming), step=int(_host(adam.count)))
 
 
 def from_portable(arrays: PortableState, template: TrainState, expected_shapes: Mapping[str, tuple[int, ...]],
-                  ) -> TrainState:
+                  naming: Naming) -> TrainState:
     """A host (numpy) TrainState equal to `arrays`, structured like `template`.
 
     Raises TpuplexError (via tpuplex.params.check_names) naming missing, unexpected or mis-shaped entries.
@@ -38,8 +39,9 @@ def from_portable(arrays: PortableState, template: TrainState, expected_shapes: 
         check_names(expected_shapes, named, what)
     structure = template.params
     adam = optax.ScaleByAdamState(count=np.asarray(arrays.step, dtype=np.int32),
-                                  mu=to_flax(arrays.exp_avg, structure), nu=to_flax(arrays.exp_avg_sq, structure))
-    return TrainState(params=to_flax(arrays.params, structure),
+                                  mu=to_flax(arrays.exp_avg, structure, naming),
+                                  nu=to_flax(arrays.exp_avg_sq, structure, naming))
+    return TrainState(params=to_flax(arrays.params, structure, naming),
                       opt_state=with_adam_state(_host(template.opt_state), adam))
 
 

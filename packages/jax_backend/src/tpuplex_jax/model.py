@@ -1,9 +1,11 @@
-"""A BERT-family sequence classifier in Flax linen whose parameter tree spells the HF names.
+"""An encoder sequence classifier in Flax linen, built from the core's `Architecture` (any supported family).
 
-Modules are named exactly like HF `BertForSequenceClassification` (`bert/encoder/layer.0/attention/self/query`),
-so a parameter's HF name is its tree path joined with "." and its leaf renamed: Dense `kernel` -> `weight`
-(transposed: Flax keeps [in, out], torch [out, in]), LayerNorm `scale` -> `weight`, Embed `embedding` -> `weight`.
-`to_flax` / `to_hf` convert whole trees that way (parameters, and Adam moments, which share the layout).
+One module per concept (`Embeddings`, `Block`, `Head`), assembled by `Classifier`. Modules are named after the
+core's *canonical* parameter names, so a parameter's tree path spells its canonical name (`block.3/query/kernel`
+is `block.3.query.weight`, transposed: Flax keeps Dense kernels [in, out], torch [out, in]); the family's table
+(`Family.hf_names`) turns those into HF names. A `Naming` holds that table; `to_flax` / `to_portable_arrays`
+convert whole trees with it (parameters, and Adam moments, which share the layout). A user's own Flax module
+(`tpuplex.models.user`) gets a native `Naming`: its tree paths as they are.
 
 Linen rather than NNX: the training step is a pure function of a parameter pytree (`model.apply(params, ...)`),
 which is what `jax.pmap`, `jax.grad` and optax consume directly, with no split/merge of module state.
@@ -21,222 +23,176 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax
-from tpuplex.errors import TpuplexError
+from tpuplex.models import Architecture
 
-_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # HF "gelu" is the exact erf form
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "relu": jax.nn.relu,
+    "tanh": jnp.tanh,
 }
-_HF_LEAF = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
-
-
-@dataclasses.dataclass(frozen=True)
-class BertConfig:
-    """The architecture, read from an HF `config.json`. Dropout rates are 0 when dropout is turned off."""
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_positions: int
-    type_vocab_size: int
-    layer_norm_eps: float
-    hidden_act: str
-    hidden_dropout: float
-    attention_dropout: float
-    classifier_dropout: float
-    num_labels: int
-
-    @classmethod
-    def from_hf(cls, hf_config: Mapping[str, Any], num_labels: int, dropout: bool) -> BertConfig:
-        act = hf_config.get("hidden_act", "gelu")
-        if act not in _ACTIVATIONS:
-            raise TpuplexError(f"hidden_act {act!r} in the checkpoint's config.json is not supported: "
-                               f"use one of {', '.join(_ACTIVATIONS)}")
-        position_type = hf_config.get("position_embedding_type", "absolute")
-        if position_type != "absolute":
-            raise TpuplexError(f"position_embedding_type {position_type!r} is not supported: tpuplex builds BERT "
-                               "encoders with absolute position embeddings")
-        hidden_dropout = float(hf_config.get("hidden_dropout_prob", 0.1))
-        classifier_dropout = hf_config.get("classifier_dropout")
-        scale = 1.0 if dropout else 0.0
-        return cls(
-            vocab_size=int(hf_config["vocab_size"]), hidden_size=int(hf_config["hidden_size"]),
-            num_layers=int(hf_config["num_hidden_layers"]), num_heads=int(hf_config["num_attention_heads"]),
-            intermediate_size=int(hf_config["intermediate_size"]),
-            max_positions=int(hf_config["max_position_embeddings"]),
-            type_vocab_size=int(hf_config.get("type_vocab_size", 2)),
-            layer_norm_eps=float(hf_config.get("layer_norm_eps", 1e-12)), hidden_act=act,
-            hidden_dropout=scale * hidden_dropout,
-            attention_dropout=scale * float(hf_config.get("attention_probs_dropout_prob", 0.1)),
-            classifier_dropout=scale * float(hidden_dropout if classifier_dropout is None else classifier_dropout),
-            num_labels=num_labels,
-        )
+_CANONICAL_LEAF = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
 
 
 class Embeddings(nn.Module):
-    config: BertConfig
+    arch: Architecture
     dtype: Any
 
     @nn.compact
     def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array, deterministic: bool) -> jax.Array:
-        """[B, L] ids -> [B, L, hidden]: word + absolute position + segment embeddings, LayerNorm, dropout."""
-        c = self.config
-        embed = lambda size, name: nn.Embed(size, c.hidden_size, dtype=self.dtype, name=name)  # noqa: E731
-        positions = jnp.arange(input_ids.shape[1])[None, :]
-        x = (embed(c.vocab_size, "word_embeddings")(input_ids)
-             + embed(c.max_positions, "position_embeddings")(positions)
-             + embed(c.type_vocab_size, "token_type_embeddings")(token_type_ids))
-        x = nn.LayerNorm(epsilon=c.layer_norm_eps, dtype=self.dtype, name="LayerNorm")(x)
-        return nn.Dropout(c.hidden_dropout)(x, deterministic=deterministic)
+        """[B, L] ids -> [B, L, hidden]: word + position (+ token type) embeddings, LayerNorm, dropout, and the
+        projection to the hidden size for factorised embeddings."""
+        a = self.arch
+        embed = lambda size, name: nn.Embed(size, a.embedding_size, dtype=self.dtype, name=name)  # noqa: E731
+        positions = jnp.arange(input_ids.shape[1])[None, :] + a.position_offset
+        x = embed(a.vocab_size, "word")(input_ids) + embed(a.max_positions, "position")(positions)
+        if a.type_vocab_size:
+            # Families without segments (RoBERTa) add type 0 everywhere, as HF's default token_type_ids do.
+            segments = token_type_ids if a.token_types else jnp.zeros_like(input_ids)
+            x = x + embed(a.type_vocab_size, "token_type")(segments)
+        x = nn.LayerNorm(epsilon=a.layer_norm_eps, dtype=self.dtype, name="norm")(x)
+        x = nn.Dropout(a.embedding_dropout)(x, deterministic=deterministic)
+        if a.embedding_projection:
+            x = nn.Dense(a.hidden_size, dtype=self.dtype, name="projection")(x)
+        return x
 
 
-class SelfAttention(nn.Module):
-    config: BertConfig
+class Block(nn.Module):
+    """A post-LayerNorm transformer block: [B, L, hidden] -> [B, L, hidden]."""
+
+    arch: Architecture
     dtype: Any
 
     @nn.compact
     def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
-        """x [B, L, hidden], mask_bias [B, 1, 1, L] (0 or the dtype's min) -> context [B, L, hidden]."""
-        c = self.config
-        head_dim = c.hidden_size // c.num_heads
+        """mask_bias [B, 1, 1, L]: 0 on real keys, float32's min on padding keys."""
+        a = self.arch
+        head_dim = a.hidden_size // a.num_heads
+        dense = lambda features, name: nn.Dense(features, dtype=self.dtype, name=name)  # noqa: E731
+        norm = lambda name: nn.LayerNorm(epsilon=a.layer_norm_eps, dtype=self.dtype, name=name)  # noqa: E731
 
         def heads(name: str) -> jax.Array:  # [B, L, hidden] -> [B, heads, L, head_dim]
-            y = nn.Dense(c.hidden_size, dtype=self.dtype, name=name)(x)
-            return y.reshape(*y.shape[:2], c.num_heads, head_dim).transpose(0, 2, 1, 3)
+            y = dense(a.hidden_size, name)(x)
+            return y.reshape(*y.shape[:2], a.num_heads, head_dim).transpose(0, 2, 1, 3)
 
         query, key, value = heads("query"), heads("key"), heads("value")
         # Scores and softmax in float32 even under bf16 compute: the masked keys' large negative bias needs it.
         scores = jnp.einsum("bhqd,bhkd->bhqk", query, key).astype(jnp.float32) / math.sqrt(head_dim) + mask_bias
-        probs = nn.Dropout(c.attention_dropout)(jax.nn.softmax(scores, axis=-1), deterministic=deterministic)
+        probs = nn.Dropout(a.attention_dropout)(jax.nn.softmax(scores, axis=-1), deterministic=deterministic)
         context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(self.dtype), value)
-        return context.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[1], c.hidden_size)
+        context = context.transpose(0, 2, 1, 3).reshape(x.shape)
+        attended = nn.Dropout(a.attention_output_dropout)(dense(a.hidden_size, "attention_output")(context),
+                                                          deterministic=deterministic)
+        attended = norm("attention_norm")(x + attended)
+        inner = ACTIVATIONS[a.hidden_act](dense(a.intermediate_size, "intermediate")(attended))
+        out = nn.Dropout(a.ffn_output_dropout)(dense(a.hidden_size, "output")(inner), deterministic=deterministic)
+        return norm("output_norm")(attended + out)
 
 
-class ResidualNorm(nn.Module):
-    """`dense` -> dropout -> `LayerNorm(y + residual)`: HF's BertSelfOutput and BertOutput."""
+class Head(nn.Module):
+    """The classifier on the first token: [dropout] -> dense -> activation -> dropout -> out."""
 
-    config: BertConfig
+    arch: Architecture
+    num_labels: int
     dtype: Any
 
     @nn.compact
-    def __call__(self, x: jax.Array, residual: jax.Array, deterministic: bool) -> jax.Array:
-        c = self.config
-        y = nn.Dense(c.hidden_size, dtype=self.dtype, name="dense")(x)
-        y = nn.Dropout(c.hidden_dropout)(y, deterministic=deterministic)
-        return nn.LayerNorm(epsilon=c.layer_norm_eps, dtype=self.dtype, name="LayerNorm")(y + residual)
+    def __call__(self, first: jax.Array, deterministic: bool) -> jax.Array:
+        """first [B, hidden] -> logits [B, num_labels]."""
+        a = self.arch
+        dropout = nn.Dropout(a.classifier_dropout)
+        if a.head_dropout_first:
+            first = dropout(first, deterministic=deterministic)
+        pooled = ACTIVATIONS[a.head_activation](nn.Dense(a.hidden_size, dtype=self.dtype, name="dense")(first))
+        return nn.Dense(self.num_labels, dtype=self.dtype, name="out")(dropout(pooled, deterministic=deterministic))
 
 
-class Projection(nn.Module):
-    """`dense` then an activation: HF's BertIntermediate and BertPooler."""
-
-    features: int
-    activation: Callable[[jax.Array], jax.Array]
-    dtype: Any
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.activation(nn.Dense(self.features, dtype=self.dtype, name="dense")(x))
-
-
-class Attention(nn.Module):
-    config: BertConfig
-    dtype: Any
-
-    @nn.compact
-    def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
-        context = SelfAttention(self.config, self.dtype, name="self")(x, mask_bias, deterministic)
-        return ResidualNorm(self.config, self.dtype, name="output")(context, x, deterministic)
-
-
-class Layer(nn.Module):
-    config: BertConfig
-    dtype: Any
-
-    @nn.compact
-    def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
-        c = self.config
-        attended = Attention(c, self.dtype, name="attention")(x, mask_bias, deterministic)
-        inner = Projection(c.intermediate_size, _ACTIVATIONS[c.hidden_act], self.dtype, name="intermediate")(attended)
-        return ResidualNorm(c, self.dtype, name="output")(inner, attended, deterministic)
-
-
-class Encoder(nn.Module):
-    config: BertConfig
-    dtype: Any
-
-    @nn.compact
-    def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
-        for index in range(self.config.num_layers):
-            x = Layer(self.config, self.dtype, name=f"layer.{index}")(x, mask_bias, deterministic)
-        return x
-
-
-class Bert(nn.Module):
-    config: BertConfig
-    dtype: Any
-
-    @nn.compact
-    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool) -> jax.Array:
-        """[B, L] int arrays -> pooled output [B, hidden] = tanh(dense(h[:, 0]))."""
-        c = self.config
-        x = Embeddings(c, self.dtype, name="embeddings")(input_ids, token_type_ids, deterministic)
-        # HF's extended attention mask: 0 on real keys, the dtype's minimum on padding keys.
-        mask_bias = (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * jnp.finfo(jnp.float32).min
-        x = Encoder(c, self.dtype, name="encoder")(x, mask_bias, deterministic)
-        return Projection(c.hidden_size, jnp.tanh, self.dtype, name="pooler")(x[:, 0])
-
-
-class BertClassifier(nn.Module):
-    """HF `BertForSequenceClassification`: BERT, dropout on the pooled output, a linear `classifier`.
+class Classifier(nn.Module):
+    """HF `<Family>ForSequenceClassification`: embeddings, the blocks in `arch.block_schedule` order (shared
+    blocks are one module called again), the head.
 
     dtype is the compute dtype (float32, or bfloat16 with float32 parameters); logits are always float32.
     """
 
-    config: BertConfig
+    arch: Architecture
+    num_labels: int
     dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array, attention_mask: jax.Array,
                  deterministic: bool = True) -> jax.Array:
         """input_ids, token_type_ids, attention_mask int32 [B, L] -> logits float32 [B, num_labels]."""
-        c = self.config
-        pooled = Bert(c, self.dtype, name="bert")(input_ids, token_type_ids, attention_mask, deterministic)
-        pooled = nn.Dropout(c.classifier_dropout)(pooled, deterministic=deterministic)
-        return nn.Dense(c.num_labels, dtype=self.dtype, name="classifier")(pooled).astype(jnp.float32)
+        a = self.arch
+        x = Embeddings(a, self.dtype, name="embeddings")(input_ids, token_type_ids, deterministic)
+        # HF's extended attention mask: 0 on real keys, the dtype's minimum on padding keys.
+        mask_bias = (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * jnp.finfo(jnp.float32).min
+        blocks = [Block(a, self.dtype, name=f"block.{index}") for index in range(a.num_blocks)]
+        for index in a.block_schedule:
+            x = blocks[index](x, mask_bias, deterministic)
+        return Head(a, self.num_labels, self.dtype, name="head")(x[:, 0], deterministic).astype(jnp.float32)
 
 
-def hf_name(path: tuple[Any, ...]) -> str:
-    """The HF name of the Flax parameter at tree `path` (jax.tree_util key path or plain strings)."""
+def canonical_name(path: tuple[Any, ...]) -> str:
+    """The canonical name of the Flax parameter at tree `path` (jax.tree_util key path or plain strings)."""
     *modules, leaf = (getattr(key, "key", key) for key in path)
-    return ".".join([*modules, _HF_LEAF[leaf]])
+    return ".".join([*modules, _CANONICAL_LEAF.get(leaf, leaf)])
 
 
 def _is_kernel(path: tuple[Any, ...]) -> bool:
     return getattr(path[-1], "key", path[-1]) == "kernel"
 
 
-def param_template(model: BertClassifier) -> Any:
+@dataclasses.dataclass(frozen=True)
+class Naming:
+    """How the paths of a Flax tree become portable names.
+
+    names: canonical name -> portable name (HF names for a family, from `Family.hf_names`).
+    torch_layout: Dense kernels are transposed to torch's [out, in] (HF families); a user model's arrays keep
+        their Flax layout.
+    """
+
+    names: Mapping[str, str]
+    torch_layout: bool = True
+
+    @classmethod
+    def native(cls, tree: Any) -> Naming:
+        """A user model's naming: the tree path joined with ".", leaves as Flax calls them, Flax layout."""
+        flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return cls({canonical_name(path): ".".join(str(getattr(key, "key", key)) for key in path)
+                    for path, _ in flat}, torch_layout=False)
+
+    def of(self, path: tuple[Any, ...]) -> str:
+        return self.names[canonical_name(path)]
+
+    def transposed(self, path: tuple[Any, ...]) -> bool:
+        return self.torch_layout and _is_kernel(path)
+
+    def shapes(self, template: Any) -> dict[str, tuple[int, ...]]:
+        """Portable name -> portable shape of every leaf of `template`."""
+        flat = jax.tree_util.tree_flatten_with_path(template)[0]
+        return {self.of(path): tuple(leaf.shape)[::-1] if self.transposed(path) else tuple(leaf.shape)
+                for path, leaf in flat}
+
+
+def param_template(model: nn.Module) -> Any:
     """The Flax parameter tree's structure with jax.ShapeDtypeStruct leaves, computed without allocating."""
     ids = jnp.zeros((1, 1), jnp.int32)
-    return jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids)["params"])
+    return jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids, deterministic=True)["params"])
 
 
-def to_flax(arrays: Mapping[str, np.ndarray], template: Any) -> Any:
-    """HF-named float32 arrays (torch layout) -> a Flax parameter tree shaped like `template` (numpy leaves)."""
+def to_flax(arrays: Mapping[str, np.ndarray], template: Any, naming: Naming) -> Any:
+    """Portable float32 arrays -> a Flax tree shaped like `template` (numpy leaves)."""
     def convert(path, leaf):
-        array = np.asarray(arrays[hf_name(path)], dtype=np.float32)
-        return np.ascontiguousarray(array.T) if _is_kernel(path) else array
+        array = np.asarray(arrays[naming.of(path)], dtype=np.float32)
+        return np.ascontiguousarray(array.T) if naming.transposed(path) else array
 
     return jax.tree_util.tree_map_with_path(convert, template)
 
 
-def to_hf(tree: Any) -> dict[str, np.ndarray]:
-    """A Flax parameter tree (parameters or Adam moments) -> HF-named float32 numpy arrays in torch layout."""
+def to_portable_arrays(tree: Any, naming: Naming) -> dict[str, np.ndarray]:
+    """A Flax tree (parameters or Adam moments) -> portable float32 numpy arrays."""
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {hf_name(path): np.ascontiguousarray(np.asarray(leaf, dtype=np.float32).T if _is_kernel(path)
-                                                else np.asarray(leaf, dtype=np.float32))
+    return {naming.of(path): np.ascontiguousarray(
+                np.asarray(leaf, dtype=np.float32).T if naming.transposed(path) else np.asarray(leaf, np.float32))
             for path, leaf in flat}

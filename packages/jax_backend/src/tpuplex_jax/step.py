@@ -19,13 +19,14 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 import jax
 from tpuplex.protocol import OptimizerSpec, decays
-from tpuplex_jax.model import BertClassifier, hf_name
+from tpuplex_jax.model import Naming
 
 AXIS = "replicas"
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
@@ -39,12 +40,13 @@ class TrainState(NamedTuple):
     opt_state: Any
 
 
-def make_optimizer(spec: OptimizerSpec, params: Any) -> optax.GradientTransformation:
+def make_optimizer(spec: OptimizerSpec, params: Any, naming: Naming) -> optax.GradientTransformation:
     """Global-norm clip then AdamW; the learning rate is a hyperparameter set before every update.
 
+    Weight decay follows `tpuplex.protocol.decays` of each parameter's portable (HF) name.
     `clip_norm` = 0 turns clipping off (as HF's max_grad_norm = 0 does) instead of zeroing every gradient.
     """
-    mask = jax.tree_util.tree_map_with_path(lambda path, _: decays(hf_name(path)), params)
+    mask = jax.tree_util.tree_map_with_path(lambda path, _: decays(naming.of(path)), params)
     adamw = optax.inject_hyperparams(optax.adamw)(
         learning_rate=0.0, b1=spec.beta1, b2=spec.beta2, eps=spec.epsilon, eps_root=0.0,
         weight_decay=spec.weight_decay, mask=mask)
@@ -76,7 +78,7 @@ def example_losses(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
 
 
-def make_train_step(model: BertClassifier, optimizer: optax.GradientTransformation, grad_accum: int,
+def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, grad_accum: int,
                     dropout: bool, seed: int) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, jax.Array]]:
     """The per-device train step `(state, rows, learning_rate) -> (state, global mean loss)` under axis AXIS.
 
@@ -116,7 +118,7 @@ def make_train_step(model: BertClassifier, optimizer: optax.GradientTransformati
     return step
 
 
-def make_predict_step(model: BertClassifier) -> Callable[[Any, dict], jax.Array]:
+def make_predict_step(model: nn.Module) -> Callable[[Any, dict], jax.Array]:
     """The per-device predict step `(params, rows) -> logits float32 [b, num_labels]`, dropout off."""
     def predict(params: Any, rows: dict) -> jax.Array:
         return model.apply({"params": params}, *(rows[name] for name in MODEL_INPUTS), deterministic=True)

@@ -50,9 +50,13 @@ class TfBackend(BackendBase):
             raise TpuplexError("train.bf16 = true is not supported by the tf backend yet: set train.bf16 = false "
                                "(or use the jax or torch backend for bfloat16)")
         with self.strategy.scope():
-            keras_model = model.build(model_spec.hf_config, model_spec.num_labels, model_spec.dropout)
+            if model_spec.architecture:  # the user's model starts from its own initialisation
+                keras_model = model.build_user_model(model_spec, optimizer.seed)
+            else:
+                keras_model = model.build(model_spec.hf_config, model_spec.num_labels, model_spec.dropout)
             steps = Steps(self.strategy, keras_model, optimizer, model_spec.num_labels, self.jit_compile)
-        checkpoint.load_params(steps, model_spec.params, "the initial parameters")
+        if not model_spec.architecture:
+            checkpoint.load_params(steps, model_spec.params, "the initial parameters")
         self._steps.append(steps)
         return TfState(steps)
 

@@ -1,8 +1,9 @@
-"""The BERT-family sequence classifier in Keras 3 layers (TensorFlow backend), loaded from HF parameter names.
+"""An encoder sequence classifier in Keras 3 layers (TensorFlow backend), built from the core's `Architecture`.
 
-The network is HF `BertForSequenceClassification` (post-LayerNorm BERT): embeddings (word + position + token type,
-LayerNorm, dropout), `num_hidden_layers` encoder blocks (self-attention with an additive mask, output dense,
-residual LayerNorm; GELU feed-forward, residual LayerNorm), pooler `tanh(dense(h[:, 0]))`, dropout, classifier.
+One layer per concept (`_Embeddings`, `_Block`, `_Head`), assembled by `Classifier` for any supported family
+(see `tpuplex.models`): embeddings (+ projection), post-LayerNorm blocks applied in `arch.block_schedule` order
+(ALBERT calls one block several times), and the head on the first token. Each layer names its variables
+canonically; `Classifier.hf_variables` maps them to the family's HF names.
 
 Dropout is stateless: every dropout site draws its mask from `tf.random.stateless_uniform` with a seed derived from
 the `seed` argument, so a step is a pure function of (variables, batch, seed). That keeps XLA compilation, replicas
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
@@ -21,7 +21,10 @@ import keras  # noqa: E402  (the backend must be chosen before Keras is imported
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tpuplex import models  # noqa: E402
 from tpuplex.errors import TpuplexError  # noqa: E402
+from tpuplex.models import Architecture, Family, user  # noqa: E402
+from tpuplex.protocol import ModelSpec  # noqa: E402
 
 if keras.backend.backend() != "tensorflow":
     raise TpuplexError(
@@ -29,11 +32,15 @@ if keras.backend.backend() != "tensorflow":
         "set KERAS_BACKEND=tensorflow (or unset it) before starting"
     )
 
+Variables = dict[str, tuple[keras.Variable, bool]]
+"""Canonical (or HF) name -> (variable, whether it is the transpose of the torch-layout tensor)."""
+
 _ACTIVATIONS = {
     "gelu": lambda x: tf.nn.gelu(x, approximate=False),  # HF "gelu" is the exact erf form
     "gelu_new": lambda x: tf.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: tf.nn.gelu(x, approximate=True),
     "relu": tf.nn.relu,
+    "tanh": tf.math.tanh,
 }
 
 
@@ -49,128 +56,216 @@ def _dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf
     return tf.where(keep, x / (1.0 - rate), tf.zeros_like(x))
 
 
-class _EncoderLayer(keras.layers.Layer):
-    """One BERT block: [B, L, H] -> [B, L, H]."""
+def _dense(module: str, layer: keras.layers.Dense) -> Variables:
+    return {f"{module}.weight": (layer.kernel, True), f"{module}.bias": (layer.bias, False)}
 
-    def __init__(self, config: Mapping[str, Any], **kwargs):
+
+def _norm(module: str, layer: keras.layers.LayerNormalization) -> Variables:
+    return {f"{module}.weight": (layer.gamma, False), f"{module}.bias": (layer.beta, False)}
+
+
+class _Embeddings(keras.layers.Layer):
+    """[B, L] ids -> [B, L, hidden]: word + position (+ token type) embeddings, LayerNorm, dropout, projection."""
+
+    def __init__(self, arch: Architecture, **kwargs):
         super().__init__(**kwargs)
-        hidden, eps = int(config["hidden_size"]), float(config.get("layer_norm_eps", 1e-12))
-        self.heads = int(config["num_attention_heads"])
-        self.head_size = hidden // self.heads
-        self.attention_dropout = float(config.get("attention_probs_dropout_prob", 0.0))
-        self.hidden_dropout = float(config.get("hidden_dropout_prob", 0.0))
-        self.activation = _ACTIVATIONS[config.get("hidden_act", "gelu")]
-        self.query = keras.layers.Dense(hidden, name="query")
-        self.key = keras.layers.Dense(hidden, name="key")
-        self.value = keras.layers.Dense(hidden, name="value")
-        self.attention_output = keras.layers.Dense(hidden, name="attention_output")
-        self.attention_norm = keras.layers.LayerNormalization(epsilon=eps, name="attention_norm")
-        self.intermediate = keras.layers.Dense(int(config["intermediate_size"]), name="intermediate")
-        self.output_dense = keras.layers.Dense(hidden, name="output_dense")
-        self.output_norm = keras.layers.LayerNormalization(epsilon=eps, name="output_norm")
+        self.arch = arch
+        embed = lambda rows, name: keras.layers.Embedding(rows, arch.embedding_size, name=name)  # noqa: E731
+        self.word, self.position = embed(arch.vocab_size, "word"), embed(arch.max_positions, "position")
+        self.token_type = embed(arch.type_vocab_size, "token_type") if arch.type_vocab_size else None
+        self.norm = keras.layers.LayerNormalization(epsilon=arch.layer_norm_eps, name="norm")
+        self.projection = keras.layers.Dense(arch.hidden_size, name="projection") if arch.embedding_projection \
+            else None
+
+    def call(self, input_ids: tf.Tensor, token_type_ids: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
+        positions = tf.range(tf.shape(input_ids)[1])[None, :] + self.arch.position_offset
+        hidden = self.word(input_ids) + self.position(positions)
+        if self.token_type is not None:
+            # Families without segments (RoBERTa) add type 0 everywhere, as HF's default token_type_ids do.
+            segments = token_type_ids if self.arch.token_types else tf.zeros_like(input_ids)
+            hidden += self.token_type(segments)
+        hidden = _dropout(self.norm(hidden), self.arch.embedding_dropout, seed, 0)
+        return hidden if self.projection is None else self.projection(hidden)
+
+    def canonical_variables(self) -> Variables:
+        found = {"embeddings.word.weight": (self.word.embeddings, False),
+                 "embeddings.position.weight": (self.position.embeddings, False),
+                 **_norm("embeddings.norm", self.norm)}
+        if self.token_type is not None:
+            found["embeddings.token_type.weight"] = (self.token_type.embeddings, False)
+        if self.projection is not None:
+            found |= _dense("embeddings.projection", self.projection)
+        return found
+
+
+class _Block(keras.layers.Layer):
+    """A post-LayerNorm transformer block: [B, L, H] -> [B, L, H]."""
+
+    DROPOUT_SITES = 3
+
+    def __init__(self, arch: Architecture, **kwargs):
+        super().__init__(**kwargs)
+        self.arch = arch
+        self.head_size = arch.hidden_size // arch.num_heads
+        self.activation = _ACTIVATIONS[arch.hidden_act]
+        dense = lambda units, name: keras.layers.Dense(units, name=name)  # noqa: E731
+        norm = lambda name: keras.layers.LayerNormalization(epsilon=arch.layer_norm_eps, name=name)  # noqa: E731
+        self.query, self.key, self.value = dense(arch.hidden_size, "query"), dense(arch.hidden_size, "key"), \
+            dense(arch.hidden_size, "value")
+        self.attention_output, self.attention_norm = dense(arch.hidden_size, "attention_output"), \
+            norm("attention_norm")
+        self.intermediate = dense(arch.intermediate_size, "intermediate")
+        self.output_dense, self.output_norm = dense(arch.hidden_size, "output"), norm("output_norm")
 
     def _split_heads(self, x: tf.Tensor) -> tf.Tensor:
         """[B, L, H] -> [B, heads, L, head_size]."""
         batch, length = tf.shape(x)[0], tf.shape(x)[1]
-        return tf.transpose(tf.reshape(x, [batch, length, self.heads, self.head_size]), [0, 2, 1, 3])
+        return tf.transpose(tf.reshape(x, [batch, length, self.arch.num_heads, self.head_size]), [0, 2, 1, 3])
 
     def call(self, hidden: tf.Tensor, mask_bias: tf.Tensor, seed: tf.Tensor | None, site: int) -> tf.Tensor:
-        """hidden [B, L, H]; mask_bias [B, 1, 1, L] (0 for real keys, the dtype's min for padding)."""
+        """hidden [B, L, H]; mask_bias [B, 1, 1, L] (0 for real keys, the dtype's min for padding); `site` is the
+        first dropout site of this application of the block."""
+        a = self.arch
         query, key, value = (self._split_heads(f(hidden)) for f in (self.query, self.key, self.value))
         scores = tf.matmul(query, key, transpose_b=True) / np.sqrt(self.head_size).astype(np.float32)
-        probs = _dropout(tf.nn.softmax(scores + mask_bias, axis=-1), self.attention_dropout, seed, site)
-        context = tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3])  # [B, L, heads, head_size]
-        context = tf.reshape(context, tf.shape(hidden))
-        attended = _dropout(self.attention_output(context), self.hidden_dropout, seed, site + 1)
+        probs = _dropout(tf.nn.softmax(scores + mask_bias, axis=-1), a.attention_dropout, seed, site)
+        context = tf.reshape(tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3]), tf.shape(hidden))
+        attended = _dropout(self.attention_output(context), a.attention_output_dropout, seed, site + 1)
         hidden = self.attention_norm(hidden + attended)
         inner = self.activation(self.intermediate(hidden))
-        out = _dropout(self.output_dense(inner), self.hidden_dropout, seed, site + 2)
+        out = _dropout(self.output_dense(inner), a.ffn_output_dropout, seed, site + 2)
         return self.output_norm(hidden + out)
 
+    def canonical_variables(self, index: int) -> Variables:
+        prefix = f"block.{index}"
+        return {**_dense(f"{prefix}.query", self.query), **_dense(f"{prefix}.key", self.key),
+                **_dense(f"{prefix}.value", self.value),
+                **_dense(f"{prefix}.attention_output", self.attention_output),
+                **_norm(f"{prefix}.attention_norm", self.attention_norm),
+                **_dense(f"{prefix}.intermediate", self.intermediate), **_dense(f"{prefix}.output", self.output_dense),
+                **_norm(f"{prefix}.output_norm", self.output_norm)}
 
-class BertClassifier(keras.Model):
-    """`BertForSequenceClassification` in Keras layers: (input_ids, token_type_ids, attention_mask) -> logits.
 
-    Inputs are int32 [B, L]; the output is float32 [B, num_labels].
-    """
+class _Head(keras.layers.Layer):
+    """The classifier on the first token [B, H] -> [B, num_labels]: [dropout] dense, activation, dropout, out."""
 
-    DROPOUT_SITES_PER_LAYER = 3
-
-    def __init__(self, config: Mapping[str, Any], num_labels: int, dropout: bool, **kwargs):
+    def __init__(self, arch: Architecture, num_labels: int, **kwargs):
         super().__init__(**kwargs)
-        activation = config.get("hidden_act", "gelu")
-        if activation not in _ACTIVATIONS:
-            raise TpuplexError(
-                f"hidden_act {activation!r} in the checkpoint's config.json is not supported by tpuplex-tf: "
-                f"use a checkpoint with one of {', '.join(_ACTIVATIONS)}"
-            )
-        hidden, eps = int(config["hidden_size"]), float(config.get("layer_norm_eps", 1e-12))
-        self.dropout_enabled = dropout
-        self.hidden_dropout = float(config.get("hidden_dropout_prob", 0.0))
-        classifier_dropout = config.get("classifier_dropout")
-        self.classifier_dropout = self.hidden_dropout if classifier_dropout is None else float(classifier_dropout)
-        self.word_embeddings = keras.layers.Embedding(int(config["vocab_size"]), hidden, name="word_embeddings")
-        self.position_embeddings = keras.layers.Embedding(
-            int(config["max_position_embeddings"]), hidden, name="position_embeddings")
-        self.token_type_embeddings = keras.layers.Embedding(
-            int(config["type_vocab_size"]), hidden, name="token_type_embeddings")
-        self.embedding_norm = keras.layers.LayerNormalization(epsilon=eps, name="embedding_norm")
-        self.encoder = [_EncoderLayer(config, name=f"layer_{i}") for i in range(int(config["num_hidden_layers"]))]
-        self.pooler = keras.layers.Dense(hidden, activation="tanh", name="pooler")
-        self.classifier = keras.layers.Dense(num_labels, name="classifier")
+        self.arch = arch
+        self.dense = keras.layers.Dense(arch.hidden_size, name="dense")
+        self.out = keras.layers.Dense(num_labels, name="out")
+
+    def call(self, first: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
+        a = self.arch
+        if a.head_dropout_first:
+            first = _dropout(first, a.classifier_dropout, seed, -2)
+        pooled = _ACTIVATIONS[a.head_activation](self.dense(first))
+        return self.out(_dropout(pooled, a.classifier_dropout, seed, -1))
+
+    def canonical_variables(self) -> Variables:
+        return {**_dense("head.dense", self.dense), **_dense("head.out", self.out)}
+
+
+class Classifier(keras.Model):
+    """HF `<Family>ForSequenceClassification` in Keras layers: (input_ids, token_type_ids, attention_mask) ->
+    logits. Inputs are int32 [B, L]; the output is float32 [B, num_labels]."""
+
+    def __init__(self, family: Family, arch: Architecture, num_labels: int, **kwargs):
+        super().__init__(**kwargs)
+        self.family, self.arch = family, arch
+        self.embeddings = _Embeddings(arch, name="embeddings")
+        self.blocks = [_Block(arch, name=f"block_{index}") for index in range(arch.num_blocks)]
+        self.head = _Head(arch, num_labels, name="head")
 
     def call(self, input_ids, token_type_ids, attention_mask, seed: tf.Tensor | None = None) -> tf.Tensor:
-        """Logits [B, num_labels]. `seed` (int32 [2]) turns dropout on when the model was built with dropout."""
-        seed = seed if self.dropout_enabled else None
-        positions = tf.range(tf.shape(input_ids)[1])[None, :]
-        hidden = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
-                  + self.token_type_embeddings(token_type_ids))
-        hidden = _dropout(self.embedding_norm(hidden), self.hidden_dropout, seed, 0)
+        """Logits [B, num_labels]; `seed` (int32 [2]) turns dropout on (rates are 0 when built without it)."""
+        hidden = self.embeddings(input_ids, token_type_ids, seed)
         # HF's extended attention mask: 0 where attended, the dtype's minimum on padded keys.
         mask_bias = (1.0 - tf.cast(attention_mask, hidden.dtype))[:, None, None, :] * hidden.dtype.min
-        for index, layer in enumerate(self.encoder):
-            hidden = layer(hidden, mask_bias, seed=seed, site=1 + self.DROPOUT_SITES_PER_LAYER * index)
-        pooled = _dropout(self.pooler(hidden[:, 0]), self.classifier_dropout, seed, -1)
-        return self.classifier(pooled)
+        for applied, index in enumerate(self.arch.block_schedule):
+            hidden = self.blocks[index](hidden, mask_bias, seed=seed, site=1 + _Block.DROPOUT_SITES * applied)
+        return self.head(hidden[:, 0], seed)
 
-    def hf_variables(self) -> dict[str, tuple[keras.Variable, bool]]:
-        """HF parameter name -> (Keras variable, whether the variable is the transpose of the HF tensor).
+    def hf_variables(self) -> Variables:
+        """HF parameter name -> (Keras variable, whether it is the transpose of the HF tensor).
 
         Dense kernels are [in, out] where torch Linear weights are [out, in]; everything else has the same layout.
         """
-        def dense(prefix: str, layer: keras.layers.Dense) -> dict[str, tuple[keras.Variable, bool]]:
-            return {f"{prefix}.weight": (layer.kernel, True), f"{prefix}.bias": (layer.bias, False)}
-
-        def norm(prefix: str, layer: keras.layers.LayerNormalization) -> dict[str, tuple[keras.Variable, bool]]:
-            return {f"{prefix}.weight": (layer.gamma, False), f"{prefix}.bias": (layer.beta, False)}
-
-        names = {
-            "bert.embeddings.word_embeddings.weight": (self.word_embeddings.embeddings, False),
-            "bert.embeddings.position_embeddings.weight": (self.position_embeddings.embeddings, False),
-            "bert.embeddings.token_type_embeddings.weight": (self.token_type_embeddings.embeddings, False),
-            **norm("bert.embeddings.LayerNorm", self.embedding_norm),
-        }
-        for index, layer in enumerate(self.encoder):
-            prefix = f"bert.encoder.layer.{index}"
-            names |= dense(f"{prefix}.attention.self.query", layer.query)
-            names |= dense(f"{prefix}.attention.self.key", layer.key)
-            names |= dense(f"{prefix}.attention.self.value", layer.value)
-            names |= dense(f"{prefix}.attention.output.dense", layer.attention_output)
-            names |= norm(f"{prefix}.attention.output.LayerNorm", layer.attention_norm)
-            names |= dense(f"{prefix}.intermediate.dense", layer.intermediate)
-            names |= dense(f"{prefix}.output.dense", layer.output_dense)
-            names |= norm(f"{prefix}.output.LayerNorm", layer.output_norm)
-        names |= dense("bert.pooler.dense", self.pooler)
-        names |= dense("classifier", self.classifier)
-        return names
+        canonical = {**self.embeddings.canonical_variables(), **self.head.canonical_variables()}
+        for index, block in enumerate(self.blocks):
+            canonical |= block.canonical_variables(index)
+        return {self.family.hf_name(name, self.arch): found for name, found in canonical.items()}
 
 
-def build(config: Mapping[str, Any], num_labels: int, dropout: bool) -> BertClassifier:
+def build(hf_config: Mapping, num_labels: int, dropout: bool) -> Classifier:
     """Create the classifier and its variables (call under the strategy's scope so they are distributed)."""
-    model = BertClassifier(config, num_labels, dropout)
+    family, arch = models.architecture_of(hf_config)
+    model = Classifier(family, arch if dropout else arch.without_dropout(), num_labels)
     ones = tf.ones([1, 2], tf.int32)
     model(ones, ones * 0, ones)  # creates every variable
     return model
+
+
+class UserClassifier:
+    """A user's Keras model (`model.architecture`, see `tpuplex.models.user`) behind the interface `Steps` drives.
+
+    Its variables keep their Keras layout and are named by the attributes that reach them, as torch's state dict
+    names them (`convolutions.0.kernel`): Keras' own paths carry per-process counters (`text_cnn_2/conv1d_7`), so
+    they could not name a checkpoint another process reads. With dropout on, the model runs with `training=True`, and
+    every Keras seed generator in it is set from the step's seed first, so its dropout masks, like the built-in
+    classifier's, depend only on (seed, step, replica): a resumed run draws the same ones.
+    """
+
+    def __init__(self, module: keras.Model, dropout: bool):
+        self.module, self.dropout = module, dropout
+        self.seed_states = [v for v in module.non_trainable_variables if v.path.endswith("seed_generator_state")]
+
+    def __call__(self, input_ids, token_type_ids, attention_mask, seed: tf.Tensor | None = None) -> tf.Tensor:
+        training = self.dropout and seed is not None
+        if training:
+            for index, state in enumerate(self.seed_states):
+                state.assign(tf.cast(tf.random.experimental.stateless_fold_in(seed, 1000 + index), state.dtype))
+        return self.module(input_ids, token_type_ids, attention_mask, training=training)
+
+    def hf_variables(self) -> Variables:
+        """Attribute path -> (variable, False) for every trainable variable (user models keep their layout)."""
+        named = _attribute_paths(self.module)
+        unnamed = [v.path for v in self.module.trainable_variables if id(v) not in {id(x) for x in named.values()}]
+        if unnamed:
+            raise TpuplexError(f"the Keras model has trainable variables no attribute reaches ({', '.join(unnamed)}): "
+                               "assign every layer to an attribute (or a list attribute) of the model")
+        return {name: (variable, False) for name, variable in named.items()}
+
+
+def _attribute_paths(layer: keras.layers.Layer, prefix: str = "") -> dict[str, keras.Variable]:
+    """The trainable variables of `layer` and its sublayers, named by attribute path; a shared layer once."""
+    found = {f"{prefix}{v.name}": v for v in layer._trainable_variables}  # the layer's own, not its sublayers'
+    for attribute, value in vars(layer).items():
+        if attribute.startswith("_"):
+            continue
+        children = [(attribute, value)] if isinstance(value, keras.layers.Layer) else \
+            [(f"{attribute}.{i}", item) for i, item in enumerate(value) if isinstance(item, keras.layers.Layer)] \
+            if isinstance(value, list | tuple) else []
+        for name, child in children:
+            for path, variable in _attribute_paths(child, f"{prefix}{name}.").items():
+                if all(variable is not seen for seen in found.values()):
+                    found[path] = variable
+    return found
+
+
+def build_user_model(spec: ModelSpec, seed: int) -> UserClassifier:
+    """The user's Keras model with variables drawn under `keras.utils.set_random_seed(seed)`, checked to return
+    logits [B, num_labels] (call under the strategy's scope)."""
+    keras.utils.set_random_seed(seed)
+    module = user.build(spec.architecture, "tf", spec.vocab_size, spec.num_labels)
+    if not isinstance(module, keras.layers.Layer):
+        raise TpuplexError(f"model.architecture = {spec.architecture!r} built a {type(module).__name__}, not a "
+                           "Keras layer or model: the tf backend trains Keras models")
+    ones = tf.ones([2, 8], tf.int32)
+    logits = module(ones, ones * 0, ones)  # creates every variable
+    shape = tuple(logits.shape) if hasattr(logits, "shape") else type(logits).__name__
+    user.check_logits(spec.architecture, shape, 2, spec.num_labels)
+    return UserClassifier(module, spec.dropout)
 
 
 def swap_layout(array: np.ndarray, transposed: bool) -> np.ndarray:

@@ -32,7 +32,7 @@ import tensorflow as tf
 from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import Batch, OptimizerSpec, decays
-from tpuplex_tf.model import BertClassifier
+from tpuplex_tf.model import Classifier, UserClassifier
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 TRAIN_INPUTS = (*MODEL_INPUTS, "labels", "weight")
@@ -50,7 +50,7 @@ class Steps:
         traces: Python traces of the top-level tf.functions (training and prediction programs).
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, model: BertClassifier, optimizer: OptimizerSpec,
+    def __init__(self, strategy: tf.distribute.Strategy, model: Classifier | UserClassifier, optimizer: OptimizerSpec,
                  num_labels: int, jit_compile: bool):
         self.strategy = strategy
         self.model = model

@@ -29,9 +29,10 @@ class TorchBackend(BackendBase):
         return self.placement.topology
 
     def init(self, model_spec: ModelSpec, optimizer: OptimizerSpec) -> TorchState:
-        module = model.build(model_spec).to(self.placement.device)
-        state = TorchState(module, step.make_optimizer(module, optimizer), optimizer)
-        return self.state_from_arrays(state, checkpoint.initial(model_spec.params))
+        built = model.build(model_spec, optimizer.seed)
+        module = built.module.to(self.placement.device)
+        state = TorchState(module, step.make_optimizer(module, optimizer), optimizer, built.forward)
+        return self.state_from_arrays(state, checkpoint.initial(built.params))
 
     def train_step(self, state: TorchState, batch: Batch, learning_rate: float) -> tuple[TorchState, float]:
         return state, step.train_step(state, self.placement, batch, learning_rate)

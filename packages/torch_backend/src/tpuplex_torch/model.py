@@ -1,22 +1,41 @@
 """The classifier: HF transformers `AutoModelForSequenceClassification` from the checkpoint's config, with the
-core's initial weights (HF names) loaded strictly, so any HF encoder classifier family builds the same way."""
+core's initial weights (HF names) loaded strictly, so any HF encoder classifier family builds the same way; or the
+user's own `torch.nn.Module` (`model.architecture`, see `tpuplex.models.user`) with its own initial weights."""
 
 from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch.nn.functional as F
 import transformers  # a lazy module: the model classes (and accelerate behind them) load on first use
 
 import torch
+from tpuplex import models
+from tpuplex.errors import TpuplexError
+from tpuplex.models import user
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec
 
+Forward = Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
 
-def build(spec: ModelSpec) -> torch.nn.Module:
-    """The classifier on the CPU in float32, weights from `spec.params`, every dropout off unless `spec.dropout`.
 
-    A parameter set that does not match the architecture raises TpuplexError naming the differences.
-    """
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A classifier on the CPU in float32, how to call it, and its initial parameters (numpy, by state-dict name)."""
+
+    module: torch.nn.Module
+    forward: Forward
+    params: Mapping[str, np.ndarray]
+
+
+def build(spec: ModelSpec, seed: int) -> Built:
+    """The HF family's classifier from `spec.params`, or the user's module initialised under `torch.manual_seed(
+    seed)`; every dropout off unless `spec.dropout`. Mismatched parameters raise TpuplexError naming them."""
+    if spec.architecture:
+        return _build_user_model(spec, seed)
     settings = dict(spec.hf_config)
     config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings, num_labels=spec.num_labels)
     if not spec.dropout:
@@ -29,11 +48,29 @@ def build(spec: ModelSpec) -> torch.nn.Module:
     check_names(expected, spec.params, "the initial parameters")
     model.load_state_dict({name: torch.from_numpy(np.asarray(array, dtype=np.float32))
                            for name, array in spec.params.items()}, strict=True)
-    return model
+    token_types = models.architecture_of(spec.hf_config)[1].token_types
+    return Built(model, functools.partial(forward_logits, token_types=token_types), spec.params)
 
 
-def forward_logits(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Logits [b, num_labels] for int64 `input_ids`, `token_type_ids`, `attention_mask` [b, L].
+def _build_user_model(spec: ModelSpec, seed: int) -> Built:
+    torch.manual_seed(seed)
+    module = user.build(spec.architecture, "torch", spec.vocab_size, spec.num_labels)
+    if not isinstance(module, torch.nn.Module):
+        raise TpuplexError(f"model.architecture = {spec.architecture!r} built a {type(module).__name__}, not a "
+                           "torch.nn.Module: the torch backend trains torch modules")
+    module = module.float()
+    if not spec.dropout:
+        for layer in module.modules():
+            if isinstance(layer, torch.nn.modules.dropout._DropoutNd):
+                layer.p = 0.0
+    params = {name: p.detach().numpy().copy() for name, p in module.named_parameters()}
+    return Built(module, functools.partial(user_logits, architecture=spec.architecture,
+                                                  num_labels=spec.num_labels), params)
+
+
+def forward_logits(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], token_types: bool) -> torch.Tensor:
+    """An HF classifier's logits [b, num_labels] for int64 `input_ids`, `attention_mask` [b, L], and
+    `token_type_ids` [b, L] when the family takes them (`Architecture.token_types`).
 
     The padding mask goes in already additive ([b, 1, 1, L]: 0 on real keys, float32's min on padding, as HF builds
     it), because HF would otherwise test `mask.all()` to skip it: a host sync and a data-dependent branch that
@@ -41,8 +78,17 @@ def forward_logits(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> t
     """
     keep = inputs["attention_mask"][:, None, None, :].bool()
     additive = torch.where(keep, 0.0, torch.finfo(torch.float32).min)
-    return model(input_ids=inputs["input_ids"], token_type_ids=inputs["token_type_ids"],
-                 attention_mask=additive).logits
+    segments = {"token_type_ids": inputs["token_type_ids"]} if token_types else {}
+    return model(input_ids=inputs["input_ids"], attention_mask=additive, **segments).logits
+
+
+def user_logits(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], architecture: str,
+                num_labels: int) -> torch.Tensor:
+    """A user module's logits [b, num_labels]; its output is checked, since nothing else constrains it."""
+    logits = model(inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"])
+    shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+    user.check_logits(architecture, shape, inputs["input_ids"].shape[0], num_labels)
+    return logits
 
 
 def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -19,16 +19,18 @@ import torch
 from tpuplex.collate import check_micro_batches
 from tpuplex.protocol import Batch, OptimizerSpec, decays
 from tpuplex_torch.devices import Placement
-from tpuplex_torch.model import forward_logits, per_example_loss
+from tpuplex_torch.model import Forward, per_example_loss
 
 
 @dataclasses.dataclass
 class TorchState:
-    """The training state, updated in place. step: optimizer updates applied so far."""
+    """The training state, updated in place. forward: how to call the model (`tpuplex_torch.model.Built`);
+    step: optimizer updates applied so far."""
 
     model: torch.nn.Module
     optimizer: torch.optim.AdamW
     spec: OptimizerSpec
+    forward: Forward
     step: int = 0
 
 
@@ -59,7 +61,7 @@ def train_step(state: TorchState, placement: Placement, batch: Batch, learning_r
     loss = torch.zeros((), device=placement.device)
     for micro in micro_batches(inputs, placement.replicas_in_view, spec.grad_accum):
         with placement.autocast(spec.bf16):
-            logits = forward_logits(model, micro)
+            logits = state.forward(model, micro)
         micro_loss = (per_example_loss(logits, micro["labels"]) * micro["weight"]).sum() / total_weight
         micro_loss.backward()
         loss = loss + micro_loss.detach()
@@ -111,7 +113,7 @@ def predict(state: TorchState, placement: Placement, batch: Batch) -> np.ndarray
     inputs = placement.put(batch)
     state.model.eval()
     with torch.no_grad(), placement.autocast(state.spec.bf16):
-        logits = forward_logits(state.model, inputs).float()
+        logits = state.forward(state.model, inputs).float()
     placement.sync()
     return placement.gather_rows(logits).cpu().numpy()
 

@@ -1,0 +1,78 @@
+"""Helpers for the family tests of every backend session: batches tokenized by each family's own tokenizer,
+HF transformers' logits, and training losses. The checkpoints come from `tpuplex_torch.testing`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import transformers
+
+import torch
+from tpuplex.collate import Batcher, Encoded
+from tpuplex.glue.features import encode, load_tokenizer
+from tpuplex.glue.files import Examples
+from tpuplex.models import family_of
+from tpuplex.params import initial_params, read_hf_config
+from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_torch.testing import FAMILIES, SENTENCES, write_checkpoint
+
+__all__ = ["FAMILIES", "eval_batch", "hf_logits", "model_spec", "train_batches", "train_losses", "write_checkpoint"]
+
+
+def model_spec(directory: Path, num_labels: int = 2, seed: int = 0) -> ModelSpec:
+    """The core's initial parameters for the checkpoint, dropout off."""
+    hf_config = read_hf_config(directory)
+    return ModelSpec(hf_config=hf_config, params=initial_params(directory, hf_config, num_labels, seed),
+                     num_labels=num_labels, dropout=False, checkpoint_dir=directory)
+
+
+def encoded_pairs(directory: Path, rows: int, max_length: int = 24, num_labels: int = 2, seed: int = 0) -> Encoded:
+    """Sentence pairs tokenized by the checkpoint's own tokenizer through the core's GLUE encoder; the label is a
+    function of the first sentence, so a few steps can learn it."""
+    rng = np.random.default_rng(seed)
+    first, second = rng.integers(0, len(SENTENCES), (2, rows))
+    labels = ((first / len(SENTENCES)).astype(np.float32) if num_labels == 1
+              else (first % num_labels).astype(np.int32))
+    examples = Examples(text_a=[SENTENCES[i] for i in first], text_b=[SENTENCES[i] for i in second], labels=labels)
+    return encode(examples, load_tokenizer(directory, max_length), max_length)
+
+
+def eval_batch(directory: Path, rows: int = 6, **kwargs) -> dict[str, np.ndarray]:
+    """One evaluation batch with right padding of different lengths and a weight-0 padding row."""
+    return next(Batcher(encoded_pairs(directory, rows - 1, **kwargs), rows, 1).eval_batches()).batch
+
+
+def train_batches(directory: Path, global_batch: int, count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """`count` training batches of the core's Batcher, lengths bucketed to 16 and 24."""
+    data = encoded_pairs(directory, global_batch * count, seed=seed)
+    batches = []
+    epoch = 0
+    while len(batches) < count:
+        batches += Batcher(data, global_batch, 1, buckets=(16,), seed=seed).train_batches(epoch)
+        epoch += 1
+    return batches[:count]
+
+
+def hf_logits(spec: ModelSpec, batch: dict[str, np.ndarray]) -> np.ndarray:
+    """HF's own `*ForSequenceClassification` with the core's parameters loaded strictly (a missing or extra name
+    fails), in eval mode, on the batch's ids and 0/1 mask; token types only where the family feeds them."""
+    settings = {k: v for k, v in spec.hf_config.items() if k not in ("architectures", "transformers_version")}
+    config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings, num_labels=spec.num_labels)
+    reference = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    reference.load_state_dict({name: torch.from_numpy(array) for name, array in spec.params.items()}, strict=True)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    if family_of(spec.hf_config).architecture(spec.hf_config).token_types:
+        inputs["token_type_ids"] = batch["token_type_ids"]
+    with torch.no_grad():
+        return reference(**{k: torch.from_numpy(np.asarray(v)).long() for k, v in inputs.items()}).logits.numpy()
+
+
+def train_losses(backend, spec: ModelSpec, batches: list[dict[str, np.ndarray]], peak: float = 1e-3) -> list[float]:
+    """Losses of `len(batches)` optimizer steps from the core's initial state (linear warmup over 5 steps)."""
+    state = backend.init(spec, OptimizerSpec())
+    losses = []
+    for index, batch in enumerate(batches):
+        state, loss = backend.train_step(state, batch, peak * min(1.0, (index + 1) / 5))
+        losses.append(loss)
+    return losses

@@ -1,0 +1,69 @@
+"""Checks of the user-model extension point (`model.architecture`) shared by the backend sessions.
+
+They train the example TextCNN of examples/custom_model (the real extension, not a test double) on random
+batches; `examples/custom_model` goes on sys.path so `textcnn.{backend}_model` imports as it does for a user.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tpuplex.collate import Batcher, Encoded
+from tpuplex.protocol import ModelSpec, OptimizerSpec
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_model"
+if str(EXAMPLE) not in sys.path:
+    sys.path.insert(0, str(EXAMPLE))
+
+TEXTCNN = "textcnn.{backend}_model:TextCNN"
+VOCAB = 64
+
+
+def spec(architecture: str = TEXTCNN, num_labels: int = 2, dropout: bool = True) -> ModelSpec:
+    return ModelSpec(hf_config={}, params={}, num_labels=num_labels, dropout=dropout, architecture=architecture,
+                     vocab_size=VOCAB)
+
+
+def batches(count: int, global_batch: int = 8, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """`count` training batches of random ids whose label is whether token 5 occurs (learnable by a CNN)."""
+    rng = np.random.default_rng(seed)
+    rows, length = global_batch * count * 2, 16  # two buckets, each dropping its partial batch
+    lengths = rng.integers(3, length + 1, rows).astype(np.int32)
+    real = np.arange(length)[None, :] < lengths[:, None]
+    ids = np.where(real, rng.integers(1, VOCAB, (rows, length)), 0).astype(np.int32)
+    labels = (ids == 5).any(axis=1).astype(np.int32)
+    data = Encoded(ids, np.zeros_like(ids), lengths, labels)
+    found = list(Batcher(data, global_batch, 1, buckets=(8,), seed=seed).train_batches(0))[:count]
+    assert len(found) == count
+    return found
+
+
+def train(backend, model: ModelSpec, steps: list[dict[str, np.ndarray]], state=None):
+    """(state, losses) after training on `steps` from `state` (a fresh init when None), lr 1e-2."""
+    state = backend.init(model, OptimizerSpec(seed=3)) if state is None else state
+    losses = []
+    for batch in steps:
+        state, loss = backend.train_step(state, batch, 1e-2)
+        losses.append(loss)
+    return state, losses
+
+
+def check_resume_equals_uninterrupted(make_backend) -> None:
+    """Six steps in one go equal three, a portable round trip into a fresh backend, and three more: the same
+    losses and final parameters, bit for bit (dropout on: its masks depend on the seed and step only)."""
+    steps = batches(6)
+    backend = make_backend()
+    whole, whole_losses = train(backend, spec(), steps)
+    first_backend = make_backend()
+    first, first_losses = train(first_backend, spec(), steps[:3])
+    saved = first_backend.state_to_arrays(first)
+    resumed_backend = make_backend()
+    resumed = resumed_backend.state_from_arrays(resumed_backend.init(spec(), OptimizerSpec(seed=3)), saved)
+    resumed, resumed_losses = train(resumed_backend, spec(), steps[3:], resumed)
+    assert first_losses + resumed_losses == whole_losses
+    final, expected = resumed_backend.state_to_arrays(resumed), backend.state_to_arrays(whole)
+    assert final.params.keys() == expected.params.keys() and final.step == expected.step == 6
+    assert all(np.array_equal(final.params[name], expected.params[name]) for name in expected.params)

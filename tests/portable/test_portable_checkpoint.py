@@ -1,0 +1,50 @@
+"""A portable checkpoint of every family, written by any backend, is read by the other two with equal logits.
+
+All three backends live in this session's one environment (one CPU device each), so each pair is compared in one
+process: a few training steps on the writer (moments and step count non-trivial), `tpuplex.checkpoint.save`,
+then `load` + `state_from_arrays` on each reader, whose logits must equal the writer's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hf_families import FAMILIES, eval_batch, model_spec, train_batches, write_checkpoint
+
+from tpuplex import checkpoint
+from tpuplex.config import RuntimeConfig
+from tpuplex.protocol import OptimizerSpec
+from tpuplex_jax.backend import JaxBackend
+from tpuplex_tf.backend import TfBackend
+from tpuplex_torch.backend import TorchBackend
+
+BACKENDS = {"torch": TorchBackend, "jax": JaxBackend, "tf": TfBackend}
+LOGIT_TOLERANCE = 1e-5  # float32 kernels of three frameworks: same numbers up to summation order
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_dir(request, tmp_path_factory):
+    return write_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.mark.parametrize("writer", list(BACKENDS))
+def test_every_backend_reads_the_checkpoint(family_dir, writer, tmp_path):
+    spec = model_spec(family_dir, num_labels=3)
+    batch = eval_batch(family_dir, num_labels=3)
+    source = BACKENDS[writer](RuntimeConfig(cpu_devices=1))
+    state = source.init(spec, OptimizerSpec())
+    for index, train_batch in enumerate(train_batches(family_dir, global_batch=4, count=3)):
+        state, _ = source.train_step(state, {**train_batch, "labels": train_batch["labels"] % 3}, 1e-3 * (index + 1))
+    written = checkpoint.save(tmp_path / "checkpoints", source.state_to_arrays(state), {"step": 3}, keep=1)
+    expected = source.predict(state, batch)
+    assert not np.allclose(expected, source.predict(source.init(spec, OptimizerSpec()), batch), atol=1e-4)
+
+    arrays, _ = checkpoint.load(written)
+    for reader in set(BACKENDS) - {writer}:
+        target = BACKENDS[reader](RuntimeConfig(cpu_devices=1))
+        restored = target.state_from_arrays(target.init(spec, OptimizerSpec()), arrays)
+        np.testing.assert_allclose(target.predict(restored, batch), expected, atol=LOGIT_TOLERANCE, rtol=0,
+                                   err_msg=f"{writer} -> {reader}")
+        again = target.state_to_arrays(restored)
+        assert again.step == 3
+        assert all(np.array_equal(again.exp_avg[name], arrays.exp_avg[name]) for name in arrays.exp_avg)

@@ -1,0 +1,53 @@
+"""Your own torch.nn.Module through the torch backend: the example TextCNN trains and resumes exactly; a model
+that cannot be imported, or returns the wrong shape, is one clear error naming it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import user_model_checks as checks
+from support import backend
+
+import torch
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import OptimizerSpec
+
+
+class WrongShape(torch.nn.Module):
+    def __init__(self, vocab_size: int, num_labels: int):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(vocab_size, num_labels + 1)
+
+    def forward(self, input_ids, token_type_ids, attention_mask):
+        return self.embedding(input_ids).mean(dim=1)  # one column too many
+
+
+def test_textcnn_resumes_exactly():
+    checks.check_resume_equals_uninterrupted(backend)
+
+
+def test_parameters_keep_torch_names():
+    state = backend().init(checks.spec(), OptimizerSpec())
+    names = set(backend().state_to_arrays(state).params)
+    assert {"embedding.weight", "convolutions.0.weight", "classifier.bias"} <= names
+
+
+def test_dropout_off_makes_training_predictions_deterministic():
+    torch_backend = backend()
+    state = torch_backend.init(checks.spec(dropout=False), OptimizerSpec())
+    batch = checks.batches(1)[0]
+    np.testing.assert_array_equal(torch_backend.predict(state, batch), torch_backend.predict(state, batch))
+
+
+def test_a_model_with_the_wrong_output_shape_is_named():
+    architecture = f"{__name__}:WrongShape"
+    torch_backend = backend()
+    state = torch_backend.init(checks.spec(architecture), OptimizerSpec())
+    with pytest.raises(TpuplexError, match=r"'test_user_model:WrongShape' returned an output of shape \(8, 3\) "
+                                           r"for a batch of 8 rows: it must return logits of shape \[8, 2\]"):
+        torch_backend.train_step(state, checks.batches(1)[0], 1e-3)
+
+
+def test_a_model_that_cannot_be_imported_is_named():
+    with pytest.raises(TpuplexError, match=r"'no_such_package.models:Net' cannot be imported \(ModuleNotFound"):
+        backend().init(checks.spec("no_such_package.models:Net"), OptimizerSpec())
