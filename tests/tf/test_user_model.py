@@ -1,5 +1,5 @@
 """Your own Keras model through the TF backend: the example TextCNN trains and resumes exactly (dropout masks
-included), also over the session's 8 replicas; a model that cannot be imported, or returns the wrong shape, is one clear
+included), also over 2 and 8 replicas; a model that cannot be imported, or returns the wrong shape, is one clear
 error naming it."""
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ def test_textcnn_resumes_exactly():
 
 
 def test_replicas_train_like_one_device():
-    # 8 replicas, as in every test of this session: TensorFlow's collectives keep one group per size per process.
+    # Two MirroredStrategies in one process (after test_parallel's): each keeps its own collective keys.
     steps = checks.batches(3)
     _, one = checks.train(backend(1), checks.spec(dropout=False), steps)
-    _, many = checks.train(backend(LOGICAL_CPUS), checks.spec(dropout=False), steps)
-    np.testing.assert_allclose(many, one, rtol=1e-5)
+    for replicas in (2, LOGICAL_CPUS):
+        _, many = checks.train(backend(replicas), checks.spec(dropout=False), steps)
+        np.testing.assert_allclose(many, one, rtol=1e-5)
 
 
 def test_parameters_are_named_by_attribute_path():

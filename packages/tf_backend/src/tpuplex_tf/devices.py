@@ -11,6 +11,7 @@ TensorFlow and reports the strategy, the replica count and whether the steps are
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 
 import tensorflow as tf
@@ -70,12 +71,26 @@ def build_strategy(runtime: RuntimeConfig) -> tuple[tf.distribute.Strategy, Topo
 def _data_parallel(names: list[str], found: Topology, kind: str, source: str) -> tuple[tf.distribute.Strategy,
                                                                                      Topology]:
     if len(names) > 1:
-        strategy: tf.distribute.Strategy = tf.distribute.MirroredStrategy(names)
+        strategy: tf.distribute.Strategy = _mirrored_strategy(names)
         detail = f"MirroredStrategy x{len(names)}"
     else:
         strategy = tf.distribute.OneDeviceStrategy(names[0])
         detail = "OneDeviceStrategy"
     return strategy, dataclasses.replace(found, kind=kind, device_count=len(names), source=source, detail=detail)
+
+
+_mirrored_strategies = itertools.count()
+
+
+def _mirrored_strategy(names: list[str]) -> tf.distribute.MirroredStrategy:
+    """A MirroredStrategy whose collectives cannot meet those of an earlier one in this process.
+
+    Every MirroredStrategy numbers its collective groups from 1, so a second one over the same devices (the next
+    run of a sweep, another test) reuses the first one's keys and aborts on a shape mismatch. TF's own tests
+    separate strategies with `_collective_key_base`, the class attribute this subclass sets.
+    """
+    base = 10_000 * next(_mirrored_strategies)
+    return type("MirroredStrategy", (tf.distribute.MirroredStrategy,), {"_collective_key_base": base})(names)
 
 
 def _tpu_strategy(found: Topology) -> tf.distribute.TPUStrategy:
