@@ -99,3 +99,13 @@ def test_hash_is_stable_and_sensitive() -> None:
     assert base.hash() == config_lib.load(None).hash()
     assert len(base.hash()) == 16
     assert base.hash() != config_lib.load(None, ["train.seed=1"]).hash()
+
+
+def test_hash_ignores_where_and_how_often_outputs_are_written() -> None:
+    base = config_lib.load(None)
+    elsewhere = config_lib.load(None, ['runtime.output_dir="runs/elsewhere"', 'data.cache_dir="/tmp/cache"',
+                                       "runtime.log_every=3", "runtime.eval_every=7", "runtime.checkpoint_every=9",
+                                       "runtime.keep_checkpoints=5", "runtime.profile_steps=[2, 4]"])
+    assert elsewhere.hash() == base.hash()
+    assert {(section, name) for section, name in config_lib.OUTPUT_FIELDS} <= {
+        (section, name) for section, fields in base.to_dict().items() for name in fields}

@@ -109,6 +109,17 @@ def test_resuming_with_another_config_is_refused(write_config, tmp_path, capsys)
     assert "was written with another configuration" in err and "set a new runtime.output_dir" in err
 
 
+def test_changing_only_the_output_cadence_resumes(write_config, tmp_path) -> None:
+    path = write_config()
+    assert cli.main(["train", str(path), "--backend", "numpy", "--set", "train.max_steps=3"]) == 0
+    assert cli.main(["train", str(path), "--backend", "numpy", "--set", "train.max_steps=6",
+                     "--set", "runtime.log_every=1"]) == 2  # max_steps is part of what the run computes
+    assert cli.main(["train", str(path), "--backend", "numpy", "--set", "train.max_steps=3",
+                     "--set", "runtime.log_every=1", "--set", "runtime.keep_checkpoints=4"]) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["resumed_from"].endswith("step-00000003")
+
+
 def test_rerunning_a_finished_run_trains_no_more(write_config, tmp_path, capsys) -> None:
     path = write_config()
     argv = ["train", str(path), "--backend", "numpy", "--set", "train.max_steps=4"]

@@ -113,8 +113,18 @@ class Config:
         return dataclasses.asdict(self)
 
     def hash(self) -> str:
-        """A short stable hash of every field, recorded in checkpoints and results."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        """A short stable hash of what the run computes, recorded in checkpoints and results: every field except
+        where outputs go and how often they are written (`OUTPUT_FIELDS`), so changing those still resumes."""
+        computed = self.to_dict()
+        for section, name in OUTPUT_FIELDS:
+            del computed[section][name]
+        return hashlib.sha256(json.dumps(computed, sort_keys=True).encode()).hexdigest()[:16]
+
+
+OUTPUT_FIELDS = (("data", "cache_dir"), ("runtime", "output_dir"), ("runtime", "eval_every"),
+                 ("runtime", "checkpoint_every"), ("runtime", "keep_checkpoints"), ("runtime", "log_every"),
+                 ("runtime", "profile_steps"))
+"""Fields that change where results go and when they are written, never the parameters or metrics computed."""
 
 
 _CHOICES = {
