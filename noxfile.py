@@ -75,7 +75,7 @@ def tests_tf(session: nox.Session) -> None:
 
 @nox.session(name="tests-torch", python="3.11")
 def tests_torch(session: nox.Session) -> None:
-    _install(session, CORE, TORCH, *TEST_DEPS, "torch==2.13.0", MINILM)
+    _install(session, f"{CORE}[data]", TORCH, *TEST_DEPS, "torch==2.13.0", MINILM)
     _pytest(session, "torch")
 
 
