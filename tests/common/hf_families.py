@@ -10,14 +10,17 @@ import transformers
 
 import torch
 from tpuplex.collate import Batcher, Encoded
+from tpuplex.config import RuntimeConfig
 from tpuplex.glue.features import encode, load_tokenizer
 from tpuplex.glue.files import Examples
 from tpuplex.models import family_of
-from tpuplex.params import initial_params, read_hf_config
+from tpuplex.params import expected_shapes, initial_params, read_hf_config
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_torch.backend import TorchBackend
 from tpuplex_torch.testing import FAMILIES, SENTENCES, write_checkpoint
 
-__all__ = ["FAMILIES", "eval_batch", "hf_logits", "model_spec", "train_batches", "train_losses", "write_checkpoint"]
+__all__ = ["FAMILIES", "check_logits_match_hf", "check_parameter_names", "check_training_follows_torch", "eval_batch",
+           "hf_logits", "model_spec", "train_batches", "train_losses", "write_checkpoint"]
 
 
 def model_spec(directory: Path, num_labels: int = 2, seed: int = 0) -> ModelSpec:
@@ -76,3 +79,33 @@ def train_losses(backend, spec: ModelSpec, batches: list[dict[str, np.ndarray]],
         state, loss = backend.train_step(state, batch, peak * min(1.0, (index + 1) / 5))
         losses.append(loss)
     return losses
+
+
+# --- the checks each backend session runs on every family --------------------------------------------------------
+
+
+def check_logits_match_hf(backend, directory: Path, num_labels: int) -> None:
+    """The backend's logits of a fresh init equal HF transformers' to 1e-4 (absolute)."""
+    spec = model_spec(directory, num_labels=num_labels)
+    batch = eval_batch(directory, num_labels=num_labels)
+    logits = backend.predict(backend.init(spec, OptimizerSpec()), batch)
+    assert logits.shape == (len(batch["input_ids"]), num_labels)
+    np.testing.assert_allclose(logits, hf_logits(spec, batch), atol=1e-4, rtol=0)
+
+
+def check_training_follows_torch(backend, directory: Path) -> None:
+    """20 steps, dropout off, give the torch backend's losses to 1e-3 (relative), and really train."""
+    spec = model_spec(directory)
+    batches = train_batches(directory, global_batch=8, count=20)
+    expected = train_losses(TorchBackend(RuntimeConfig()), spec, batches)
+    np.testing.assert_allclose(train_losses(backend, spec, batches), expected, rtol=1e-3)
+    assert np.mean(expected[-5:]) < np.mean(expected[:5])
+
+
+def check_parameter_names(backend, directory: Path) -> None:
+    """The backend's portable parameters are exactly the family's HF names and shapes, holding the core's values."""
+    spec = model_spec(directory)
+    params = backend.state_to_arrays(backend.init(spec, OptimizerSpec())).params
+    shapes = expected_shapes(spec.hf_config, spec.num_labels)
+    assert {name: array.shape for name, array in params.items()} == shapes
+    assert all(np.array_equal(params[name], spec.params[name]) for name in shapes)

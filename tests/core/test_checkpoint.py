@@ -1,6 +1,11 @@
-"""The portable checkpoint: exact round trip, atomic writes, keeping the newest N."""
+"""The portable checkpoint: exact round trip, atomic writes, keeping the newest N, a full disk, and damaged
+checkpoints found by their manifest and skipped."""
 
 from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,13 +55,69 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_nothing_else(tmp_path,
     checkpoint.save(tmp_path, state(1), {"step": 1}, keep=2)
     before = sorted(p.name for p in tmp_path.iterdir())
 
-    def disk_full(*args, **kwargs):
-        raise OSError("No space left on device")
+    def disk_full(tensors, path):
+        Path(path).write_bytes(b"partial")  # what a full disk leaves of a file
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(checkpoint, "save_file", disk_full)
-    with pytest.raises(OSError):
+    with pytest.raises(TpuplexError, match=r"^could not write checkpoint .*step-00000002 \(No space left on device\); "
+                                           r"the checkpoints already in .* are untouched: free space"):
         checkpoint.save(tmp_path, state(2), {"step": 2}, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no staging directory left
+    assert checkpoint.verify(tmp_path / "step-00000001") is None
+
+
+def test_an_unwritable_output_folder_is_one_clear_error(tmp_path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(TpuplexError, match=r"could not write checkpoint .*file/checkpoints/step-00000001"):
+        checkpoint.save(tmp_path / "file" / "checkpoints", state(1), {"step": 1}, keep=2)
+
+
+def damage_truncated_model(path: Path) -> None:
+    model = path / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:100])
+
+
+def damage_trainer_json(path: Path) -> None:
+    (path / "trainer.json").write_text("{not json")
+
+
+def damage_missing_file(path: Path) -> None:
+    (path / "optimizer.safetensors").unlink()
+
+
+def damage_flipped_byte(path: Path) -> None:
+    model = path / "model.safetensors"
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 1
+    model.write_bytes(bytes(data))
+
+
+DAMAGES = {"truncated model.safetensors": (damage_truncated_model, "model.safetensors has 100 bytes"),
+           "trainer.json not JSON": (damage_trainer_json, "trainer.json has 9 bytes"),
+           "missing file": (damage_missing_file, "no optimizer.safetensors"),
+           "one flipped byte": (damage_flipped_byte, "model.safetensors does not match its sha256")}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_latest_checkpoint_is_reported_and_skipped(damage, tmp_path) -> None:
+    for step in (1, 2):
+        checkpoint.save(tmp_path, state(step), {"step": step}, keep=3)
+    corrupt, problem = DAMAGES[damage]
+    corrupt(tmp_path / "step-00000002")
+    reported = []
+    assert checkpoint.latest_good(tmp_path, reported.append) == tmp_path / "step-00000001"
+    assert len(reported) == 1
+    assert reported[0].startswith(f"skipping damaged checkpoint {tmp_path / 'step-00000002'} ({problem}")
+
+
+def test_no_good_checkpoint_is_one_clear_error(tmp_path) -> None:
+    damage_missing_file(checkpoint.save(tmp_path, state(1), {"step": 1}, keep=2))
+    damage_trainer_json(checkpoint.save(tmp_path, state(2), {"step": 2}, keep=2))
+    with pytest.raises(TpuplexError, match=r"no usable checkpoint in .* \(step-00000002: trainer.json has 9 bytes, .*; "
+                                           r"step-00000001: no optimizer.safetensors\): restore a good checkpoint"):
+        checkpoint.latest_good(tmp_path, lambda line: None)
+    assert checkpoint.latest_good(tmp_path / "absent", lambda line: None) is None
 
 
 def test_no_checkpoints_yet(tmp_path) -> None:
@@ -66,5 +127,5 @@ def test_no_checkpoints_yet(tmp_path) -> None:
 def test_an_incomplete_directory_is_named_on_load(tmp_path) -> None:
     path = checkpoint.save(tmp_path, state(3), {"step": 3}, keep=1)
     (path / "optimizer.safetensors").unlink()
-    with pytest.raises(TpuplexError, match="is incomplete .no optimizer.safetensors."):
+    with pytest.raises(TpuplexError, match=r"is damaged or incomplete \(no optimizer.safetensors\)"):
         checkpoint.load(path)

@@ -14,25 +14,31 @@ import numpy as np
 
 from tpuplex import checkpoint, cli
 
-# The numpy backend, made to stop (as if busy) before update HANG_AT + 1; the test then kills the process.
-HANGING_RUN = """
+# The numpy backend, made slow (as if busy) from update HANG_AT + 1 on: each of those updates first writes the
+# marker file, then sleeps the given seconds; the test then signals the process.
+SLOW_RUN = """
 import sys, time
 from pathlib import Path
 from tpuplex.cli import main
 from tpuplex.testing.numpy_backend import NumpyBackend
 
-marker, hang_at = Path(sys.argv[1]), int(sys.argv[2])
+marker, hang_at, seconds = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 train_step = NumpyBackend.train_step
 
-def hanging_train_step(self, state, batch, learning_rate):
-    if state.step == hang_at:
-        marker.write_text("hanging")
-        time.sleep(600)
+def slow_train_step(self, state, batch, learning_rate):
+    if state.step >= hang_at:
+        marker.write_text(str(state.step))
+        time.sleep(seconds)
     return train_step(self, state, batch, learning_rate)
 
-NumpyBackend.train_step = hanging_train_step
-sys.exit(main(sys.argv[3:]))
+NumpyBackend.train_step = slow_train_step
+sys.exit(main(sys.argv[4:]))
 """
+
+
+def start_slow_run(marker: Path, hang_at: int, seconds: float, argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SLOW_RUN, str(marker), str(hang_at), str(seconds), *argv],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 CHECKPOINT_EVERY, HANG_AT = 4, 6  # steps 5 and 6 are done but never checkpointed when the kill comes
 
 
@@ -66,8 +72,7 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(write_config, tmp_path, 
     marker = tmp_path / "hanging"
     argv = ["train", str(path), "--backend", "numpy", *common,
             "--set", f"runtime.output_dir={json.dumps(str(killed_dir))}"]
-    process = subprocess.Popen([sys.executable, "-c", HANGING_RUN, str(marker), str(HANG_AT), *argv],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = start_slow_run(marker, HANG_AT, 600, argv)
     try:
         wait_for(marker, process)
     finally:

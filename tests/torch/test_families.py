@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hf_families import FAMILIES, eval_batch, hf_logits, model_spec, write_checkpoint
+from hf_families import FAMILIES, check_logits_match_hf, check_parameter_names, write_checkpoint
 from support import backend
 
 import torch
 from tpuplex.errors import TpuplexError
 from tpuplex.models.weights import load_weights
-from tpuplex.protocol import OptimizerSpec
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -20,11 +19,11 @@ def family_dir(request, tmp_path_factory):
 
 @pytest.mark.parametrize("num_labels", [3, 1])
 def test_logits_match_hf(family_dir, num_labels):
-    spec = model_spec(family_dir, num_labels=num_labels)
-    batch = eval_batch(family_dir, num_labels=num_labels)
-    torch_backend = backend()
-    logits = torch_backend.predict(torch_backend.init(spec, OptimizerSpec()), batch)
-    np.testing.assert_allclose(logits, hf_logits(spec, batch), atol=1e-4, rtol=0)
+    check_logits_match_hf(backend(), family_dir, num_labels)
+
+
+def test_parameter_names_are_the_family_s(family_dir):
+    check_parameter_names(backend(), family_dir)
 
 
 def test_pytorch_model_bin_reads_without_torch_as_safetensors_does(family_dir, tmp_path):

@@ -3,7 +3,9 @@
     tpuplex train CONFIG --backend NAME [--set section.field=value ...] [--data-dir DIR]
     tpuplex devices
 
-A TpuplexError ends the command with one line on stderr, `tpuplex: error: <message>`, and exit code 2.
+A TpuplexError ends the command with one line on stderr, `tpuplex: error: <message>`, and exit code 2. A run
+stopped by SIGTERM / SIGINT after checkpointing (tpuplex.preemption) says so in one line and exits with 75; the
+same command resumes it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from tpuplex import __version__, devices, registry
 from tpuplex import config as config_lib
 from tpuplex.errors import TpuplexError
+from tpuplex.preemption import PREEMPTED_EXIT, Preempted
 
 USAGE_ERROR = 2
 
@@ -30,6 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TpuplexError as error:
         print(f"tpuplex: error: {_one_line(str(error))}", file=sys.stderr)
         return USAGE_ERROR
+    except Preempted as preempted:
+        print(f"tpuplex: {preempted}", file=sys.stderr)
+        return PREEMPTED_EXIT
     except KeyboardInterrupt:
         print("tpuplex: interrupted (run the same command again to resume from the last checkpoint)",
               file=sys.stderr)

@@ -93,6 +93,10 @@ class RuntimeConfig:
     """Checkpoint every this many steps; 0 checkpoints at the end of each epoch."""
     keep_checkpoints: int = 2
     log_every: int = 10
+    on_preempt: str = "checkpoint"
+    """What SIGTERM / SIGINT do: "checkpoint" finishes the current step, checkpoints and exits with status 75
+    (tpuplex.preemption); "exit" leaves the signals as they are (the run dies; it resumes from its last
+    checkpoint)."""
     profile_steps: tuple[int, ...] = ()
     """[first, last] optimizer steps to trace with the framework's profiler; empty: no trace."""
     torch_mode: str = "auto"
@@ -123,13 +127,14 @@ class Config:
 
 OUTPUT_FIELDS = (("data", "cache_dir"), ("runtime", "output_dir"), ("runtime", "eval_every"),
                  ("runtime", "checkpoint_every"), ("runtime", "keep_checkpoints"), ("runtime", "log_every"),
-                 ("runtime", "profile_steps"))
+                 ("runtime", "profile_steps"), ("runtime", "on_preempt"))
 """Fields that change where results go and when they are written, never the parameters or metrics computed."""
 
 
 _CHOICES = {
     ("runtime", "device"): ("auto", "tpu", "gpu", "cpu"),
     ("runtime", "torch_mode"): ("auto", "eager", "xla"),
+    ("runtime", "on_preempt"): ("checkpoint", "exit"),
 }
 _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_accum"),
              ("train", "steps_per_execution"), ("train", "learning_rate"), ("runtime", "keep_checkpoints"),

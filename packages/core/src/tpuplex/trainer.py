@@ -18,7 +18,11 @@ which keeps the number of distinct programs at two per shape.
 
 Resume: `<output_dir>/checkpoints/step-*` holds the state plus `trainer.json` (step, epoch, position = batches
 already consumed in that epoch, seed, config hash, metrics); the run continues with batch `position` of `epoch`,
-so a resumed run sees exactly the batches and learning rates an uninterrupted one would.
+so a resumed run sees exactly the batches and learning rates an uninterrupted one would. It starts from the newest
+checkpoint that verifies against its manifest; damaged newer ones are reported and skipped.
+
+Preemption (`runtime.on_preempt = "checkpoint"`): a SIGTERM or SIGINT ends the run after the current step or group
+with a checkpoint of that step, then `tpuplex.preemption.Preempted` (see that module).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from tpuplex import checkpoint
 from tpuplex.collate import Batcher, Encoded
 from tpuplex.config import Config
 from tpuplex.errors import TpuplexError
+from tpuplex.preemption import Preempted, SignalWatch
 from tpuplex.protocol import Backend, Batch
 from tpuplex.reporting import Reporter
 from tpuplex.schedule import warmup_linear_decay, warmup_steps
@@ -140,28 +145,31 @@ class Trainer:
 
     def fit(self, state: Any, reporter: Reporter) -> TrainResult:
         """Train from `state` (or from the latest checkpoint in `<output_dir>/checkpoints`) to `total_steps`."""
-        state, at, resumed_from = self._resume(state)
-        run = _Run(self, state, at, reporter)
+        state, at, resumed_from = self._resume(state, reporter)
+        signals = SignalWatch(enabled=self.config.runtime.on_preempt == "checkpoint")
+        run = _Run(self, state, at, reporter, signals)
         if resumed_from is not None:
             run.last_checkpoint_step = at.step
             reporter.say(f"resuming from {resumed_from} (step {at.step}, epoch {at.epoch}, batch {at.position})")
         reporter.start_progress(self.total_steps, at.step)
         first_step = at.step + 1
-        try:
-            while at.step < self.total_steps:
-                run.epoch()
-        finally:
-            run.stop_profile()
-        if run.last_eval_step != at.step or not run.metrics:
-            run.evaluate()
-        if run.last_checkpoint_step != at.step:
-            run.save()
+        # A signal during the final evaluation or save is recorded and ignored: the run is about to end anyway.
+        with signals:
+            try:
+                while at.step < self.total_steps:
+                    run.epoch()
+            finally:
+                run.stop_profile()
+            if run.last_eval_step != at.step or not run.metrics:
+                run.evaluate()
+            if run.last_checkpoint_step != at.step:
+                run.save()
         return TrainResult(state=run.state, step=at.step, metrics=run.metrics, losses=run.losses,
                            first_step=first_step, train=run.train_throughput, eval=run.eval_throughput,
                            resumed_from=resumed_from, checkpoint=checkpoint.latest(self.checkpoint_root))
 
-    def _resume(self, state: Any) -> tuple[Any, _Position, Path | None]:
-        path = checkpoint.latest(self.checkpoint_root)
+    def _resume(self, state: Any, reporter: Reporter) -> tuple[Any, _Position, Path | None]:
+        path = checkpoint.latest_good(self.checkpoint_root, on_damaged=reporter.say)
         if path is None:
             return state, _Position(), None
         arrays, info = checkpoint.load(path)
@@ -180,8 +188,9 @@ class Trainer:
 class _Run:
     """The mutable side of one `Trainer.fit` call: state, position, the metrics so far, and the cadence."""
 
-    def __init__(self, trainer: Trainer, state: Any, at: _Position, reporter: Reporter):
+    def __init__(self, trainer: Trainer, state: Any, at: _Position, reporter: Reporter, signals: SignalWatch):
         self.trainer = trainer
+        self.signals = signals
         self.backend = trainer.backend
         self.state = state
         self.at = at
@@ -217,6 +226,7 @@ class _Run:
                 self.train_throughput = self.train_throughput.add(batch)
             self.train_throughput = self.train_throughput.timed(elapsed)
             self._after_steps(losses)
+            self._stop_if_signalled()
         if at.position == trainer.steps_per_epoch:
             at.epoch, at.position = at.epoch + 1, 0
             if self.eval_every == 0:
@@ -279,6 +289,17 @@ class _Run:
             self.evaluate()
         if self.checkpoint_every and at.step % self.checkpoint_every == 0:
             self.save()
+
+    def _stop_if_signalled(self) -> None:
+        """After a SIGTERM / SIGINT: checkpoint this step (unless just done) and raise Preempted."""
+        received = self.signals.received
+        if received is None:
+            return
+        if self.last_checkpoint_step != self.at.step:
+            self.save()
+        path = self.trainer.checkpoint_root / checkpoint.step_dir_name(self.at.step)
+        self.reporter.record("preempted", self.at.step, signal=received, checkpoint=str(path))
+        raise Preempted(received, self.at.step, path)
 
     def _log_window(self, step: int) -> None:
         """One "train" record: mean loss and examples/s since the previous one (a group's steps share its time)."""
