@@ -154,3 +154,17 @@ def test_the_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "tpuplex"
     done = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=False, timeout=60)
     assert done.returncode == 0 and done.stdout.strip().startswith("tpuplex ")
+
+
+def test_an_unexpected_exception_is_one_line_and_a_traceback_file(monkeypatch, capsys) -> None:
+    def broken_devices(args):
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(cli, "_devices", broken_devices)
+    assert cli.main(["devices"]) == cli.INTERNAL_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tpuplex: error: unexpected KeyError: 'surprise' (a tpuplex bug")
+    path = Path(err.split("full traceback is in ")[1].split(";")[0])
+    assert "Traceback" in path.read_text() and "broken_devices" in path.read_text()
+    path.unlink()
+

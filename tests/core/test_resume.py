@@ -136,3 +136,21 @@ def test_rerunning_a_finished_run_trains_no_more(write_config, tmp_path, capsys)
     assert again["metrics"] == first["metrics"]
     assert again["resumed_from"].endswith("step-00000004")
 
+
+def test_resuming_on_other_training_data_is_refused(write_config, tiny_mrpc, tmp_path, capsys) -> None:
+    data = tmp_path / "MRPC"
+    data.mkdir()
+    for name in ("train.tsv", "dev.tsv"):
+        (data / name).write_text((tiny_mrpc / name).read_text(encoding="utf-8"), encoding="utf-8")
+    path = write_config(data__data_dir=str(data))
+    argv = ["train", str(path), "--backend", "numpy", "--set", "train.max_steps=3"]
+    assert cli.main(argv) == 0
+    lines = (data / "train.tsv").read_text(encoding="utf-8").splitlines()
+    label, rest = lines[1].split("\t", 1)
+    lines[1] = f"{1 - int(label)}\t{rest}"  # the same size and sentences, one label flipped
+    (data / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tpuplex: error:")]
+    assert len(errors) == 1 and "was trained on other training data (tokens and labels differ)" in errors[0]
+

@@ -5,15 +5,18 @@
 
 A TpuplexError ends the command with one line on stderr, `tpuplex: error: <message>`, and exit code 2. A run
 stopped by SIGTERM / SIGINT after checkpointing (tpuplex.preemption) says so in one line and exits with 75; the
-same command resumes it.
+same command resumes it. Any other exception is a bug: one line naming the file that holds its traceback, exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import subprocess
 import sys
+import tempfile
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.preemption import PREEMPTED_EXIT, Preempted
 
 USAGE_ERROR = 2
+INTERNAL_ERROR = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,6 +44,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("tpuplex: interrupted (run the same command again to resume from the last checkpoint)",
               file=sys.stderr)
         return 130
+    except Exception as error:  # noqa: BLE001 (the last guard: one line on stderr, the traceback in a file)
+        path = _write_traceback()
+        print(f"tpuplex: error: unexpected {type(error).__name__}: {_one_line(str(error))} (a tpuplex bug: the "
+              f"full traceback is in {path}; please report it with that file)", file=sys.stderr)
+        return INTERNAL_ERROR
+
+
+def _write_traceback() -> str:
+    handle, path = tempfile.mkstemp(prefix="tpuplex-traceback-", suffix=".txt")
+    with os.fdopen(handle, "w") as file:
+        file.write(traceback.format_exc())
+    return path
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ sees the same batches.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -39,6 +40,14 @@ class Encoded:
     @property
     def max_length(self) -> int:
         return self.input_ids.shape[1]
+
+    def fingerprint(self) -> str:
+        """A short hash of the tokens and labels: equal exactly when the split trains the same way."""
+        digest = hashlib.sha256()
+        for array in (self.input_ids, self.token_type_ids, self.lengths, self.labels):
+            digest.update(str((array.dtype, array.shape)).encode())
+            digest.update(np.ascontiguousarray(array).tobytes())
+        return digest.hexdigest()[:16]
 
 
 @dataclasses.dataclass(frozen=True)

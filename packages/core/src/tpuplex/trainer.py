@@ -17,9 +17,10 @@ at exactly the configured steps. Batches that cannot form a whole group run one 
 which keeps the number of distinct programs at two per shape.
 
 Resume: `<output_dir>/checkpoints/step-*` holds the state plus `trainer.json` (step, epoch, position = batches
-already consumed in that epoch, seed, config hash, metrics); the run continues with batch `position` of `epoch`,
-so a resumed run sees exactly the batches and learning rates an uninterrupted one would. It starts from the newest
-checkpoint that verifies against its manifest; damaged newer ones are reported and skipped.
+already consumed in that epoch, seed, config hash, training data fingerprint, metrics); the run continues with
+batch `position` of `epoch`, so a resumed run sees exactly the batches and learning rates an uninterrupted one
+would. It starts from the newest checkpoint that verifies against its manifest; damaged newer ones are reported
+and skipped. Another config hash or other training data is refused.
 
 Preemption (`runtime.on_preempt = "checkpoint"`): a SIGTERM or SIGINT ends the run after the current step or group
 with a checkpoint of that step, then `tpuplex.preemption.Preempted` (see that module).
@@ -129,6 +130,8 @@ class Trainer:
         self.eval_batchers = {split: Batcher(data, train.eval_batch or train.global_batch, replicas, buckets,
                                              seed=train.seed) for split, data in eval_data.items()}
         self.steps_per_epoch = self.train_batcher.steps_per_epoch
+        # Recorded in every checkpoint, so that resuming on other training data is refused.
+        self.train_data_fingerprint = train_data.fingerprint()
         if self.steps_per_epoch == 0:
             raise TpuplexError(
                 f"the training split ({len(train_data)} examples) has no full batch of train.global_batch = "
@@ -178,10 +181,11 @@ class Trainer:
                 f"{path} was written with another configuration (hash {info.get('config_hash')}, now "
                 f"{self.config.hash()}): restore that configuration to resume, or set a new runtime.output_dir"
             )
+        if info.get("train_data") != self.train_data_fingerprint:
+            raise TpuplexError(
+                f"{path} was trained on other training data (tokens and labels differ): restore that data to "
+                "resume, or set a new runtime.output_dir")
         at = _Position(int(info["step"]), int(info["epoch"]), int(info["position"]))
-        if at.position > self.steps_per_epoch:
-            raise TpuplexError(f"{path} stopped at batch {at.position} of an epoch that now has "
-                               f"{self.steps_per_epoch}: the training data changed; set a new runtime.output_dir")
         return self.backend.state_from_arrays(state, arrays), at, path
 
 
@@ -388,6 +392,7 @@ class _Run:
                                f"the trainer ran {at.step}")
         trainer_state = {"step": at.step, "epoch": at.epoch, "position": at.position,
                          "seed": trainer.config.train.seed, "config_hash": trainer.config.hash(),
+                         "train_data": trainer.train_data_fingerprint,
                          "metrics": self.metrics}
         path = checkpoint.save(trainer.checkpoint_root, arrays, trainer_state, trainer.config.runtime.keep_checkpoints)
         self.reporter.record("checkpoint", at.step, path=str(path))
