@@ -19,6 +19,7 @@ from typing import Any
 
 from tpuplex.errors import TpuplexError
 from tpuplex.models.user import check_import_path
+from tpuplex.text import read_utf8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +161,7 @@ def _read(path: Path, including: tuple[Path, ...]) -> dict[str, Any]:
     if not path.is_file():
         raise TpuplexError(f"config file {path} does not exist: pass the path of a TOML config")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(read_utf8(path))
     except tomllib.TOMLDecodeError as error:
         raise TpuplexError(f"config file {path} is not valid TOML ({error}): fix the syntax") from None
     base = raw.pop("extends", None)
@@ -259,6 +260,9 @@ def _check_range(section: str, name: str, value: Any) -> None:
         raise TpuplexError(f"{field} = {value!r} is not allowed: use a number greater than 0")
     if key in _NON_NEGATIVE and not value >= 0:
         raise TpuplexError(f"{field} = {value!r} is not allowed: use a number of at least 0")
+    if key == ("train", "seed") and not 0 <= value < 2**31:
+        raise TpuplexError(f"{field} = {value!r} is not allowed: use an integer in [0, 2147483647] (every framework's "
+                           "seed, TensorFlow's int32 included)")
     if key in _UNIT_INTERVAL and not 0 <= value < 1:
         raise TpuplexError(f"{field} = {value!r} is not allowed: use a number in [0, 1)")
     if key == ("model", "architecture") and value:

@@ -99,6 +99,7 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
     """Run the experiment `config` on the backend `backend_name`; returns what it writes to results.json."""
     run = prepare(config, backend_name, config_path)
     trainer, backend = run.trainer, run.backend
+    trainer.check_resumable()
     with Reporter(run.output_dir) as reporter:
         reporter.say(f"{backend_name}: {run.topology.report()}")
         reporter.record("start", 0, task=run.task.name, backend=backend_name, topology=run.topology.report(),
@@ -153,10 +154,23 @@ def output_directory(config: Config, task: Task, backend_name: str) -> Path:
     """`runtime.output_dir` with its `{task}` and `{backend}` placeholders filled in."""
     template = config.runtime.output_dir
     try:
-        return Path(template.format(task=task.name, backend=backend_name)).expanduser()
+        path = Path(template.format(task=task.name, backend=backend_name)).expanduser()
     except (KeyError, IndexError, ValueError):
         raise TpuplexError(f"runtime.output_dir = {template!r} has an unknown placeholder: only {{task}} and "
                            "{backend} are filled in (write {{ and }} for literal braces)") from None
+    _check_writable_folder(path, "runtime.output_dir")
+    return path
+
+
+def _check_writable_folder(path: Path, field: str) -> None:
+    """`path` is, or can be made, a folder we may write in; checked without creating anything."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"is under {existing}, which is a file"
+        raise TpuplexError(f"{field} = {str(path)!r} {what}: choose a folder path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TpuplexError(f"{field} = {str(path)!r} cannot be written ({existing} is read-only): choose another "
+                           "folder or fix its permissions")
 
 
 def optimizer_spec(config: Config) -> OptimizerSpec:

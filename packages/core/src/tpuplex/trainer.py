@@ -42,7 +42,7 @@ from tpuplex.collate import Batcher, Encoded
 from tpuplex.config import Config
 from tpuplex.errors import TpuplexError
 from tpuplex.preemption import Preempted, SignalWatch
-from tpuplex.protocol import Backend, Batch
+from tpuplex.protocol import Backend, Batch, PortableState
 from tpuplex.reporting import Reporter
 from tpuplex.schedule import warmup_linear_decay, warmup_steps
 
@@ -171,10 +171,16 @@ class Trainer:
                            first_step=first_step, train=run.train_throughput, eval=run.eval_throughput,
                            resumed_from=resumed_from, checkpoint=checkpoint.latest(self.checkpoint_root))
 
-    def _resume(self, state: Any, reporter: Reporter) -> tuple[Any, _Position, Path | None]:
-        path = checkpoint.latest_good(self.checkpoint_root, on_damaged=reporter.say)
+    def check_resumable(self) -> None:
+        """Raise the TpuplexError a resume would, before anything is written (damaged checkpoints go unreported
+        here: `fit` reports them in the run's log)."""
+        self._checkpoint_to_resume(on_damaged=lambda line: None)
+
+    def _checkpoint_to_resume(self, on_damaged: Callable[[str], None]) -> tuple[PortableState, _Position, Path] | None:
+        """The newest good checkpoint of this run, checked against the config and the training data."""
+        path = checkpoint.latest_good(self.checkpoint_root, on_damaged)
         if path is None:
-            return state, _Position(), None
+            return None
         arrays, info = checkpoint.load(path)
         if info.get("config_hash") != self.config.hash():
             raise TpuplexError(
@@ -185,7 +191,13 @@ class Trainer:
             raise TpuplexError(
                 f"{path} was trained on other training data (tokens and labels differ): restore that data to "
                 "resume, or set a new runtime.output_dir")
-        at = _Position(int(info["step"]), int(info["epoch"]), int(info["position"]))
+        return arrays, _Position(int(info["step"]), int(info["epoch"]), int(info["position"])), path
+
+    def _resume(self, state: Any, reporter: Reporter) -> tuple[Any, _Position, Path | None]:
+        found = self._checkpoint_to_resume(on_damaged=reporter.say)
+        if found is None:
+            return state, _Position(), None
+        arrays, at, path = found
         return self.backend.state_from_arrays(state, arrays), at, path
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import math
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from tpuplex.errors import TpuplexError
 from tpuplex.glue.tasks import Task
+from tpuplex.text import read_utf8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +65,7 @@ def read_split(task: Task, split: str, data_dir: str | Path) -> Examples:
     with the wrong number of fields, a label outside `task.labels` (or a score that is not a number), or no rows.
     """
     path = split_file(task, split, data_dir)
-    with path.open(encoding="utf-8-sig", newline="") as handle:
+    with io.StringIO(read_utf8(path), newline="") as handle:
         rows = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
         header = task.headerless_columns or tuple(next(rows, ()))
         if not header:

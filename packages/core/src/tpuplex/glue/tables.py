@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from tpuplex.errors import TpuplexError
+from tpuplex.text import read_utf8
 
 TEXT_FORMATS = {".tsv": "\t", ".csv": ","}
 FORMATS = (*TEXT_FORMATS, ".jsonl", ".parquet")
@@ -145,21 +146,10 @@ def read_table(file: DataFile, columns: Sequence[str], optional: Sequence[str] =
     return table
 
 
-def _decode(path: Path) -> str:
-    """The file's text; a TpuplexError names the line of the first byte that is not UTF-8."""
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = raw.count(b"\n", 0, error.start) + 1
-        raise TpuplexError(f"{path} is not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}): save it as "
-                           "UTF-8, e.g. iconv -f latin1 -t utf-8") from None
-
-
 def _read_delimited(path: Path, delimiter: str, columns: Sequence[str], optional: Sequence[str]) -> Table:
     """A .tsv (no quoting) or .csv (double-quote quoting) file with a header row."""
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    rows = csv.reader(io.StringIO(_decode(path), newline=""), delimiter=delimiter, quoting=quoting)
+    rows = csv.reader(io.StringIO(read_utf8(path), newline=""), delimiter=delimiter, quoting=quoting)
     records = _records(rows, path)
     header, _ = next(records, ([], 0))
     if not header:  # an empty file: read_table says so
@@ -217,7 +207,7 @@ def _read_jsonl(path: Path, columns: Sequence[str], optional: Sequence[str]) -> 
     wanted: list[str] | None = None
     values: dict[str, list[Any]] = {}
     lines = []
-    for line, text in enumerate(_decode(path).split("\n"), start=1):
+    for line, text in enumerate(read_utf8(path).split("\n"), start=1):
         if not text.strip():
             continue
         record = _json_object(path, line, text)
