@@ -1,0 +1,24 @@
+"""Ten SIGKILLs at random moments and inside checkpoint writes, ten resumes, on the torch backend with a tiny BERT:
+the run ends bit for bit as an uninterrupted one (the same campaign as tests/core/test_kill_campaign.py)."""
+
+from __future__ import annotations
+
+import json
+
+from kill_campaign import run_campaign
+from tiny_glue import write_run_config, write_tiny_model, write_tiny_mrpc
+
+
+def test_ten_kills_then_resume_equal_an_uninterrupted_run(tmp_path) -> None:
+    model, mrpc = write_tiny_model(tmp_path / "model"), write_tiny_mrpc(tmp_path / "MRPC")
+    path = write_run_config(tmp_path, model, mrpc, train__epochs=6, runtime__checkpoint_every=1,
+                            runtime__keep_checkpoints=2)
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+
+    def argv(output_dir):
+        return ["train", str(path), "--backend", "torch", "--set", f"runtime.output_dir={json.dumps(str(output_dir))}"]
+
+    landed = run_campaign(argv(killed), killed, argv(whole), whole, "tpuplex_torch.backend:TorchBackend",
+                          startup_seconds=4.0)
+    print("kills landed:", landed)
+    assert len(landed) == 10 and landed.count("write") == 4
