@@ -5,41 +5,13 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import slow_run
 
 from tpuplex import checkpoint, cli
-
-# The backend's train_step sleeps STEP seconds first; checkpoint.save_file writes, then marks `writing` and sleeps
-# WRITE seconds, so a kill can land inside a checkpoint write (before the staging folder is renamed into place).
-SLOW_RUN = """
-import importlib, sys, time
-from pathlib import Path
-from tpuplex import checkpoint
-from tpuplex.cli import main
-
-module, name = sys.argv[1].split(":")
-backend, writing, step_seconds, write_seconds = getattr(importlib.import_module(module), name), Path(sys.argv[2]), \\
-    float(sys.argv[3]), float(sys.argv[4])
-train_step, save_file = backend.train_step, checkpoint.save_file
-
-def slow_train_step(self, state, batch, learning_rate):
-    time.sleep(step_seconds)
-    return train_step(self, state, batch, learning_rate)
-
-def slow_save_file(tensors, path):
-    save_file(tensors, path)
-    writing.write_text(str(path))
-    time.sleep(write_seconds)
-    writing.unlink()
-
-backend.train_step, checkpoint.save_file = slow_train_step, slow_save_file
-sys.exit(main(sys.argv[5:]))
-"""
 
 
 def run_campaign(argv: list[str], output_dir: Path, reference_argv: list[str], reference_dir: Path,
@@ -49,15 +21,12 @@ def run_campaign(argv: list[str], output_dir: Path, reference_argv: list[str], r
     the others `startup_seconds` plus a random 0-1.5 s after starting; then finish it and compare it with the
     uninterrupted `reference_argv` run. Returns where each kill landed ("write", or the checkpoint it resumes)."""
     rng = np.random.default_rng(seed)
-    writing = output_dir.parent / f"{output_dir.name}.writing"
     landed = []
     for kill in range(kills):
-        writing.unlink(missing_ok=True)
-        process = subprocess.Popen([sys.executable, "-c", SLOW_RUN, backend_class, str(writing), str(step_seconds),
-                                    str(write_seconds), *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   text=True)
+        process = slow_run.start(argv, output_dir.parent, backend_class, step_seconds=step_seconds,
+                                 write_seconds=write_seconds)
         if kill % 3 == 0:
-            _wait_for(writing, process)
+            slow_run.wait_for(output_dir.parent / "writing", process)
         else:
             time.sleep(startup_seconds + rng.uniform(0.0, 1.5))
         process.send_signal(signal.SIGKILL)
@@ -77,10 +46,3 @@ def run_campaign(argv: list[str], output_dir: Path, reference_argv: list[str], r
     assert results["metrics"] == reference["metrics"]
     return landed
 
-
-def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert process.poll() is None, f"the run ended (code {process.returncode}) before writing a checkpoint"
-        assert time.monotonic() < deadline, f"no checkpoint write within {timeout} s"
-        time.sleep(0.01)

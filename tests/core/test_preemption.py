@@ -9,7 +9,8 @@ import signal
 import time
 
 import pytest
-from test_resume import final_state, start_slow_run, wait_for
+import slow_run
+from test_resume import final_state
 
 from tpuplex import checkpoint, cli
 from tpuplex.preemption import PREEMPTED_EXIT
@@ -35,9 +36,8 @@ def test_a_signal_checkpoints_the_running_step_and_the_same_command_resumes(sign
     path = write_config()
     argv = ["train", str(path), "--backend", "numpy", *common,
             "--set", f"runtime.output_dir={json.dumps(str(stopped_dir))}"]
-    marker = tmp_path / "busy"
-    process = start_slow_run(marker, HANG_AT, STEP_SECONDS, argv)
-    wait_for(marker, process)
+    process = slow_run.start(argv, tmp_path, from_step=HANG_AT, step_seconds=STEP_SECONDS)
+    slow_run.wait_for(tmp_path / "busy", process)
     sent = time.monotonic()
     process.send_signal(signal_number)
     _, stderr = process.communicate(timeout=60)
@@ -71,9 +71,8 @@ def test_a_signal_checkpoints_the_running_step_and_the_same_command_resumes(sign
 def test_on_preempt_exit_leaves_the_signal_alone(write_config, tmp_path) -> None:
     path = write_config()
     argv = ["train", str(path), "--backend", "numpy", "--set", 'runtime.on_preempt="exit"']
-    marker = tmp_path / "busy"
-    process = start_slow_run(marker, HANG_AT, STEP_SECONDS, argv)
-    wait_for(marker, process)
+    process = slow_run.start(argv, tmp_path, from_step=HANG_AT, step_seconds=STEP_SECONDS)
+    slow_run.wait_for(tmp_path / "busy", process)
     process.send_signal(signal.SIGTERM)
     process.communicate(timeout=60)
     assert process.returncode == -signal.SIGTERM
@@ -118,3 +117,18 @@ def test_only_damaged_checkpoints_is_one_clear_error(write_config, tmp_path, cap
     assert len(errors) == 1
     assert errors[0].startswith("tpuplex: error: no usable checkpoint in ")
     assert "(step-00000002: no manifest.json)" in errors[0]
+
+
+def test_signals_during_a_checkpoint_write_let_it_finish(write_config, tmp_path) -> None:
+    path = write_config(runtime__checkpoint_every=3)
+    process = slow_run.start(["train", str(path), "--backend", "numpy"], tmp_path, write_seconds=1.0)
+    slow_run.wait_for(tmp_path / "writing", process)  # inside the step-3 checkpoint's write, before its rename
+    for _ in range(2):
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == PREEMPTED_EXIT, stderr
+    assert "stopped by SIGTERM after step 3;" in stderr
+    latest = checkpoint.latest(tmp_path / "run" / "checkpoints")
+    assert latest.name == "step-00000003" and checkpoint.verify(latest) is None
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step-00000003"]  # no staging left

@@ -5,52 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
+import slow_run
 
 from tpuplex import checkpoint, cli
 
-# The numpy backend, made slow (as if busy) from update HANG_AT + 1 on: each of those updates first writes the
-# marker file, then sleeps the given seconds; the test then signals the process.
-SLOW_RUN = """
-import sys, time
-from pathlib import Path
-from tpuplex.cli import main
-from tpuplex.testing.numpy_backend import NumpyBackend
-
-marker, hang_at, seconds = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-train_step = NumpyBackend.train_step
-
-def slow_train_step(self, state, batch, learning_rate):
-    if state.step >= hang_at:
-        marker.write_text(str(state.step))
-        time.sleep(seconds)
-    return train_step(self, state, batch, learning_rate)
-
-NumpyBackend.train_step = slow_train_step
-sys.exit(main(sys.argv[4:]))
-"""
-
-
-def start_slow_run(marker: Path, hang_at: int, seconds: float, argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", SLOW_RUN, str(marker), str(hang_at), str(seconds), *argv],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 CHECKPOINT_EVERY, HANG_AT = 4, 6  # steps 5 and 6 are done but never checkpointed when the kill comes
-
-
-def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if process.poll() is not None:
-            raise AssertionError(f"the run ended (code {process.returncode}) before {path.name} appeared: "
-                                 f"{process.stderr.read()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{path} did not appear within {timeout} s")
-        time.sleep(0.05)
 
 
 def final_state(output_dir: Path):
@@ -69,12 +31,11 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(write_config, tmp_path, 
     killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
     path = write_config()
 
-    marker = tmp_path / "hanging"
     argv = ["train", str(path), "--backend", "numpy", *common,
             "--set", f"runtime.output_dir={json.dumps(str(killed_dir))}"]
-    process = start_slow_run(marker, HANG_AT, 600, argv)
+    process = slow_run.start(argv, tmp_path, from_step=HANG_AT, step_seconds=600)
     try:
-        wait_for(marker, process)
+        slow_run.wait_for(tmp_path / "busy", process)
     finally:
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
