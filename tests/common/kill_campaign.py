@@ -36,12 +36,7 @@ def run_campaign(argv: list[str], output_dir: Path, reference_argv: list[str], r
         landed.append("write" if kill % 3 == 0 else (latest.name if latest else "before any checkpoint"))
     assert cli.main(argv) == 0
     assert cli.main(reference_argv) == 0
-    (state, info), (expected, expected_info) = (checkpoint.load(checkpoint.latest(folder / "checkpoints"))
-                                                for folder in (output_dir, reference_dir))
-    assert state.step == expected.step and info["position"] == expected_info["position"]
-    for kind in ("params", "exp_avg", "exp_avg_sq"):
-        ours, theirs = getattr(state, kind), getattr(expected, kind)
-        assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours), kind
+    slow_run.assert_same_final_state(output_dir, reference_dir)
     results, reference = (json.loads((folder / "results.json").read_text()) for folder in (output_dir, reference_dir))
     assert results["metrics"] == reference["metrics"]
     return landed

@@ -1,6 +1,7 @@
-"""`tpuplex train` in a child process made slow where a test needs time to signal it: from optimizer step
-`from_step` on, each step writes its step to `busy` and sleeps `step_seconds`; each checkpoint file, once written,
-is announced in `writing` for `write_seconds` (before the staging folder is renamed into place)."""
+"""Interrupted runs. `start`: `tpuplex train` in a child process made slow where a test needs time to signal it:
+from optimizer step `from_step` on, each step writes its step to `busy` and sleeps `step_seconds`; each checkpoint
+file, once written, is announced in `writing` for `write_seconds` (before the staging folder is renamed into place).
+`assert_same_final_state`: what an interrupted run must end with."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
+
+from tpuplex import checkpoint
 
 NUMPY = "tpuplex.testing.numpy_backend:NumpyBackend"
 
@@ -61,3 +66,14 @@ def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"{path} did not appear within {timeout} s")
         time.sleep(0.01)
+
+
+def assert_same_final_state(output_dir: Path, reference_dir: Path) -> None:
+    """The two runs' last checkpoints hold the same step, data position, parameters and Adam moments, bit for bit."""
+    (state, info), (expected, expected_info) = (checkpoint.load(checkpoint.latest(folder / "checkpoints"))
+                                                for folder in (output_dir, reference_dir))
+    assert state.step == expected.step
+    assert (info["epoch"], info["position"]) == (expected_info["epoch"], expected_info["position"])
+    for kind in ("params", "exp_avg", "exp_avg_sq"):
+        ours, theirs = getattr(state, kind), getattr(expected, kind)
+        assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours), kind

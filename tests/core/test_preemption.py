@@ -10,22 +10,12 @@ import time
 
 import pytest
 import slow_run
-from test_resume import final_state
 
 from tpuplex import checkpoint, cli
 from tpuplex.preemption import PREEMPTED_EXIT
 
 STEP_SECONDS = 1.0  # each update from HANG_AT + 1 on; the signal lands inside one of them
 HANG_AT, CHECKPOINT_EVERY = 5, 4
-
-
-def assert_same_final_state(output_dir, reference_dir) -> None:
-    (state, info), (expected, expected_info) = final_state(output_dir), final_state(reference_dir)
-    assert state.step == expected.step and (info["epoch"], info["position"]) == (expected_info["epoch"],
-                                                                                 expected_info["position"])
-    for kind in ("params", "exp_avg", "exp_avg_sq"):
-        ours, theirs = getattr(state, kind), getattr(expected, kind)
-        assert ours.keys() == theirs.keys() and all((ours[k] == theirs[k]).all() for k in ours), kind
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
@@ -65,7 +55,7 @@ def test_a_signal_checkpoints_the_running_step_and_the_same_command_resumes(sign
     resumed = json.loads((stopped_dir / "results.json").read_text())
     assert resumed["resumed_from"] == str(latest)
     assert resumed["metrics"] == json.loads((whole_dir / "results.json").read_text())["metrics"]
-    assert_same_final_state(stopped_dir, whole_dir)
+    slow_run.assert_same_final_state(stopped_dir, whole_dir)
 
 
 def test_on_preempt_exit_leaves_the_signal_alone(write_config, tmp_path) -> None:
@@ -103,7 +93,7 @@ def test_a_damaged_latest_checkpoint_resumes_from_the_previous_one(damage, write
     assert f"skipping damaged checkpoint {damaged} ({problem}" in said
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["resumed_from"] != str(damaged) and results["metrics"] == whole["metrics"]
-    assert_same_final_state(tmp_path / "run", reference)
+    slow_run.assert_same_final_state(tmp_path / "run", reference)
 
 
 def test_only_damaged_checkpoints_is_one_clear_error(write_config, tmp_path, capsys) -> None:

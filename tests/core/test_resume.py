@@ -7,16 +7,11 @@ import os
 import signal
 from pathlib import Path
 
-import numpy as np
 import slow_run
 
 from tpuplex import checkpoint, cli
 
 CHECKPOINT_EVERY, HANG_AT = 4, 6  # steps 5 and 6 are done but never checkpointed when the kill comes
-
-
-def final_state(output_dir: Path):
-    return checkpoint.load(checkpoint.latest(output_dir / "checkpoints"))
 
 
 def logged_losses(output_dir: Path) -> dict[int, float]:
@@ -55,13 +50,7 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(write_config, tmp_path, 
     assert resumed["resumed_from"] == str(interrupted)
     assert resumed["losses"]["first_step"] == CHECKPOINT_EVERY + 1 and resumed["step"] == whole["step"]
     assert resumed["metrics"] == whole["metrics"]
-    (state, trainer_info), (reference, reference_info) = final_state(killed_dir), final_state(whole_dir)
-    assert state.step == reference.step == whole["step"]
-    for kind in ("params", "exp_avg", "exp_avg_sq"):
-        ours, theirs = getattr(state, kind), getattr(reference, kind)
-        assert set(ours) == set(theirs)
-        assert all(np.array_equal(ours[name], theirs[name]) for name in ours), kind
-    assert (trainer_info["epoch"], trainer_info["position"]) == (reference_info["epoch"], reference_info["position"])
+    slow_run.assert_same_final_state(killed_dir, whole_dir)
     assert logged_losses(killed_dir) == logged_losses(whole_dir)
 
 
