@@ -130,10 +130,11 @@ def latest(root: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load(path: str | Path) -> tuple[PortableState, dict[str, Any]]:
-    """Read a checkpoint directory into a PortableState and its trainer state."""
+def load(path: str | Path, verified: bool = False) -> tuple[PortableState, dict[str, Any]]:
+    """Read a checkpoint directory into a PortableState and its trainer state, after `verify` (skipped when
+    `verified`: the path comes from `latest_good`, which has just checked it)."""
     path = Path(path)
-    problem = verify(path)
+    problem = None if verified else verify(path)
     if problem is not None:
         raise TpuplexError(f"checkpoint {path} is damaged or incomplete ({problem}): "
                            "point at a whole step-* directory written by tpuplex")

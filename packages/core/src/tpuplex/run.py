@@ -99,12 +99,12 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
     """Run the experiment `config` on the backend `backend_name`; returns what it writes to results.json."""
     run = prepare(config, backend_name, config_path)
     trainer, backend = run.trainer, run.backend
-    trainer.check_resumable()
+    resume = trainer.find_resume_point()  # before the Reporter: a refused resume writes nothing
     with Reporter(run.output_dir) as reporter:
         reporter.say(f"{backend_name}: {run.topology.report()}")
         reporter.record("start", 0, task=run.task.name, backend=backend_name, topology=run.topology.report(),
                         config_hash=config.hash(), total_steps=trainer.total_steps)
-        result = trainer.fit(run.state, reporter)
+        result = trainer.fit(run.state, reporter, resume)
         results = {
             "task": run.task.name,
             "backend": backend_name,

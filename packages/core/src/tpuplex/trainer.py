@@ -33,7 +33,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -146,14 +146,22 @@ class Trainer:
         return warmup_linear_decay(step - 1, peak=self.config.train.learning_rate, warmup=self.warmup,
                                    total=self.total_steps)
 
-    def fit(self, state: Any, reporter: Reporter) -> TrainResult:
-        """Train from `state` (or from the latest checkpoint in `<output_dir>/checkpoints`) to `total_steps`."""
-        state, at, resumed_from = self._resume(state, reporter)
+    def fit(self, state: Any, reporter: Reporter, resume: ResumePoint | None | Literal["latest"] = "latest"
+            ) -> TrainResult:
+        """Train from `state`, or from `resume` (by default the latest good checkpoint in
+        `<output_dir>/checkpoints`, see `find_resume_point`), to `total_steps`."""
+        if resume == "latest":
+            resume = self.find_resume_point()
+        at = _Position()
+        if resume is not None:
+            for line in resume.damaged:
+                reporter.say(line)
+            state, at = self.backend.state_from_arrays(state, resume.arrays), dataclasses.replace(resume.at)
         signals = SignalWatch(enabled=self.config.runtime.on_preempt == "checkpoint")
         run = _Run(self, state, at, reporter, signals)
-        if resumed_from is not None:
+        if resume is not None:
             run.last_checkpoint_step = at.step
-            reporter.say(f"resuming from {resumed_from} (step {at.step}, epoch {at.epoch}, batch {at.position})")
+            reporter.say(f"resuming from {resume.path} (step {at.step}, epoch {at.epoch}, batch {at.position})")
         reporter.start_progress(self.total_steps, at.step)
         first_step = at.step + 1
         # A signal during the final evaluation or save is recorded and ignored: the run is about to end anyway.
@@ -169,19 +177,17 @@ class Trainer:
                 run.save()
         return TrainResult(state=run.state, step=at.step, metrics=run.metrics, losses=run.losses,
                            first_step=first_step, train=run.train_throughput, eval=run.eval_throughput,
-                           resumed_from=resumed_from, checkpoint=checkpoint.latest(self.checkpoint_root))
+                           resumed_from=resume.path if resume else None,
+                           checkpoint=checkpoint.latest(self.checkpoint_root))
 
-    def check_resumable(self) -> None:
-        """Raise the TpuplexError a resume would, before anything is written (damaged checkpoints go unreported
-        here: `fit` reports them in the run's log)."""
-        self._checkpoint_to_resume(on_damaged=lambda line: None)
-
-    def _checkpoint_to_resume(self, on_damaged: Callable[[str], None]) -> tuple[PortableState, _Position, Path] | None:
-        """The newest good checkpoint of this run, checked against the config and the training data."""
-        path = checkpoint.latest_good(self.checkpoint_root, on_damaged)
+    def find_resume_point(self) -> ResumePoint | None:
+        """The newest good checkpoint of this run, read and checked against the config and the training data, or
+        None; it writes nothing, so a refused resume (a TpuplexError) leaves the run folder as it was."""
+        damaged: list[str] = []
+        path = checkpoint.latest_good(self.checkpoint_root, damaged.append)
         if path is None:
             return None
-        arrays, info = checkpoint.load(path)
+        arrays, info = checkpoint.load(path, verified=True)
         if info.get("config_hash") != self.config.hash():
             raise TpuplexError(
                 f"{path} was written with another configuration (hash {info.get('config_hash')}, now "
@@ -191,14 +197,19 @@ class Trainer:
             raise TpuplexError(
                 f"{path} was trained on other training data (tokens and labels differ): restore that data to "
                 "resume, or set a new runtime.output_dir")
-        return arrays, _Position(int(info["step"]), int(info["epoch"]), int(info["position"])), path
+        at = _Position(int(info["step"]), int(info["epoch"]), int(info["position"]))
+        return ResumePoint(path, arrays, at, tuple(damaged))
 
-    def _resume(self, state: Any, reporter: Reporter) -> tuple[Any, _Position, Path | None]:
-        found = self._checkpoint_to_resume(on_damaged=reporter.say)
-        if found is None:
-            return state, _Position(), None
-        arrays, at, path = found
-        return self.backend.state_from_arrays(state, arrays), at, path
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """Where `Trainer.fit` continues: a verified checkpoint's state and data position, and one line for each newer,
+    damaged checkpoint that was skipped (fit reports them)."""
+
+    path: Path
+    arrays: PortableState
+    at: _Position
+    damaged: tuple[str, ...]
 
 
 class _Run:
