@@ -164,3 +164,16 @@ def test_a_folder_with_only_a_slow_tokenizer_says_how_to_convert(tmp_path):
     (tmp_path / "merges.txt").write_text("")
     with pytest.raises(TpuplexError, match=r"only a slow tokenizer \(vocab.json, merges.txt\).*save_pretrained"):
         load_tokenizer(tmp_path, 16)
+
+
+def a_list_model(vocab_size: int, num_labels: int) -> list[int]:
+    return [vocab_size, num_labels]
+
+
+def test_a_user_model_of_another_framework_is_named() -> None:
+    from tpuplex.models import user
+
+    assert user.build(f"{__name__}:a_list_model", "numpy", 10, 2, list, "list") == [10, 2]
+    with pytest.raises(TpuplexError, match=rf"model.architecture = '{__name__}:a_list_model' built a list, not a "
+                                           r"torch.nn.Module: the torch backend trains torch.nn.Module models"):
+        user.build(f"{__name__}:a_list_model", "torch", 10, 2, dict, "torch.nn.Module")

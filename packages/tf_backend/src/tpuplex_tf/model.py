@@ -257,10 +257,8 @@ def build_user_model(spec: ModelSpec, seed: int) -> UserClassifier:
     """The user's Keras model with variables drawn under `keras.utils.set_random_seed(seed)`, checked to return
     logits [B, num_labels] (call under the strategy's scope)."""
     keras.utils.set_random_seed(seed)
-    module = user.build(spec.architecture, "tf", spec.vocab_size, spec.num_labels)
-    if not isinstance(module, keras.layers.Layer):
-        raise TpuplexError(f"model.architecture = {spec.architecture!r} built a {type(module).__name__}, not a "
-                           "Keras layer or model: the tf backend trains Keras models")
+    module = user.build(spec.architecture, "tf", spec.vocab_size, spec.num_labels, keras.layers.Layer,
+                        "keras.layers.Layer")
     ones = tf.ones([2, 8], tf.int32)
     logits = module(ones, ones * 0, ones)  # creates every variable
     shape = tuple(logits.shape) if hasattr(logits, "shape") else type(logits).__name__

@@ -14,7 +14,6 @@ import transformers  # a lazy module: the model classes (and accelerate behind t
 
 import torch
 from tpuplex import models
-from tpuplex.errors import TpuplexError
 from tpuplex.models import user
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec
@@ -54,10 +53,8 @@ def build(spec: ModelSpec, seed: int) -> Built:
 
 def _build_user_model(spec: ModelSpec, seed: int) -> Built:
     torch.manual_seed(seed)
-    module = user.build(spec.architecture, "torch", spec.vocab_size, spec.num_labels)
-    if not isinstance(module, torch.nn.Module):
-        raise TpuplexError(f"model.architecture = {spec.architecture!r} built a {type(module).__name__}, not a "
-                           "torch.nn.Module: the torch backend trains torch modules")
+    module = user.build(spec.architecture, "torch", spec.vocab_size, spec.num_labels, torch.nn.Module,
+                        "torch.nn.Module")
     module = module.float()
     if not spec.dropout:
         for layer in module.modules():

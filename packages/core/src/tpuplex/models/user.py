@@ -76,12 +76,17 @@ def check_logits(architecture: str, shape: tuple[int, ...] | str, rows: int, num
                            "(batch, num_labels)")
 
 
-def build(architecture: str, backend: str, vocab_size: int, num_labels: int) -> Any:
-    """`factory(vocab_size=..., num_labels=...)`, with a failure of the user's constructor named as such."""
+def build(architecture: str, backend: str, vocab_size: int, num_labels: int, kind: type, kind_name: str) -> Any:
+    """`factory(vocab_size=..., num_labels=...)`, checked to be a `kind` (the backend framework's model class,
+    `kind_name` in messages), with a failure of the user's constructor named as such."""
     factory = resolve(architecture, backend)
     try:
-        return factory(vocab_size=vocab_size, num_labels=num_labels)
+        module = factory(vocab_size=vocab_size, num_labels=num_labels)
     except TypeError as error:
         raise TpuplexError(f"model.architecture = {architecture!r} could not be built as "
                            f"{architecture.split(':')[1]}(vocab_size={vocab_size}, num_labels={num_labels}) "
                            f"({error}): give it those keyword arguments") from None
+    if not isinstance(module, kind):
+        raise TpuplexError(f"model.architecture = {architecture!r} built a {type(module).__name__}, not a "
+                           f"{kind_name}: the {backend} backend trains {kind_name} models")
+    return module
