@@ -119,6 +119,8 @@ def _describe(path: Path) -> dict[str, Any]:
 def checkpoints(root: str | Path) -> list[Path]:
     """Complete checkpoints under `root`, oldest first (temporary directories are ignored)."""
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise TpuplexError(f"{root} is a file, where the run keeps its checkpoints: move it aside")
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.fullmatch(p.name))
