@@ -1,11 +1,13 @@
 """The `tpuplex` command.
 
     tpuplex train CONFIG --backend NAME [--set section.field=value ...] [--data-dir DIR]
+    tpuplex launch --processes N [--cpu-devices K] -- train CONFIG --backend NAME ...
     tpuplex devices
 
 A TpuplexError ends the command with one line on stderr, `tpuplex: error: <message>`, and exit code 2. A run
 stopped by SIGTERM / SIGINT after checkpointing (tpuplex.preemption) says so in one line and exits with 75; the
-same command resumes it. Any other exception is a bug: one line naming the file that holds its traceback, exit 1.
+same command resumes it. A process of a multi-process run that loses another says so in one line and exits with 69
+(tpuplex.hosts). Any other exception is a bug: one line naming the file that holds its traceback, exit 1.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from tpuplex import __version__, devices, registry
 from tpuplex import config as config_lib
 from tpuplex.errors import TpuplexError
+from tpuplex.hosts import HOST_LOST_EXIT, HostLost
 from tpuplex.preemption import PREEMPTED_EXIT, Preempted
 
 USAGE_ERROR = 2
@@ -37,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TpuplexError as error:
         print(f"tpuplex: error: {_one_line(str(error))}", file=sys.stderr)
         return USAGE_ERROR
+    except HostLost as lost:
+        print(f"tpuplex: error: {lost}", file=sys.stderr)
+        return HOST_LOST_EXIT
     except Preempted as preempted:
         print(f"tpuplex: {preempted}", file=sys.stderr)
         return PREEMPTED_EXIT
@@ -73,6 +79,14 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--data-dir", help="folder with the task's GLUE files (sets data.data_dir)")
     train.set_defaults(command=_train)
 
+    launch = commands.add_parser("launch", help="run a command in several local processes of one run",
+                                 description="Start N processes of one run on this machine, each with the "
+                                 "environment its framework's launcher would give it (see tpuplex.launch).")
+    launch.add_argument("--processes", type=int, required=True, help="how many processes")
+    launch.add_argument("--cpu-devices", type=int, default=0, help="CPU devices per process (runtime.cpu_devices)")
+    launch.add_argument("child", nargs=argparse.REMAINDER, metavar="-- train CONFIG --backend NAME ...")
+    launch.set_defaults(command=_launch)
+
     listing = commands.add_parser("devices", help="show the devices found and how each installed backend sees them")
     listing.set_defaults(command=_devices)
     return parser
@@ -91,6 +105,13 @@ def _train(args: argparse.Namespace) -> int:
         print(f"{split}: " + ", ".join(f"{name} {value:.4f}" for name, value in metrics.items()))
     print(f"results: {Path(results['output_dir']) / run.RESULTS_FILE}")
     return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from tpuplex import launch
+
+    child = args.child[1:] if args.child[:1] == ["--"] else args.child
+    return launch.launch(child, args.processes, args.cpu_devices)
 
 
 def _devices(args: argparse.Namespace) -> int:

@@ -102,6 +102,9 @@ class RuntimeConfig:
     """[first, last] optimizer steps to trace with the framework's profiler; empty: no trace."""
     torch_mode: str = "auto"
     """PyTorch only: auto (XLA on TPU, else eager), eager or xla."""
+    host_timeout: float = 600.0
+    """Multi-process runs: seconds a process waits for the others (in a step, evaluation or checkpoint barrier)
+    before it stops with one line and exit status 69 (`tpuplex.hosts`); must cover the first step's compile."""
     cpu_devices: int = 0
     """On CPU, split the host into this many devices to exercise data parallelism (JAX: forced host platform
     device count; TF: logical devices; torch_xla: CPU_NUM_DEVICES); 0 keeps the framework's default."""
@@ -128,8 +131,9 @@ class Config:
 
 OUTPUT_FIELDS = (("data", "cache_dir"), ("runtime", "output_dir"), ("runtime", "eval_every"),
                  ("runtime", "checkpoint_every"), ("runtime", "keep_checkpoints"), ("runtime", "log_every"),
-                 ("runtime", "profile_steps"), ("runtime", "on_preempt"))
-"""Fields that change where results go and when they are written, never the parameters or metrics computed."""
+                 ("runtime", "profile_steps"), ("runtime", "on_preempt"), ("runtime", "host_timeout"))
+"""Fields that change where results go, when they are written or how long processes wait for each other, never
+the parameters or metrics computed."""
 
 
 _CHOICES = {
@@ -139,7 +143,7 @@ _CHOICES = {
 }
 _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_accum"),
              ("train", "steps_per_execution"), ("train", "learning_rate"), ("runtime", "keep_checkpoints"),
-             ("runtime", "log_every")}
+             ("runtime", "log_every"), ("runtime", "host_timeout")}
 _NON_NEGATIVE = {("train", "weight_decay"), ("train", "epochs"), ("train", "max_steps"), ("train", "eval_batch"),
                  ("train", "clip_norm"), ("train", "adam_epsilon"), ("runtime", "eval_every"),
                  ("runtime", "checkpoint_every"), ("runtime", "cpu_devices")}

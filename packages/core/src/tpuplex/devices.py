@@ -31,7 +31,7 @@ class Topology:
 
     kind: "tpu", "gpu" or "cpu".
     device_count: devices (replicas) across all hosts; the global batch is split over these.
-    host_count: hosts (processes) taking part.
+    host_count: processes taking part (one per host on a TPU pod, one per device under torchrun).
     process_index: this process's index among them.
     source: how the devices were found, e.g. "env TPU_NAME", "nvidia-smi", "jax.devices()".
     detail: backend-specific mode, e.g. "MirroredStrategy", "torch_xla SPMD", "pmap".

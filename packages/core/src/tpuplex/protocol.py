@@ -130,6 +130,14 @@ class Backend(Protocol):
     def compile_count(self) -> int:
         """Programs the framework has compiled (or traced) so far, for the recompilation guard."""
 
+    def host_allgather(self, values: np.ndarray) -> np.ndarray:
+        """float64 [n] from every process -> float64 [processes, n] in process order, on every process. The core
+        sends only integers below 2^16, exact even where a framework's collective runs in float32.
+
+        Collective: every process calls it at the same point. The core's only cross-process primitive
+        (`tpuplex.hosts`): agreement checks, the preemption flag, the barrier after a checkpoint.
+        """
+
     def start_profile(self, logdir: Path) -> None:
         """Start the framework's profiler trace into `logdir`."""
 
@@ -138,7 +146,8 @@ class Backend(Protocol):
 
 
 class BackendBase:
-    """Defaults a backend may inherit: `train_steps` as a loop over `train_step`, and no profiler."""
+    """Defaults a backend may inherit: `train_steps` as a loop over `train_step`, no profiler, and
+    `host_allgather` for a single process."""
 
     def train_steps(self, state, batches, learning_rates):
         losses = []
@@ -152,3 +161,9 @@ class BackendBase:
 
     def stop_profile(self) -> None:
         return None
+
+    def host_allgather(self, values: np.ndarray) -> np.ndarray:
+        processes = self.topology().host_count
+        if processes != 1:
+            raise NotImplementedError(f"backend {self.name} runs {processes} processes but has no host_allgather")
+        return np.asarray(values, np.float64)[None]

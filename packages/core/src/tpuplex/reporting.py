@@ -5,7 +5,8 @@
                                  eval/<split>/<metric>
 
 A resumed run appends to both. The progress bar (rich) shows steps, loss and examples/s, and stays silent when
-stderr is not a terminal, so logs of batch jobs hold only the lines printed on purpose.
+stderr is not a terminal, so logs of batch jobs hold only the lines printed on purpose. In a multi-process run only
+process 0 reports; the others hold a Reporter with `write=False`, which writes and prints nothing.
 """
 
 from __future__ import annotations
@@ -57,16 +58,18 @@ class Reporter:
     Use as a context manager so files are flushed and closed even when training stops with an error.
     """
 
-    def __init__(self, output_dir: Path, console: Console | None = None):
+    def __init__(self, output_dir: Path, console: Console | None = None, write: bool = True):
         self.output_dir = Path(output_dir)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.write = write
         self.console = console or Console(stderr=True)
-        self._log = (self.output_dir / LOG_FILE).open("a", encoding="utf-8")
-        self._tensorboard = SummaryWriter(str(self.output_dir / TENSORBOARD_DIR))
+        if write:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            self._log = (self.output_dir / LOG_FILE).open("a", encoding="utf-8")
+            self._tensorboard = SummaryWriter(str(self.output_dir / TENSORBOARD_DIR))
         self._progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} ex/s"), TimeRemainingColumn(),
-            console=self.console, disable=not self.console.is_terminal,
+            console=self.console, disable=not (write and self.console.is_terminal),
         )
         self._bar = None
 
@@ -78,11 +81,14 @@ class Reporter:
 
     def say(self, line: str) -> None:
         """Print one line for the user (above the progress bar while it runs)."""
-        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        if self.write:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def record(self, event: str, step: int, **fields: Any) -> None:
         """Append `{"event", "step", "time", **fields}` to the log; numeric fields become TensorBoard scalars
         tagged `<event>/<field>` (eval records carry their split: `eval/<split>/<field>`)."""
+        if not self.write:
+            return
         entry = {"event": event, "step": step, "time": round(time.time(), 3), **fields}
         self._log.write(json.dumps(entry, default=_plain) + "\n")
         self._log.flush()
@@ -102,8 +108,9 @@ class Reporter:
 
     def close(self) -> None:
         self._progress.stop()
-        self._tensorboard.close()
-        self._log.close()
+        if self.write:
+            self._tensorboard.close()
+            self._log.close()
 
 
 def _plain(value: Any) -> Any:

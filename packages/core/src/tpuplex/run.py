@@ -6,6 +6,8 @@ checked before the output directory is created, so bad input leaves nothing half
     <output_dir>/results.json    task, backend, topology, metrics per eval split, throughput, padding efficiency,
                                  compile count, wall time, config hash and config file sha256, loss summary
     <output_dir>/log.jsonl, tensorboard/, checkpoints/step-*/   (see tpuplex.reporting, tpuplex.checkpoint)
+
+In a multi-process run (`tpuplex.hosts`) every process runs this pipeline and process 0 alone writes these files.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuplex import devices, models, params, registry
+from tpuplex import devices, hosts, models, params, registry
 from tpuplex.collate import Encoded, check_divisible, check_micro_batches
 from tpuplex.config import Config
 from tpuplex.devices import Topology
@@ -65,7 +67,11 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
     task = data.task
     output_dir = output_directory(config, task, backend_name)
     discovered = devices.discover(config.runtime.device)
-    backend = registry.create(backend_name, config.runtime)
+    # Joining a multi-process run waits for the others: a process that never arrives must not hang this one.
+    processes = hosts.expected_processes()
+    watchdog = hosts.Watchdog(config.runtime.host_timeout, -1, processes, enabled=processes > 1)
+    with watchdog.watch(f"the start of the {backend_name} backend"):
+        backend = registry.create(backend_name, config.runtime)
     topology = backend.topology()
     _check_batch_sizes(config, topology.device_count)
 
@@ -90,7 +96,8 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
                                                            config.train.seed),
         checkpoint_dir=checkpoint_dir, architecture=user_model,
         vocab_size=load_tokenizer(checkpoint_dir, config.data.max_length).get_vocab_size())
-    state = backend.init(model, optimizer_spec(config))
+    with trainer.hosts.watchdog.watch("building the model"):
+        state = backend.init(model, optimizer_spec(config))
     return Experiment(task, backend_name, backend, topology, discovered, trainer, state, output_dir, started,
                       test_data)
 
@@ -100,7 +107,7 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
     run = prepare(config, backend_name, config_path)
     trainer, backend = run.trainer, run.backend
     resume = trainer.find_resume_point()  # before the Reporter: a refused resume writes nothing
-    with Reporter(run.output_dir) as reporter:
+    with Reporter(run.output_dir, write=trainer.hosts.writer) as reporter:
         reporter.say(f"{backend_name}: {run.topology.report()}")
         reporter.record("start", 0, task=run.task.name, backend=backend_name, topology=run.topology.report(),
                         config_hash=config.hash(), total_steps=trainer.total_steps)
@@ -132,8 +139,9 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
             "config_sha256": hashlib.sha256(Path(config_path).read_bytes()).hexdigest() if config_path else None,
             "config": config.to_dict(),
         }
-        path = write_json_atomic(run.output_dir / RESULTS_FILE, results)
-        reporter.say(f"results written to {path}")
+        if trainer.hosts.writer:
+            path = write_json_atomic(run.output_dir / RESULTS_FILE, results)
+            reporter.say(f"results written to {path}")
     return results
 
 

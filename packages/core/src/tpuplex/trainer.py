@@ -24,6 +24,12 @@ and skipped. Another config hash or other training data is refused.
 
 Preemption (`runtime.on_preempt = "checkpoint"`): a SIGTERM or SIGINT ends the run after the current step or group
 with a checkpoint of that step, then `tpuplex.preemption.Preempted` (see that module).
+
+Several processes (`tpuplex.hosts`): every process runs this same loop on the same global batches (the backend
+feeds its own rows and returns global losses and logits). Before the first step they check that they agree on the
+config, the data and the resume step; after each step or group they combine their preemption flags; process 0
+alone writes checkpoints and the others wait for it. Every backend call that may wait for another process is
+watched, so a lost process ends the others after `runtime.host_timeout` seconds instead of hanging them.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from tpuplex import checkpoint
 from tpuplex.collate import Batcher, Encoded
 from tpuplex.config import Config
 from tpuplex.errors import TpuplexError
+from tpuplex.hosts import Hosts
 from tpuplex.preemption import Preempted, SignalWatch
 from tpuplex.protocol import Backend, Batch, PortableState
 from tpuplex.reporting import Reporter
@@ -140,6 +147,7 @@ class Trainer:
         self.total_steps = train.max_steps or train.epochs * self.steps_per_epoch
         self.warmup = warmup_steps(self.total_steps, train.warmup_ratio)
         self.profile = tuple(runtime.profile_steps)
+        self.hosts = Hosts(backend, runtime.host_timeout)
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of update `step` (1-based)."""
@@ -152,6 +160,7 @@ class Trainer:
         `<output_dir>/checkpoints`, see `find_resume_point`), to `total_steps`."""
         if resume == "latest":
             resume = self.find_resume_point()
+        self._check_processes_agree(resume)
         at = _Position()
         if resume is not None:
             for line in resume.damaged:
@@ -179,6 +188,16 @@ class Trainer:
                            first_step=first_step, train=run.train_throughput, eval=run.eval_throughput,
                            resumed_from=resume.path if resume else None,
                            checkpoint=checkpoint.latest(self.checkpoint_root))
+
+    def _check_processes_agree(self, resume: ResumePoint | None) -> None:
+        """Every process must compute the same run from the same step (a no-op with one process)."""
+        hosts = self.hosts
+        hosts.agree("the configuration", self.config.hash(),
+                    "start every process with the same config file, --set options and data directory")
+        data = [self.train_data_fingerprint, *(b.data.fingerprint() for b in self.eval_batchers.values())]
+        hosts.agree("the tokenized data", ",".join(data), "give every process the same data files and tokenizer")
+        hosts.agree("the step to resume from", str(resume.at.step if resume else 0),
+                    "runtime.output_dir must be one folder that every process sees (a shared disk or bucket)")
 
     def find_resume_point(self) -> ResumePoint | None:
         """The newest good checkpoint of this run, read and checked against the config and the training data, or
@@ -286,14 +305,15 @@ class _Run:
         first = self.at.step + 1
         rates = [self.trainer.learning_rate(first + i) for i in range(len(group))]
         k = self.trainer.config.train.steps_per_execution
-        if k > 1 and len(group) == k:
-            self.state, losses = self.backend.train_steps(self.state, group, rates)
-            return [float(loss) for loss in losses]
-        losses = []
-        for batch, rate in zip(group, rates, strict=True):
-            self.state, loss = self.backend.train_step(self.state, batch, rate)
-            losses.append(float(loss))
-        return losses
+        with self.trainer.hosts.watchdog.watch(f"step {first}"):
+            if k > 1 and len(group) == k:
+                self.state, losses = self.backend.train_steps(self.state, group, rates)
+                return [float(loss) for loss in losses]
+            losses = []
+            for batch, rate in zip(group, rates, strict=True):
+                self.state, loss = self.backend.train_step(self.state, batch, rate)
+                losses.append(float(loss))
+            return losses
 
     def _after_steps(self, losses: list[float]) -> None:
         """Account for the steps just run: loss check, log records, progress, then the step-cadence events."""
@@ -318,10 +338,11 @@ class _Run:
             self.save()
 
     def _stop_if_signalled(self) -> None:
-        """After a SIGTERM / SIGINT: checkpoint this step (unless just done) and raise Preempted."""
+        """After a SIGTERM / SIGINT to any process: checkpoint this step (unless just done) and raise Preempted."""
         received = self.signals.received
-        if received is None:
+        if not self.trainer.hosts.any(received is not None, f"the preemption check after step {self.at.step}"):
             return
+        received = received or "a signal to another process"
         if self.last_checkpoint_step != self.at.step:
             self.save()
         path = self.trainer.checkpoint_root / checkpoint.step_dir_name(self.at.step)
@@ -388,7 +409,8 @@ class _Run:
         logits = np.zeros((count, self.trainer.num_labels), np.float32)
         seen = np.zeros(count, np.int64)
         for item in batcher.eval_batches():
-            output = np.asarray(self.backend.predict(self.state, item.batch), np.float32)
+            with self.trainer.hosts.watchdog.watch(f"evaluation at step {self.at.step}"):
+                output = np.asarray(self.backend.predict(self.state, item.batch), np.float32)
             real = item.batch["weight"] > 0
             if output.shape != (len(real), self.trainer.num_labels) or np.any(item.index[real] < 0) \
                     or np.any(item.index[~real] >= 0):
@@ -404,7 +426,8 @@ class _Run:
         return logits
 
     def save(self) -> None:
-        """Checkpoint the current state, refusing a state whose parameters are no longer finite."""
+        """Checkpoint the current state, refusing a state whose parameters are no longer finite. Process 0 writes;
+        the others wait until it has, so none can read a half-written checkpoint."""
         trainer, at = self.trainer, self.at
         arrays = self.backend.state_to_arrays(self.state)
         broken = sorted(name for name, array in arrays.params.items() if not np.all(np.isfinite(array)))
@@ -417,7 +440,19 @@ class _Run:
                          "seed": trainer.config.train.seed, "config_hash": trainer.config.hash(),
                          "train_data": trainer.train_data_fingerprint,
                          "metrics": self.metrics}
-        path = checkpoint.save(trainer.checkpoint_root, arrays, trainer_state, trainer.config.runtime.keep_checkpoints)
+        hosts, failure = trainer.hosts, None
+        if hosts.writer:
+            try:
+                checkpoint.save(trainer.checkpoint_root, arrays, trainer_state, trainer.config.runtime.keep_checkpoints)
+            except TpuplexError as error:
+                failure = error
+        written = hosts.all_ok(failure is None, f"the checkpoint of step {at.step}")
+        if failure is not None:
+            raise failure
+        if not written:
+            raise TpuplexError(f"process 0 could not write the checkpoint of step {at.step} (its output says why): "
+                               "fix that, then start every process again to resume from the last checkpoint")
+        path = trainer.checkpoint_root / checkpoint.step_dir_name(at.step)
         self.reporter.record("checkpoint", at.step, path=str(path))
         self.last_checkpoint_step = at.step
         self._window_start = time.perf_counter()

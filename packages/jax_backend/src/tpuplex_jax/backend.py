@@ -23,6 +23,7 @@ from tpuplex.collate import check_micro_batches
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
+from tpuplex.hosts import process_rows
 from tpuplex.models import user
 from tpuplex.params import check_names
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
@@ -118,6 +119,12 @@ class JaxBackend(BackendBase):
     def compile_count(self) -> int:
         return self._compiles.count
 
+    def host_allgather(self, values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, np.float64)
+        if jax.process_count() == 1:
+            return values[None]
+        return np.asarray(multihost_utils.process_allgather(values), np.float64)
+
     def start_profile(self, logdir: Path) -> None:
         jax.profiler.start_trace(str(logdir))
 
@@ -143,7 +150,5 @@ class JaxBackend(BackendBase):
             raise TpuplexError(
                 f"batches of length {length} exceed the model's {programs.max_length} positions: set "
                 f"data.max_length to at most {programs.max_length}")
-        local = global_batch // replicas * self._local_replicas
-        begin = jax.process_index() * local
-        return step.split_rows({name: np.asarray(batch[name])[begin:begin + local] for name in keys},
-                               self._local_replicas)
+        mine = process_rows(global_batch, jax.process_index(), jax.process_count())
+        return step.split_rows({name: np.asarray(batch[name])[mine] for name in keys}, self._local_replicas)

@@ -30,11 +30,11 @@ def select_devices(runtime: RuntimeConfig) -> tuple[list[jax.Device], Topology]:
         )
     requested = runtime.device if runtime.device != "auto" else os.environ.get(OVERRIDE_ENV) or "auto"
     found = discover(requested)  # raises when the asked-for kind is not on this machine
-    _initialize_distributed(found)
-    if runtime.cpu_devices > 0 or requested == "cpu":
-        devices = _cpu_devices(runtime.cpu_devices)
-    else:
-        devices = _platform_devices(found, explicit=requested != "auto")
+    on_cpu = runtime.cpu_devices > 0 or requested == "cpu"
+    if on_cpu:
+        _split_cpu(runtime.cpu_devices)  # before jax.distributed, which fixes each process's devices
+    _initialize_distributed(found, runtime.host_timeout)
+    devices = _cpu_devices(runtime.cpu_devices) if on_cpu else _platform_devices(found, explicit=requested != "auto")
     kind = platform_kind(devices[0])
     topology = Topology(kind=kind, device_count=len(devices), host_count=jax.process_count(),
                         process_index=jax.process_index(), source=f"jax.devices({kind!r})", detail=DETAIL)
@@ -46,15 +46,20 @@ def platform_kind(device: jax.Device) -> str:
     return "gpu" if device.platform in _GPU_PLATFORMS else device.platform
 
 
-def _initialize_distributed(found: Topology) -> None:
-    """Join the multi-host job when the environment describes one; JAX reads the coordinator from it."""
-    multi_host = (found.host_count > 1 or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
+def _initialize_distributed(found: Topology, timeout: float) -> None:
+    """Join the multi-process run the environment describes: a TPU pod or cluster that JAX detects by itself, or
+    JAX_COORDINATOR_ADDRESS with JAX_NUM_PROCESSES and JAX_PROCESS_ID (what `tpuplex launch` sets). CPU devices
+    of several processes reduce over gloo."""
+    processes = int(os.environ.get("JAX_NUM_PROCESSES", "0") or 0)
+    multi_host = (found.host_count > 1 or processes > 1 or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
                   or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1
                   or int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1)
     if not multi_host or jax.distributed.is_initialized():
         return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    given = {"num_processes": processes, "process_id": int(os.environ.get("JAX_PROCESS_ID", "0"))} if processes else {}
     try:
-        jax.distributed.initialize()
+        jax.distributed.initialize(**given, initialization_timeout=max(1, int(timeout)))
     except (RuntimeError, ValueError) as error:
         raise TpuplexError(
             f"this looks like a multi-host job ({found.report()}) but jax.distributed.initialize failed "
@@ -63,22 +68,32 @@ def _initialize_distributed(found: Topology) -> None:
         ) from None
 
 
-def _cpu_devices(count: int) -> list[jax.Device]:
-    """`count` CPU devices (0: all JAX has). Splits the host when JAX has not started yet and XLA_FLAGS does not
-    already choose a count; otherwise takes the first `count` of the CPU devices JAX already has."""
+def _split_cpu(count: int) -> None:
+    """Ask for `count` CPU devices per process when JAX has not started yet and XLA_FLAGS does not already choose
+    a count (otherwise the devices JAX has are used, see `_cpu_devices`)."""
     if count > 0 and not _FORCED_CPU_COUNT.search(os.environ.get("XLA_FLAGS", "")):
         try:
             jax.config.update("jax_num_cpu_devices", count)
         except RuntimeError:
-            pass  # JAX has started; its CPU devices are fixed, so take the first `count` below
+            pass  # JAX has started; its CPU devices are fixed
+
+
+def _cpu_devices(count: int) -> list[jax.Device]:
+    """`count` CPU devices of this process (0: all JAX has), and the same number of every other process's."""
     available = jax.devices("cpu")
-    if count > len(available):
+    local = [device for device in available if device.process_index == jax.process_index()]
+    if count > len(local):
         raise TpuplexError(
-            f"runtime.cpu_devices = {count} but JAX already runs with {len(available)} CPU device(s): set "
+            f"runtime.cpu_devices = {count} but JAX already runs with {len(local)} CPU device(s): set "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={count} before the process starts, "
-            f"or use at most {len(available)}"
+            f"or use at most {len(local)}"
         )
-    return available[:count] if count > 0 else available
+    if count == 0 or count == len(local):
+        return available
+    if jax.process_count() > 1:
+        raise TpuplexError(f"runtime.cpu_devices = {count} but every process of this run has {len(local)} CPU "
+                           f"devices: set runtime.cpu_devices = {len(local)}, or 0")
+    return available[:count]
 
 
 def _platform_devices(found: Topology, explicit: bool) -> list[jax.Device]:

@@ -41,6 +41,7 @@ class TfBackend(BackendBase):
         xla = "XLA on" if self.jit_compile else "XLA off"
         self._topology = dataclasses.replace(topology, detail=f"{topology.detail}, {xla}")
         self._steps: list[Steps] = []
+        self._gather_replicas = tf.function(self._gather_replicas_eagerly)
 
     def topology(self) -> Topology:
         return self._topology
@@ -81,6 +82,19 @@ class TfBackend(BackendBase):
     def compile_count(self) -> int:
         """Traces of the training and prediction tf.functions: one program per (kind, batch shape)."""
         return sum(steps.traces for steps in self._steps)
+
+    def host_allgather(self, values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, np.float64)
+        processes = self._topology.host_count
+        if processes == 1:
+            return values[None]
+        # Every replica holds this process's values; replicas are numbered process by process.
+        per_replica = self._gather_replicas(tf.constant(values, tf.float32)).numpy()
+        return per_replica[:: len(per_replica) // processes].astype(np.float64)
+
+    def _gather_replicas_eagerly(self, values: tf.Tensor) -> tf.Tensor:
+        """[n] -> [replicas, n]: `values` as every replica of every process holds it."""
+        return self.strategy.gather(self.strategy.run(lambda: tf.expand_dims(tf.identity(values), 0)), axis=0)
 
     def start_profile(self, logdir: Path) -> None:
         tf.profiler.experimental.start(str(logdir))

@@ -1,6 +1,7 @@
 """Devices as TensorFlow sees them, and the `tf.distribute` strategy that runs the steps on them.
 
     TPU (Colab, Kaggle, TPU VM)   TPUClusterResolver -> connect -> initialize_tpu_system -> TPUStrategy
+    TF_CONFIG with several tasks  MultiWorkerMirroredStrategy (one process per host; each host's GPUs, or its CPU)
     several GPUs / CPU devices    MirroredStrategy (CPU: the host split into logical devices)
     otherwise                     OneDeviceStrategy
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 
 import tensorflow as tf
@@ -54,6 +56,9 @@ def build_strategy(runtime: RuntimeConfig) -> tuple[tf.distribute.Strategy, Topo
             found, device_count=strategy.num_replicas_in_sync, detail="TPUStrategy",
             host_count=max(1, strategy.extended.num_hosts),
         )
+    tasks = _tf_config_tasks()
+    if len(tasks) > 1:
+        return _multi_worker(runtime, found, tasks)
     if found.kind == "gpu":
         gpus = tf.config.list_logical_devices("GPU")
         if not gpus:
@@ -77,6 +82,42 @@ def _data_parallel(names: list[str], found: Topology, kind: str, source: str) ->
         strategy = tf.distribute.OneDeviceStrategy(names[0])
         detail = "OneDeviceStrategy"
     return strategy, dataclasses.replace(found, kind=kind, device_count=len(names), source=source, detail=detail)
+
+
+def _tf_config_tasks() -> list[tuple[str, int]]:
+    """The (job, index) of every chief and worker task in TF_CONFIG, chief first ([] without TF_CONFIG)."""
+    if not os.environ.get("TF_CONFIG"):
+        return []
+    try:
+        cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+        return [(job, index) for job in ("chief", "worker") for index in range(len(cluster.get(job, [])))]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise TpuplexError("TF_CONFIG is not a JSON object with a \"cluster\" of \"worker\" addresses: fix it "
+                           "(see the README's multi-host section), or unset it for a single-process run") from None
+
+
+def _multi_worker(runtime: RuntimeConfig, found: Topology,
+                  tasks: list[tuple[str, int]]) -> tuple[tf.distribute.Strategy, Topology]:
+    """MultiWorkerMirroredStrategy over TF_CONFIG's tasks: each process its GPUs, or its one CPU device.
+
+    `runtime.host_timeout` bounds every collective, so a lost worker ends the others with an error."""
+    if runtime.cpu_devices > 1:
+        raise TpuplexError(f"runtime.cpu_devices = {runtime.cpu_devices}, but MultiWorkerMirroredStrategy gives "
+                           "each worker one CPU device: set runtime.cpu_devices = 0 and start more processes")
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=runtime.host_timeout)
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except (ValueError, RuntimeError) as error:
+        raise TpuplexError(f"TF_CONFIG describes {len(tasks)} tasks but MultiWorkerMirroredStrategy could not start "
+                           f"({str(error).splitlines()[0]}): start every task with the same TF_CONFIG cluster "
+                           "and its own task index") from None
+    resolver = strategy.cluster_resolver
+    kind = "gpu" if found.kind == "gpu" else "cpu"
+    replicas = strategy.num_replicas_in_sync
+    return strategy, dataclasses.replace(
+        found, kind=kind, device_count=replicas, host_count=len(tasks),
+        process_index=tasks.index((resolver.task_type, resolver.task_id)), source="TF_CONFIG",
+        detail=f"MultiWorkerMirroredStrategy x{replicas}")
 
 
 _mirrored_strategies = itertools.count()

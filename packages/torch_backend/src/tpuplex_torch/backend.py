@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
+import torch
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
@@ -50,6 +51,12 @@ class TorchBackend(BackendBase):
 
     def compile_count(self) -> int:
         return self.placement.compile_count()
+
+    def host_allgather(self, values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, np.float64)
+        if self.placement.row_processes == 1:
+            return values[None]
+        return self.placement.gather_rows(torch.from_numpy(values)[None]).numpy()
 
     def start_profile(self, logdir: Path) -> None:
         Path(logdir).mkdir(parents=True, exist_ok=True)

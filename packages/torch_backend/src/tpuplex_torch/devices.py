@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import datetime
 import os
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from tpuplex.collate import check_divisible
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
+from tpuplex.hosts import process_rows
 from tpuplex.protocol import Batch
 
 XLA_INSTALL = "pip install tpuplex-torch[xla]"
@@ -142,24 +144,22 @@ class EagerPlacement(Placement):
         if use_gpu and not torch.cuda.is_available():
             raise TpuplexError(f"a GPU was found ({found.source}) but this torch build has no CUDA: install a CUDA "
                                "build of torch, or set runtime.device = \"cpu\"")
-        self.accelerator = accelerate.Accelerator(cpu=not use_gpu)
+        # The process group's timeout bounds how long a collective waits for a lost process.
+        wait = accelerate.utils.InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=runtime.host_timeout))
+        self.accelerator = accelerate.Accelerator(cpu=not use_gpu, kwargs_handlers=[wait])
         self._reduce = accelerate.utils.reduce
         state = self.accelerator.state
         self.device = self.accelerator.device
         self.row_processes = state.num_processes
         self.replicas_in_view = 1
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.row_processes))
         self.topology = Topology(
             kind="gpu" if self.device.type == "cuda" else "cpu", device_count=self.row_processes,
-            host_count=max(1, self.row_processes // local), process_index=state.process_index,
+            host_count=self.row_processes, process_index=state.process_index,
             source=f"accelerate ({state.distributed_type.value})", detail=f"torch eager; {why}")
         self._profiler: torch.profiler.profile | None = None
 
     def put(self, batch: Batch) -> dict[str, torch.Tensor]:
-        rows = len(batch["labels"])
-        check_divisible(rows, self.row_processes)
-        share = rows // self.row_processes
-        mine = slice(self.topology.process_index * share, (self.topology.process_index + 1) * share)
+        mine = process_rows(len(batch["labels"]), self.topology.process_index, self.row_processes)
         return {name: t[mine].to(self.device) for name, t in host_tensors(batch).items()}
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
