@@ -1,0 +1,175 @@
+"""Multi-process runs on localhost, shared by the backend sessions: `tpuplex launch` against one process with the
+same total device count, on real MRPC (../shared/glue) with a tiny random BERT that reads MRPC through MiniLM's
+tokenizer (so the words are real tokens, and a step takes milliseconds).
+
+Each check runs `python -m tpuplex` in child processes, as a user would, and reads what the run wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from tpuplex.hosts import HOST_LOST_EXIT
+from tpuplex.testing.tiny_bert import write_tiny_bert
+
+STEPS, CHECKPOINT_EVERY, EVAL_EVERY = 48, 8, 24
+CHECKPOINT_STEPS = list(range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY))
+DEV_EXAMPLES = 408
+# Variables a launcher sets (a test's own environment must not make the one-process run join another run), and
+# XLA_FLAGS, where the jax session forces 8 CPU devices per process.
+LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+              "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "TF_CONFIG", "XLA_FLAGS")
+
+
+def write_setup(folder: Path, minilm_dir: Path, mrpc: Path, **runtime) -> Path:
+    """A tiny BERT with MiniLM's tokenizer and `<folder>/config.toml` training it for STEPS steps on `mrpc`."""
+    model = write_tiny_bert(folder / "model", seed=0, vocab_size=30522, max_position_embeddings=128)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm_dir / name, model / name)
+    runtime = {"checkpoint_every": CHECKPOINT_EVERY, "eval_every": EVAL_EVERY, "log_every": 1,
+               "keep_checkpoints": 10, "host_timeout": 60, **runtime}
+    sections = {
+        "model": {"checkpoint": str(model)},
+        "data": {"task": "mrpc", "data_dir": str(mrpc), "max_length": 64, "buckets": [32, 64],
+                 "cache_dir": str(folder / "cache")},
+        "train": {"learning_rate": 1e-3, "max_steps": STEPS, "global_batch": 16, "eval_batch": 16,
+                  "warmup_ratio": 0.1, "seed": 3},
+        "runtime": runtime,
+    }
+    text = "".join(f"[{section}]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items())
+                   for section, values in sections.items())
+    (folder / "config.toml").write_text(text)
+    return folder / "config.toml"
+
+
+def tpuplex(args: list[str], **popen) -> subprocess.Popen:
+    env = {key: value for key, value in os.environ.items() if key not in LAUNCH_ENV}
+    return subprocess.Popen([sys.executable, "-m", "tpuplex", *args], env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def finish(process: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out + err
+
+
+def train_args(config: Path, backend: str, output_dir: Path, *sets: str) -> list[str]:
+    return ["train", str(config), "--backend", backend, "--set", f"runtime.output_dir={json.dumps(str(output_dir))}",
+            *(part for item in sets for part in ("--set", item))]
+
+
+def one_process(config: Path, backend: str, output_dir: Path, devices: int, *sets: str) -> dict:
+    """A run in one process with `devices` CPU devices (0: the backend's default); returns its results.json."""
+    extra = (f"runtime.cpu_devices={devices}",) if devices else ()
+    status, output = finish(tpuplex(train_args(config, backend, output_dir, *extra, *sets)))
+    assert status == 0, output
+    return json.loads((output_dir / "results.json").read_text())
+
+
+def launch_args(processes: int, devices: int, config: Path, backend: str, output_dir: Path, *sets: str) -> list[str]:
+    return ["launch", "--processes", str(processes), "--cpu-devices", str(devices), "--",
+            *train_args(config, backend, output_dir, *sets)]
+
+
+def launched(processes: int, devices: int, config: Path, backend: str, output_dir: Path, *sets: str) -> dict:
+    status, output = finish(tpuplex(launch_args(processes, devices, config, backend, output_dir, *sets)))
+    assert status == 0, output
+    return json.loads((output_dir / "results.json").read_text())
+
+
+def train_losses(output_dir: Path) -> np.ndarray:
+    entries = [json.loads(line) for line in (output_dir / "log.jsonl").read_text().splitlines()]
+    return np.array([entry["loss"] for entry in entries if entry["event"] == "train"])
+
+
+def final_params(output_dir: Path) -> dict[str, np.ndarray]:
+    return load_file(output_dir / "checkpoints" / f"step-{STEPS:08d}" / "model.safetensors")
+
+
+def check_same_run(single: Path, multi: Path, single_results: dict, multi_results: dict) -> None:
+    """The must-show of a multi-process run: the one-process run's losses (1e-5 relative), final parameters
+    (1e-5), dev metrics, with every dev example counted once per evaluation and one writer of every output."""
+    expected, got = train_losses(single), train_losses(multi)
+    assert len(expected) == len(got) == STEPS
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    want, have = final_params(single), final_params(multi)
+    assert want.keys() == have.keys()
+    for name in want:
+        np.testing.assert_allclose(have[name], want[name], atol=1e-5, rtol=0, err_msg=name)
+    for split, metrics in single_results["metrics"].items():
+        for metric, value in metrics.items():
+            assert abs(multi_results["metrics"][split][metric] - value) <= 1e-5, (split, metric)
+    evaluations = STEPS // EVAL_EVERY
+    assert multi_results["eval"]["examples"] == single_results["eval"]["examples"] == DEV_EXAMPLES * evaluations
+    check_written_once(multi)
+
+
+def check_written_once(output_dir: Path) -> None:
+    """One directory per checkpoint step, nothing half-written beside them, one log of one run."""
+    assert sorted(p.name for p in (output_dir / "checkpoints").iterdir()) == [
+        f"step-{step:08d}" for step in CHECKPOINT_STEPS]
+    events = [json.loads(line)["event"] for line in (output_dir / "log.jsonl").read_text().splitlines()]
+    assert events.count("checkpoint") == len(CHECKPOINT_STEPS)
+    assert events.count("eval") == STEPS // EVAL_EVERY
+
+
+def wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, finish(process)[1]
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
+        time.sleep(0.05)
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux /proc)."""
+    found = []
+    for thread in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (thread / "children").read_text().split()]
+    return found
+
+
+def check_kill_all_and_resume(config: Path, backend: str, folder: Path, devices: int, uninterrupted: Path,
+                              *sets: str) -> None:
+    """SIGKILL every process once the first checkpoint exists, start them again: the same final parameters."""
+    output_dir = folder / "killed"
+    run = tpuplex(launch_args(2, devices, config, backend, output_dir, *sets), start_new_session=True)
+    wait_for(output_dir / "checkpoints" / f"step-{CHECKPOINT_EVERY:08d}", run)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    written = sorted(p.name for p in (output_dir / "checkpoints").iterdir() if not p.name.startswith("."))
+    assert written[-1] != f"step-{STEPS:08d}", "the run ended before it was killed"
+    status, output = finish(tpuplex(launch_args(2, devices, config, backend, output_dir, *sets)))
+    assert status == 0, output
+    assert f"resuming from {output_dir / 'checkpoints' / written[-1]}" in output
+    want, have = final_params(uninterrupted), final_params(output_dir)
+    for name in want:
+        np.testing.assert_array_equal(have[name], want[name], err_msg=name)
+
+
+def check_lost_process(config: Path, backend: str, folder: Path, devices: int, timeout: float,
+                       *sets: str) -> float:
+    """SIGKILL process 1 after the first checkpoint: process 0 exits with HOST_LOST_EXIT and one line saying so,
+    within `timeout` (runtime.host_timeout) plus a margin. Returns the seconds it took."""
+    output_dir = folder / "lost"
+    run = tpuplex(launch_args(2, devices, config, backend, output_dir, f"runtime.host_timeout={timeout}", *sets))
+    wait_for(output_dir / "checkpoints" / f"step-{CHECKPOINT_EVERY:08d}", run)
+    first, second = sorted(children(run.pid))  # started in process order
+    os.kill(second, signal.SIGKILL)
+    killed = time.monotonic()
+    status, output = finish(run, timeout=timeout + 60)
+    seconds = time.monotonic() - killed
+    assert status == HOST_LOST_EXIT, output
+    assert "tpuplex: error: process 0 of 2 stopped during" in output, output
+    assert seconds < timeout + 30, seconds
+    return seconds

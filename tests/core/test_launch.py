@@ -1,0 +1,35 @@
+"""tpuplex launch: each child gets the variables its framework's own launcher would set."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tpuplex import launch
+from tpuplex.errors import TpuplexError
+
+
+def test_every_child_gets_torchrun_jax_and_tf_config_variables() -> None:
+    first, second = launch.environments(2, [1000, 1001, 1002, 1003])
+    assert (first["RANK"], second["RANK"], second["WORLD_SIZE"], first["MASTER_PORT"]) == ("0", "1", "2", "1000")
+    assert (second["JAX_COORDINATOR_ADDRESS"], second["JAX_PROCESS_ID"], second["JAX_NUM_PROCESSES"]) == (
+        "127.0.0.1:1001", "1", "2")
+    assert json.loads(second["TF_CONFIG"]) == {"cluster": {"worker": ["127.0.0.1:1002", "127.0.0.1:1003"]},
+                                               "task": {"type": "worker", "index": 1}}
+
+
+def test_the_child_is_python_m_tpuplex_with_the_cpu_devices() -> None:
+    assert launch.child_command(["train", "c.toml", "--backend", "jax"], 2) == [
+        sys.executable, "-m", "tpuplex", "train", "c.toml", "--backend", "jax", "--set", "runtime.cpu_devices=2"]
+
+
+def test_only_train_commands_are_launched() -> None:
+    with pytest.raises(TpuplexError, match="tpuplex launch runs a train command"):
+        launch.child_command(["devices"], 0)
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = launch.free_ports(4)
+    assert len(set(ports)) == 4
