@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,7 +20,9 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
+from tpuplex import launch
 from tpuplex.hosts import HOST_LOST_EXIT
+from tpuplex.preemption import PREEMPTED_EXIT
 from tpuplex.testing.tiny_bert import write_tiny_bert
 
 STEPS, CHECKPOINT_EVERY, EVAL_EVERY = 48, 8, 24
@@ -149,9 +152,32 @@ def check_kill_all_and_resume(config: Path, backend: str, folder: Path, devices:
     run.wait()
     written = sorted(p.name for p in (output_dir / "checkpoints").iterdir() if not p.name.startswith("."))
     assert written[-1] != f"step-{STEPS:08d}", "the run ended before it was killed"
+    resume_and_compare(config, backend, output_dir, devices, uninterrupted, written[-1], *sets)
+
+
+def check_preempting_one_process_stops_all(config: Path, backend: str, folder: Path, devices: int,
+                                           uninterrupted: Path, *sets: str) -> None:
+    """SIGTERM to process 1 alone: both stop after the same step with its checkpoint (exit 75), and resume."""
+    output_dir = folder / "preempted"
+    run = tpuplex(launch_args(2, devices, config, backend, output_dir, *sets))
+    wait_for(output_dir / "checkpoints" / f"step-{CHECKPOINT_EVERY:08d}", run)
+    os.kill(sorted(children(run.pid))[1], signal.SIGTERM)
+    status, output = finish(run)
+    assert status == PREEMPTED_EXIT, output
+    stops = re.findall(r"stopped by (SIGTERM|a signal to another process) after step (\d+)", output)
+    assert sorted(kind for kind, _ in stops) == ["SIGTERM", "a signal to another process"], output
+    step = int(stops[0][1])
+    assert {int(at) for _, at in stops} == {step} and step < STEPS, output
+    resume_and_compare(config, backend, output_dir, devices, uninterrupted, f"step-{step:08d}", *sets)
+
+
+def resume_and_compare(config: Path, backend: str, output_dir: Path, devices: int, uninterrupted: Path,
+                       checkpoint: str, *sets: str) -> None:
+    """Run the interrupted 2-process run again: it resumes from `checkpoint` and ends with the uninterrupted
+    run's parameters, bit for bit."""
     status, output = finish(tpuplex(launch_args(2, devices, config, backend, output_dir, *sets)))
     assert status == 0, output
-    assert f"resuming from {output_dir / 'checkpoints' / written[-1]}" in output
+    assert f"resuming from {output_dir / 'checkpoints' / checkpoint}" in output
     want, have = final_params(uninterrupted), final_params(output_dir)
     for name in want:
         np.testing.assert_array_equal(have[name], want[name], err_msg=name)
@@ -172,4 +198,44 @@ def check_lost_process(config: Path, backend: str, folder: Path, devices: int, t
     assert status == HOST_LOST_EXIT, output
     assert "tpuplex: error: process 0 of 2 stopped during" in output, output
     assert seconds < timeout + 30, seconds
+    return seconds
+
+
+def start_by_hand(config: Path, backend: str, output_dir: Path, processes: list[int], count: int,
+                  sets: dict[int, tuple[str, ...]]) -> list[subprocess.Popen]:
+    """Processes `processes` of a `count`-process run, started without the launcher, each with its own --set's."""
+    envs = launch.environments(count, launch.free_ports(count + 2))
+    started = []
+    for index in processes:
+        args = train_args(config, backend, output_dir, *sets.get(index, ()))
+        started.append(subprocess.Popen([sys.executable, "-m", "tpuplex", *args], env={**os.environ, **envs[index]},
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return started
+
+
+def check_processes_must_agree(config: Path, backend: str, folder: Path, *sets: str) -> None:
+    """Two processes started with different learning rates: both stop before the first step with one line, exit 2,
+    and write nothing."""
+    output_dir = folder / "disagree"
+    runs = start_by_hand(config, backend, output_dir, [0, 1], 2,
+                         {0: sets, 1: (*sets, "train.learning_rate=0.5")})
+    for index, run in enumerate(runs):
+        status, output = finish(run, timeout=300)
+        assert status == 2, output
+        assert "tpuplex: error: the processes of this run disagree on the configuration" in output, output
+        assert "differs from process 0" in output and f"this one, process {index}" in output
+    assert not output_dir.exists()
+
+
+def check_missing_process(config: Path, backend: str, folder: Path, timeout: float, *sets: str) -> float:
+    """Process 0 of 2 alone: it stops within `timeout` plus a margin with exit 69 and one line. Returns seconds."""
+    started = time.monotonic()
+    (run,) = start_by_hand(config, backend, folder / "missing", [0], 2,
+                           {0: (*sets, f"runtime.host_timeout={timeout}")})
+    status, output = finish(run, timeout=timeout + 120)
+    seconds = time.monotonic() - started
+    assert status == HOST_LOST_EXIT, output
+    assert "tpuplex: error: " in output and "another process has died or never arrived" in output, output
+    assert seconds < timeout + 60, seconds
+    assert not (folder / "missing").exists()
     return seconds

@@ -8,6 +8,7 @@ import pytest
 from multihost_checks import (
     check_kill_all_and_resume,
     check_lost_process,
+    check_preempting_one_process_stops_all,
     check_same_run,
     launched,
     one_process,
@@ -35,6 +36,11 @@ def test_two_processes_train_like_one(runs) -> None:
 def test_killed_processes_resume_to_the_same_parameters(runs) -> None:
     folder, config, _, _ = runs
     check_kill_all_and_resume(config, BACKEND, folder, 0, folder / "two")
+
+
+def test_a_signal_to_one_process_stops_all_at_the_same_step(runs) -> None:
+    folder, config, _, _ = runs
+    check_preempting_one_process_stops_all(config, BACKEND, folder, 0, folder / "two")
 
 
 def test_a_lost_process_stops_the_other(runs) -> None:

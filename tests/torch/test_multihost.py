@@ -10,6 +10,9 @@ import pytest
 from multihost_checks import (
     check_kill_all_and_resume,
     check_lost_process,
+    check_missing_process,
+    check_preempting_one_process_stops_all,
+    check_processes_must_agree,
     check_same_run,
     launched,
     one_process,
@@ -40,7 +43,23 @@ def test_killed_processes_resume_to_the_same_parameters(runs) -> None:
     check_kill_all_and_resume(config, BACKEND, folder, 0, folder / "two", NO_DROPOUT)
 
 
+def test_a_signal_to_one_process_stops_all_at_the_same_step(runs) -> None:
+    folder, config, _, _ = runs
+    check_preempting_one_process_stops_all(config, BACKEND, folder, 0, folder / "two", NO_DROPOUT)
+
+
 def test_a_lost_process_stops_the_other(runs) -> None:
     folder, config, _, _ = runs
     seconds = check_lost_process(config, BACKEND, folder, 0, 20, NO_DROPOUT)
     print(f"process 0 stopped {seconds:.1f} s after process 1 was killed")
+
+
+def test_processes_with_different_configs_stop_before_the_first_step(runs) -> None:
+    folder, config, _, _ = runs
+    check_processes_must_agree(config, BACKEND, folder, NO_DROPOUT)
+
+
+def test_a_process_that_never_arrives_stops_the_other(runs) -> None:
+    folder, config, _, _ = runs
+    seconds = check_missing_process(config, BACKEND, folder, 15, NO_DROPOUT)
+    print(f"process 0 stopped {seconds:.1f} s after it started alone")

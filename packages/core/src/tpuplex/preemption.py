@@ -6,9 +6,9 @@ step (or group of steps), writes a checkpoint of the exact data position and rai
 during that save only records again, so the checkpoint is finished (and it is renamed into place atomically
 anyway). The CLI exits with `PREEMPTED_EXIT`; running the same command again resumes from that checkpoint.
 
-Several processes (multi-host is not built yet): every process must stop after the same step, so `received` will be
-OR-combined across processes by the backend's collective at each step boundary before it is acted on. That check
-has one home, `trainer._Run._stop_if_signalled`.
+Several processes: every process must stop after the same step, so the Trainer OR-combines `received` across them
+(`tpuplex.hosts.Hosts.any`) at each step boundary before acting on it; a process that saw no signal itself stops
+"by a signal to another process".
 """
 
 from __future__ import annotations

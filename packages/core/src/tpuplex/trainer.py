@@ -148,6 +148,7 @@ class Trainer:
         self.warmup = warmup_steps(self.total_steps, train.warmup_ratio)
         self.profile = tuple(runtime.profile_steps)
         self.hosts = Hosts(backend, runtime.host_timeout)
+        self._processes_agree = False
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of update `step` (1-based)."""
@@ -160,7 +161,7 @@ class Trainer:
         `<output_dir>/checkpoints`, see `find_resume_point`), to `total_steps`."""
         if resume == "latest":
             resume = self.find_resume_point()
-        self._check_processes_agree(resume)
+        self._check_processes_agree(resume)  # done already when find_resume_point found `resume`
         at = _Position()
         if resume is not None:
             for line in resume.damaged:
@@ -190,18 +191,28 @@ class Trainer:
                            checkpoint=checkpoint.latest(self.checkpoint_root))
 
     def _check_processes_agree(self, resume: ResumePoint | None) -> None:
-        """Every process must compute the same run from the same step (a no-op with one process)."""
+        """Every process must compute the same run from the same step (once per Trainer; a no-op with one
+        process)."""
         hosts = self.hosts
+        if self._processes_agree or hosts.count == 1:
+            return
         hosts.agree("the configuration", self.config.hash(),
                     "start every process with the same config file, --set options and data directory")
         data = [self.train_data_fingerprint, *(b.data.fingerprint() for b in self.eval_batchers.values())]
         hosts.agree("the tokenized data", ",".join(data), "give every process the same data files and tokenizer")
         hosts.agree("the step to resume from", str(resume.at.step if resume else 0),
                     "runtime.output_dir must be one folder that every process sees (a shared disk or bucket)")
+        self._processes_agree = True
 
     def find_resume_point(self) -> ResumePoint | None:
         """The newest good checkpoint of this run, read and checked against the config and the training data, or
-        None; it writes nothing, so a refused resume (a TpuplexError) leaves the run folder as it was."""
+        None; it writes nothing, so a refused resume (a TpuplexError) leaves the run folder as it was. With several
+        processes, they also check here that they agree on the run and on this step (`_check_processes_agree`)."""
+        resume = self._latest_good_checkpoint()
+        self._check_processes_agree(resume)
+        return resume
+
+    def _latest_good_checkpoint(self) -> ResumePoint | None:
         damaged: list[str] = []
         path = checkpoint.latest_good(self.checkpoint_root, damaged.append)
         if path is None:

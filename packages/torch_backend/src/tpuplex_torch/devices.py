@@ -210,6 +210,12 @@ class XlaPlacement(Placement):
             os.environ["CPU_NUM_DEVICES"] = str(runtime.cpu_devices)
         if not xr.is_spmd():
             xr.use_spmd()
+        if xr.process_count() > 1:
+            # The core's agreement checks and checkpoint barrier need a host collective that nobody has run on a
+            # pod with this backend yet; refusing beats a run that may hang at its first checkpoint.
+            raise TpuplexError(f"torch_xla runs {xr.process_count()} processes (a multi-host TPU slice), which the "
+                               "torch backend does not support yet: use the jax or tf backend on a pod slice, or "
+                               "one host's chips with torch")
         devices = xr.global_runtime_device_count()
         replicas = runtime.cpu_devices if on_cpu and runtime.cpu_devices > 0 else devices
         if devices % replicas:
