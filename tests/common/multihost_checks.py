@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,12 +17,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
+from tiny_glue import write_tiny_model_reading
 
 from tpuplex import launch
 from tpuplex.hosts import HOST_LOST_EXIT
 from tpuplex.preemption import PREEMPTED_EXIT
-from tpuplex.testing.tiny_bert import write_tiny_bert
 
 STEPS, CHECKPOINT_EVERY, EVAL_EVERY = 48, 8, 24
 CHECKPOINT_STEPS = list(range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY))
@@ -36,9 +36,7 @@ LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", 
 
 def write_setup(folder: Path, minilm_dir: Path, mrpc: Path, **runtime) -> Path:
     """A tiny BERT with MiniLM's tokenizer and `<folder>/config.toml` training it for STEPS steps on `mrpc`."""
-    model = write_tiny_bert(folder / "model", seed=0, vocab_size=30522, max_position_embeddings=128)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy(minilm_dir / name, model / name)
+    model = write_tiny_model_reading(folder / "model", minilm_dir)
     runtime = {"checkpoint_every": CHECKPOINT_EVERY, "eval_every": EVAL_EVERY, "log_every": 1,
                "keep_checkpoints": 10, "host_timeout": 60, **runtime}
     sections = {
@@ -239,3 +237,47 @@ def check_missing_process(config: Path, backend: str, folder: Path, timeout: flo
     assert seconds < timeout + 60, seconds
     assert not (folder / "missing").exists()
     return seconds
+
+
+class MultiProcessSuite:
+    """The multi-process must-shows as tests; a backend's test module subclasses it as `Test...` and sets:
+
+    backend: the backend's name. devices: CPU devices per process (0: the backend's default, one).
+    single_devices: CPU devices of the one-process reference (the same total where the backend can).
+    sets: --set options of every run. lost_timeout: runtime.host_timeout of the lost-process run.
+    """
+
+    backend: str
+    devices: int = 0
+    single_devices: int = 0
+    sets: tuple[str, ...] = ()
+    lost_timeout: float = 20
+
+    @pytest.fixture(scope="class")
+    def runs(self, tmp_path_factory, minilm_dir, shared_glue) -> tuple[Path, Path, dict, dict]:
+        """(folder, config, one-process results, two-process results) of the uninterrupted runs."""
+        folder = tmp_path_factory.mktemp("multihost")
+        config = write_setup(folder, minilm_dir, shared_glue / "MRPC")
+        single = one_process(config, self.backend, folder / "one", self.single_devices, *self.sets)
+        multi = launched(2, self.devices, config, self.backend, folder / "two", *self.sets)
+        return folder, config, single, multi
+
+    def test_two_processes_train_like_one(self, runs) -> None:
+        folder, _, single, multi = runs
+        check_same_run(folder / "one", folder / "two", single, multi)
+        assert multi["topology"].startswith(f"cpu x{2 * max(1, self.devices)} (2 hosts, process 0)")
+        assert single["topology"].startswith(f"cpu x{max(1, self.single_devices)} (1 host, process 0)")
+
+    def test_killed_processes_resume_to_the_same_parameters(self, runs) -> None:
+        folder, config, _, _ = runs
+        check_kill_all_and_resume(config, self.backend, folder, self.devices, folder / "two", *self.sets)
+
+    def test_a_signal_to_one_process_stops_all_at_the_same_step(self, runs) -> None:
+        folder, config, _, _ = runs
+        check_preempting_one_process_stops_all(config, self.backend, folder, self.devices, folder / "two",
+                                               *self.sets)
+
+    def test_a_lost_process_stops_the_other(self, runs) -> None:
+        folder, config, _, _ = runs
+        seconds = check_lost_process(config, self.backend, folder, self.devices, self.lost_timeout, *self.sets)
+        print(f"{self.backend}: process 0 stopped {seconds:.1f} s after process 1 was killed")

@@ -7,6 +7,7 @@ writes the same bytes.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,15 @@ def write_tiny_model(directory: Path) -> Path:
     """A tiny random BERT checkpoint (config.json, model.safetensors) with its tokenizer, in `directory`."""
     write_tiny_bert(directory, seed=0)
     write_tiny_tokenizer(directory)
+    return directory
+
+
+def write_tiny_model_reading(directory: Path, tokenizer_dir: Path) -> Path:
+    """A tiny random BERT sized for the tokenizer of `tokenizer_dir` (a BERT WordPiece of 30522 tokens, such as
+    MiniLM's), with that tokenizer's files: real text becomes real tokens, and a step still takes milliseconds."""
+    write_tiny_bert(directory, seed=0, vocab_size=30522, max_position_embeddings=128)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(tokenizer_dir / name, directory / name)
     return directory
 
 
