@@ -63,7 +63,7 @@ def _pytest(session: nox.Session, folder: str, **env: str) -> None:
 
 @nox.session(name="tests-core", python="3.11")
 def tests_core(session: nox.Session) -> None:
-    _install(session, f"{CORE}[data]", *TEST_DEPS, "scikit-learn", "scipy", MINILM)
+    _install(session, f"{CORE}[data,report]", *TEST_DEPS, "scikit-learn", "scipy", MINILM)
     _pytest(session, "core")
 
 
@@ -95,7 +95,7 @@ def tests_jax(session: nox.Session) -> None:
 @nox.session(name="tests-portable", python="3.11")
 def tests_portable(session: nox.Session) -> None:
     """Checkpoints across backends: all three in one environment, so one test reads what another wrote."""
-    _install(session, CORE, f"{TF}[cpu]", JAX, *TEST_DEPS, *TORCH_REFERENCE)
+    _install(session, CORE, f"{TF}[cpu]", JAX, *TEST_DEPS, *TORCH_REFERENCE, MINILM)
     _pytest(session, "portable", TF_CPP_MIN_LOG_LEVEL="2")
 
 

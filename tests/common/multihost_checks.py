@@ -254,12 +254,13 @@ class MultiProcessSuite:
     lost_timeout: float = 20
 
     @pytest.fixture(scope="class")
-    def runs(self, tmp_path_factory, minilm_dir, shared_glue) -> tuple[Path, Path, dict, dict]:
+    @classmethod
+    def runs(cls, tmp_path_factory, minilm_dir, shared_glue) -> tuple[Path, Path, dict, dict]:
         """(folder, config, one-process results, two-process results) of the uninterrupted runs."""
         folder = tmp_path_factory.mktemp("multihost")
         config = write_setup(folder, minilm_dir, shared_glue / "MRPC")
-        single = one_process(config, self.backend, folder / "one", self.single_devices, *self.sets)
-        multi = launched(2, self.devices, config, self.backend, folder / "two", *self.sets)
+        single = one_process(config, cls.backend, folder / "one", cls.single_devices, *cls.sets)
+        multi = launched(2, cls.devices, config, cls.backend, folder / "two", *cls.sets)
         return folder, config, single, multi
 
     def test_two_processes_train_like_one(self, runs) -> None:

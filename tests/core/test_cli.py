@@ -168,3 +168,13 @@ def test_an_unexpected_exception_is_one_line_and_a_traceback_file(monkeypatch, c
     assert "Traceback" in path.read_text() and "broken_devices" in path.read_text()
     path.unlink()
 
+
+
+def test_fitted_buckets_are_used_and_recorded(write_config, tmp_path) -> None:
+    path = write_config(data__buckets=[], data__bucket_count=2)
+    done = run_module("train", str(path), "--backend", "numpy", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    fitted, max_length = results["buckets"][:-1], results["buckets"][-1]
+    assert 1 <= len(fitted) <= 2 and max_length == 32 and fitted == sorted(fitted)
+    assert results["compile_count"] <= 2 * 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpuplex.collate import Batcher, Encoded, bucket_lengths, check_divisible
+from tpuplex.collate import Batcher, Encoded, bucket_lengths, check_divisible, fit_buckets
 from tpuplex.errors import TpuplexError
 
 MAX_LENGTH = 24
@@ -146,3 +147,27 @@ def test_padding_efficiency_is_real_over_padded_tokens() -> None:
     # 24 real tokens: padded to max_length in one bucket, or exactly filling buckets of 4 and 8.
     assert Batcher(data, 2, 1, ()).padding_efficiency(train=False) == pytest.approx(24 / (4 * MAX_LENGTH))
     assert Batcher(data, 2, 1, (4, 8)).padding_efficiency(train=False) == pytest.approx(1.0)
+
+
+def padded_slots(lengths: np.ndarray, buckets: tuple[int, ...]) -> int:
+    allowed = np.asarray(buckets)
+    return int(allowed[np.searchsorted(allowed, lengths)].sum())
+
+
+@settings(max_examples=150, deadline=None)
+@given(max_length=st.sampled_from([8, 20, 32, 45, 64]), count=st.integers(1, 4), multiple=st.sampled_from([1, 4, 8]),
+       fractions=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=60))
+def test_fitted_buckets_are_the_best_choice_of_at_most_count_lengths(max_length, count, multiple, fractions) -> None:
+    lengths = np.array([max(1, int(np.ceil(f * max_length))) for f in fractions])
+    fitted = fit_buckets(lengths, max_length, count, multiple)
+    rounded = {min(-(-int(n) // multiple) * multiple, max_length) for n in lengths}
+    assert fitted[-1] == max(rounded) and len(fitted) <= count and list(fitted) == sorted(set(fitted))
+    assert all(length % multiple == 0 or length == max_length for length in fitted)
+    best = min(padded_slots(lengths, (*chosen, max(rounded))) for size in range(count)
+               for chosen in itertools.combinations(sorted(rounded - {max(rounded)}), size))
+    assert padded_slots(lengths, fitted) == best
+
+
+def test_equal_lengths_get_one_bucket() -> None:
+    assert fit_buckets(np.full(10, 13), 128, 8) == (13,)
+    assert fit_buckets(np.full(10, 13), 128, 8, multiple=8) == (16,)

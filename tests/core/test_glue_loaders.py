@@ -181,8 +181,8 @@ def test_wrong_file_for_the_task_names_the_missing_column(tmp_path):
 
 
 def test_unknown_split(tmp_path):
-    with pytest.raises(TpuplexError, match="GLUE task rte has no split 'test': use one of train, dev"):
-        read_split(get_task("rte"), "test", tmp_path)
+    with pytest.raises(TpuplexError, match="GLUE task rte has no split 'validation': use one of train, dev, test"):
+        read_split(get_task("rte"), "validation", tmp_path)
 
 
 # --- the real GLUE files ------------------------------------------------------------------------------------------

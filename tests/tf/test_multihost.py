@@ -9,4 +9,4 @@ from multihost_checks import MultiProcessSuite
 
 class TestTfProcesses(MultiProcessSuite):
     # TF's health check stops the survivor by itself (about 10 s); the timeout only has to exceed that.
-    backend, devices, single_devices, lost_timeout = "tf", 0, 2, 30
+    backend, devices, single_devices, lost_timeout = "tf", 0, 2, 60

@@ -2,6 +2,11 @@
 
     tpuplex train CONFIG --backend NAME [--set section.field=value ...] [--data-dir DIR]
     tpuplex launch --processes N [--cpu-devices K] -- train CONFIG --backend NAME ...
+    tpuplex eval RUN_OR_CHECKPOINT --backend NAME [--split SPLIT] [--data-dir DIR] [--out FILE]
+    tpuplex predict RUN_OR_CHECKPOINT --backend NAME [--split test] [--data-dir DIR] [--out DIR]
+    tpuplex export RUN_OR_CHECKPOINT --format hf|saved_model [--out DIR]
+    tpuplex sweep CONFIG --backend NAME --seeds 1,2,3 [--set ...] [--data-dir DIR]
+    tpuplex report RUN... [--out DIR]
     tpuplex devices
 
 A TpuplexError ends the command with one line on stderr, `tpuplex: error: <message>`, and exit code 2. A run
@@ -87,6 +92,37 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("child", nargs=argparse.REMAINDER, metavar="-- train CONFIG --backend NAME ...")
     launch.set_defaults(command=_launch)
 
+    evaluate = commands.add_parser("eval", help="evaluate a checkpoint (of any backend) on any backend")
+    _checkpoint_arguments(evaluate)
+    evaluate.add_argument("--split", help="one evaluation split (default: every one the run evaluates)")
+    evaluate.add_argument("--out", type=Path, help="metrics file (default: <run>/eval/<step>-<backend>.json)")
+    evaluate.set_defaults(command=_eval)
+
+    predict = commands.add_parser("predict", help="write predictions (GLUE submission files for test splits)")
+    _checkpoint_arguments(predict)
+    predict.add_argument("--split", default="test", help="test (every test file) or an evaluation split")
+    predict.add_argument("--out", type=Path, help="folder (default: <run>/predictions/<step>-<backend>/)")
+    predict.set_defaults(command=_predict)
+
+    export = commands.add_parser("export", help="an HF folder or a TF SavedModel of a checkpoint")
+    export.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT", help="a run folder or a checkpoints/step-* folder")
+    export.add_argument("--format", required=True, help="hf or saved_model")
+    export.add_argument("--out", type=Path, help="folder to create (default: <run>/export/<step>-<format>)")
+    export.set_defaults(command=_export)
+
+    sweep = commands.add_parser("sweep", help="one config over several seeds, then mean ± std")
+    sweep.add_argument("config", type=Path, help="the experiment's TOML file")
+    sweep.add_argument("--backend", required=True, help="framework backend")
+    sweep.add_argument("--seeds", required=True, help="comma-separated seeds, e.g. 1,2,3,4,5")
+    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    sweep.add_argument("--data-dir", help="folder with the task's GLUE files (sets data.data_dir)")
+    sweep.set_defaults(command=_sweep)
+
+    report = commands.add_parser("report", help="a Markdown table and a PNG of curves of finished runs")
+    report.add_argument("runs", nargs="+", metavar="RUN", help="run folders (or their results.json)")
+    report.add_argument("--out", type=Path, default=Path("."), help="folder for report.md and report.png")
+    report.set_defaults(command=_report)
+
     listing = commands.add_parser("devices", help="show the devices found and how each installed backend sees them")
     listing.set_defaults(command=_devices)
     return parser
@@ -104,6 +140,55 @@ def _train(args: argparse.Namespace) -> int:
     for split, metrics in results["metrics"].items():
         print(f"{split}: " + ", ".join(f"{name} {value:.4f}" for name, value in metrics.items()))
     print(f"results: {Path(results['output_dir']) / run.RESULTS_FILE}")
+    return 0
+
+
+def _checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT", help="a run folder or a checkpoints/step-* folder")
+    parser.add_argument("--backend", required=True, help="framework backend (any: checkpoints are portable)")
+    parser.add_argument("--data-dir", help="folder with the task's GLUE files (replaces the run's data.data_dir)")
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from tpuplex import workflow
+
+    result = workflow.evaluate(args.checkpoint, args.backend, args.split, args.data_dir, args.out)
+    for split, metrics in result["metrics"].items():
+        print(f"{split}: " + ", ".join(f"{name} {value:.6f}" for name, value in metrics.items()))
+    if "written" in result:
+        print(f"metrics: {result['written']}")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from tpuplex import workflow
+
+    for split, path in workflow.predict(args.checkpoint, args.backend, args.split, args.data_dir, args.out).items():
+        print(f"{split}: {path}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from tpuplex import export
+
+    print(f"exported: {export.export(args.checkpoint, args.format, args.out)}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from tpuplex import sweep
+
+    summary = sweep.sweep(args.config, args.backend, sweep.parse_seeds(args.seeds), args.overrides, args.data_dir)
+    print(sweep.markdown(summary))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from tpuplex import report
+
+    markdown, png = report.report(args.runs, args.out)
+    print(markdown.read_text(), end="")
+    print(f"table: {markdown}\nfigure: {png}")
     return 0
 
 

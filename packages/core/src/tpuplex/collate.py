@@ -81,6 +81,39 @@ def check_micro_batches(global_batch: int, replicas: int, grad_accum: int) -> No
         )
 
 
+def fit_buckets(lengths: np.ndarray, max_length: int, count: int, multiple: int = 1) -> tuple[int, ...]:
+    """At most `count` sequence lengths that minimise the padded tokens of examples with `lengths` (int [N], each
+    <= max_length) when each is padded to the smallest length that holds it; the last holds the longest example.
+
+    Every length is a multiple of `multiple` or `max_length`. Exact: dynamic programming over the candidate
+    lengths (the examples' lengths rounded up), O(count * candidates^2) with at most max_length / multiple
+    candidates. (A Batcher adds max_length itself, for evaluation examples longer than every training one.)
+    """
+    if count < 1:
+        raise TpuplexError(f"data.bucket_count = {count}: use 1 or more (or 0 to use data.buckets)")
+    rounded = np.minimum(-(-np.asarray(lengths, np.int64) // multiple) * multiple, max_length)
+    candidates = np.unique(rounded)
+    # covered[i]: examples whose rounded length is at most candidates[i].
+    covered = np.searchsorted(np.sort(rounded), candidates, side="right")
+    size = len(candidates)
+    # cost[k, i]: fewest padded slots for the examples up to candidates[i] with k + 1 lengths, the last candidates[i]
+    # (reached from the previous length candidates[parent[k, i]]).
+    cost = np.full((count, size), np.inf)
+    parent = np.full((count, size), -1)
+    cost[0] = candidates * covered
+    for k in range(1, count):
+        for i in range(1, size):
+            options = cost[k - 1, :i] + candidates[i] * (covered[i] - covered[:i])
+            parent[k, i] = int(options.argmin())
+            cost[k, i] = options[parent[k, i]]
+    k, i = int(cost[:, -1].argmin()), size - 1  # argmin: the fewest lengths among equally good sets
+    chosen = [int(candidates[i])]
+    while k > 0:
+        i, k = int(parent[k, i]), k - 1
+        chosen.append(int(candidates[i]))
+    return tuple(sorted(chosen))
+
+
 def bucket_lengths(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
     """The sorted set of allowed sequence lengths: the buckets below max_length, and max_length itself."""
     lengths = sorted({int(b) for b in buckets if 0 < b < max_length} | {max_length})

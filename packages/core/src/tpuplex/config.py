@@ -59,6 +59,13 @@ class DataConfig:
     max_length: int = 128
     buckets: tuple[int, ...] = ()
     """Sequence lengths below max_length to pad to; empty pads every batch to max_length."""
+    bucket_count: int = 0
+    """> 0: choose at most this many lengths (the last max_length) from the training split's lengths, those with
+    the fewest padded tokens (tpuplex.collate.fit_buckets), instead of data.buckets. Each is one compiled program
+    per step kind: 8 suits CPUs and GPUs, fewer suit TPUs, where every program is a compilation."""
+    bucket_multiple: int = 1
+    """Fitted lengths are multiples of this (or max_length); 8 aligns them with GPU tensor cores at a small cost
+    in padding (SST-2's training epoch: 0.80 of the tokens real with 8, 0.86 with 1)."""
     cache_dir: str = ".cache/tpuplex"
 
 
@@ -121,11 +128,14 @@ class Config:
         return dataclasses.asdict(self)
 
     def hash(self) -> str:
-        """A short stable hash of what the run computes, recorded in checkpoints and results: every field except
-        where outputs go and how often they are written (`OUTPUT_FIELDS`), so changing those still resumes."""
-        computed = self.to_dict()
-        for section, name in OUTPUT_FIELDS:
-            del computed[section][name]
+        """A short stable hash of what the run computes, recorded in checkpoints and results: every field that
+        differs from its default, except where outputs go and how often they are written (`OUTPUT_FIELDS`), so
+        changing those still resumes. Fields at their default are left out, so a new option never changes the
+        identity of an existing experiment."""
+        defaults = Config().to_dict()
+        computed = {section: {name: value for name, value in fields.items()
+                              if (section, name) not in OUTPUT_FIELDS and value != defaults[section][name]}
+                    for section, fields in self.to_dict().items()}
         return hashlib.sha256(json.dumps(computed, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -143,9 +153,9 @@ _CHOICES = {
 }
 _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_accum"),
              ("train", "steps_per_execution"), ("train", "learning_rate"), ("runtime", "keep_checkpoints"),
-             ("runtime", "log_every"), ("runtime", "host_timeout")}
+             ("runtime", "log_every"), ("runtime", "host_timeout"), ("data", "bucket_multiple")}
 _NON_NEGATIVE = {("train", "weight_decay"), ("train", "epochs"), ("train", "max_steps"), ("train", "eval_batch"),
-                 ("train", "clip_norm"), ("train", "adam_epsilon"), ("runtime", "eval_every"),
+                 ("train", "clip_norm"), ("train", "adam_epsilon"), ("runtime", "eval_every"), ("data", "bucket_count"),
                  ("runtime", "checkpoint_every"), ("runtime", "cpu_devices")}
 _UNIT_INTERVAL = {("train", "warmup_ratio"), ("train", "adam_beta1"), ("train", "adam_beta2")}
 _LABEL_LISTS = {("data", "labels")}
@@ -200,6 +210,9 @@ def from_dict(raw: dict[str, Any]) -> Config:
         if not isinstance(values, dict):
             raise TpuplexError(f"config [{section_field.name}] must be a table of fields, got {values!r}")
         built[section_field.name] = _build_section(section_field.name, cls, values)
+    if built["data"].buckets and built["data"].bucket_count:
+        raise TpuplexError("data.buckets and data.bucket_count are both set: keep data.buckets (lengths you choose) "
+                           "or data.bucket_count (lengths fitted to the training data), not both")
     return Config(**built)
 
 

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from tpuplex.devices import Topology
+from tpuplex.errors import TpuplexError
 
 Batch = Mapping[str, np.ndarray]
 BATCH_KEYS: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask", "labels", "weight")
@@ -161,6 +162,10 @@ class BackendBase:
 
     def stop_profile(self) -> None:
         return None
+
+    def export(self, state: Any, format: str, folder: Path) -> None:
+        """Write `state` in the framework's own serving `format` into the empty `folder` (`tpuplex.export`)."""
+        raise TpuplexError(f"the {self.name} backend cannot export {format!r}")
 
     def host_allgather(self, values: np.ndarray) -> np.ndarray:
         processes = self.topology().host_count

@@ -3,6 +3,7 @@
 Order matters: everything that can be checked cheaply (task, devices, backend, batch sizes, checkpoint, data) is
 checked before the output directory is created, so bad input leaves nothing half-written behind.
 
+    <output_dir>/run.json        the config and the directory the run started in (tpuplex.runs: eval, predict, export)
     <output_dir>/results.json    task, backend, topology, metrics per eval split, throughput, padding efficiency,
                                  compile count, wall time, config hash and config file sha256, loss summary
     <output_dir>/log.jsonl, tensorboard/, checkpoints/step-*/   (see tpuplex.reporting, tpuplex.checkpoint)
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuplex import devices, hosts, models, params, registry
+from tpuplex import devices, hosts, models, params, registry, runs
 from tpuplex.collate import Encoded, check_divisible, check_micro_batches
 from tpuplex.config import Config
 from tpuplex.devices import Topology
@@ -51,6 +52,8 @@ class Experiment:
     state: Any
     output_dir: Path
     started: float
+    model_dir: Path
+    """The checkpoint folder the model and tokenizer came from (model.checkpoint resolved)."""
     test_data: Encoded | None = None
     """The tokenized data.test_file of your own data (checked, never trained on); None without one."""
 
@@ -99,7 +102,7 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
     with trainer.hosts.watchdog.watch("building the model"):
         state = backend.init(model, optimizer_spec(config))
     return Experiment(task, backend_name, backend, topology, discovered, trainer, state, output_dir, started,
-                      test_data)
+                      checkpoint_dir, test_data)
 
 
 def train(config: Config, backend_name: str, config_path: Path | None = None) -> dict[str, Any]:
@@ -108,6 +111,8 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
     trainer, backend = run.trainer, run.backend
     resume = trainer.find_resume_point()  # before the Reporter: a refused resume writes nothing
     with Reporter(run.output_dir, write=trainer.hosts.writer) as reporter:
+        if trainer.hosts.writer:
+            write_json_atomic(run.output_dir / runs.RUN_FILE, runs.record(config))
         reporter.say(f"{backend_name}: {run.topology.report()}")
         reporter.record("start", 0, task=run.task.name, backend=backend_name, topology=run.topology.report(),
                         config_hash=config.hash(), total_steps=trainer.total_steps)
@@ -124,6 +129,7 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
             "steps_per_epoch": trainer.steps_per_epoch,
             "train": result.train.summary(),
             "eval": result.eval.summary(),
+            "buckets": list(trainer.train_batcher.lengths),
             "padding_efficiency": {
                 "train": round(trainer.train_batcher.padding_efficiency(train=True), 4),
                 **{split: round(batcher.padding_efficiency(train=False), 4)

@@ -44,7 +44,7 @@ from typing import Any, Literal
 import numpy as np
 
 from tpuplex import checkpoint
-from tpuplex.collate import Batcher, Encoded
+from tpuplex.collate import Batcher, Encoded, fit_buckets
 from tpuplex.config import Config
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import Hosts
@@ -72,6 +72,9 @@ class Throughput:
         real = batch["weight"] > 0
         return Throughput(self.examples + int(real.sum()), self.tokens + int(batch["attention_mask"][real].sum()),
                           self.seconds + seconds)
+
+    def __add__(self, other: Throughput) -> Throughput:
+        return Throughput(self.examples + other.examples, self.tokens + other.tokens, self.seconds + other.seconds)
 
     def timed(self, seconds: float) -> Throughput:
         return dataclasses.replace(self, seconds=self.seconds + seconds)
@@ -132,10 +135,12 @@ class Trainer:
         self.checkpoint_root = self.output_dir / CHECKPOINTS_DIR
         train, runtime = config.train, config.runtime
         replicas = backend.topology().device_count
-        buckets = config.data.buckets
-        self.train_batcher = Batcher(train_data, train.global_batch, replicas, buckets, seed=train.seed)
-        self.eval_batchers = {split: Batcher(data, train.eval_batch or train.global_batch, replicas, buckets,
-                                             seed=train.seed) for split, data in eval_data.items()}
+        data = config.data
+        # Fitted to the training split alone: evaluation and prediction use the same lengths, so the same programs.
+        self.buckets = (fit_buckets(train_data.lengths, train_data.max_length, data.bucket_count, data.bucket_multiple)
+                        if data.bucket_count else data.buckets)
+        self.train_batcher = Batcher(train_data, train.global_batch, replicas, self.buckets, seed=train.seed)
+        self.eval_batchers = {split: self.batcher(data) for split, data in eval_data.items()}
         self.steps_per_epoch = self.train_batcher.steps_per_epoch
         # Recorded in every checkpoint, so that resuming on other training data is refused.
         self.train_data_fingerprint = train_data.fingerprint()
@@ -229,6 +234,46 @@ class Trainer:
                 "resume, or set a new runtime.output_dir")
         at = _Position(int(info["step"]), int(info["epoch"]), int(info["position"]))
         return ResumePoint(path, arrays, at, tuple(damaged))
+
+
+    def evaluate_split(self, state: Any, split: str, what: str = "evaluation") -> tuple[dict[str, float], Throughput]:
+        """The metrics (and "loss") of eval split `split` for `state`, and the work it took."""
+        started = time.perf_counter()
+        batcher = self.eval_batchers[split]
+        logits, work = self.predict(state, batcher, what)
+        labels = batcher.data.labels
+        metrics = {**self.metric_fn(logits, labels), "loss": mean_loss(logits, labels)}
+        return metrics, work.timed(time.perf_counter() - started)
+
+    def predict(self, state: Any, batcher: Batcher, what: str = "prediction") -> tuple[np.ndarray, Throughput]:
+        """float32 [N, num_labels]: the logits of every example of `batcher`'s split, in split order, each example
+        computed exactly once (checked); and the examples and tokens it took (no time)."""
+        count = len(batcher.data)
+        logits = np.zeros((count, self.num_labels), np.float32)
+        seen = np.zeros(count, np.int64)
+        work = Throughput()
+        for item in batcher.eval_batches():
+            with self.hosts.watchdog.watch(what):
+                output = np.asarray(self.backend.predict(state, item.batch), np.float32)
+            real = item.batch["weight"] > 0
+            if output.shape != (len(real), self.num_labels) or np.any(item.index[real] < 0) \
+                    or np.any(item.index[~real] >= 0):
+                raise RuntimeError(f"evaluation batch mismatch: logits {output.shape}, "
+                                   f"{int(real.sum())} weighted rows, indices {item.index.tolist()}")
+            np.add.at(seen, item.index[real], 1)
+            logits[item.index[real]] = output[real]
+            work = work.add(item.batch)
+        if not np.all(seen == 1):
+            wrong = np.flatnonzero(seen != 1)
+            raise RuntimeError(f"evaluation counted examples {wrong[:5].tolist()} {seen[wrong[:5]].tolist()} "
+                               "times instead of once")
+        return logits, work
+
+    def batcher(self, data: Encoded) -> Batcher:
+        """Evaluation batches of `data` as the run's eval splits get them (eval batch size, buckets)."""
+        train = self.config.train
+        return Batcher(data, train.eval_batch or train.global_batch, self.backend.topology().device_count,
+                       self.buckets, seed=train.seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -401,40 +446,15 @@ class _Run:
 
     def evaluate(self) -> None:
         """Metrics of every eval split at the current step, each real example counted exactly once."""
-        for split, batcher in self.trainer.eval_batchers.items():
-            started = time.perf_counter()
-            logits = self._predict_split(batcher)
-            labels = batcher.data.labels
-            metrics = {**self.trainer.metric_fn(logits, labels), "loss": mean_loss(logits, labels)}
-            self.eval_throughput = self.eval_throughput.timed(time.perf_counter() - started)
+        for split in self.trainer.eval_batchers:
+            metrics, work = self.trainer.evaluate_split(self.state, split, f"evaluation at step {self.at.step}")
+            self.eval_throughput += work
             self.metrics[split] = metrics
             self.reporter.record("eval", self.at.step, split=split, **metrics)
             shown = ", ".join(f"{name} {value:.4f}" for name, value in metrics.items())
             self.reporter.say(f"step {self.at.step} {split}: {shown}")
         self.last_eval_step = self.at.step
         self._window_start = time.perf_counter()  # evaluation time is not training throughput
-
-    def _predict_split(self, batcher: Batcher) -> np.ndarray:
-        """float32 [N, num_labels]: the logits of every example of the split, in split order."""
-        count = len(batcher.data)
-        logits = np.zeros((count, self.trainer.num_labels), np.float32)
-        seen = np.zeros(count, np.int64)
-        for item in batcher.eval_batches():
-            with self.trainer.hosts.watchdog.watch(f"evaluation at step {self.at.step}"):
-                output = np.asarray(self.backend.predict(self.state, item.batch), np.float32)
-            real = item.batch["weight"] > 0
-            if output.shape != (len(real), self.trainer.num_labels) or np.any(item.index[real] < 0) \
-                    or np.any(item.index[~real] >= 0):
-                raise RuntimeError(f"evaluation batch mismatch: logits {output.shape}, "
-                                   f"{int(real.sum())} weighted rows, indices {item.index.tolist()}")
-            np.add.at(seen, item.index[real], 1)
-            logits[item.index[real]] = output[real]
-            self.eval_throughput = self.eval_throughput.add(item.batch)
-        if not np.all(seen == 1):
-            wrong = np.flatnonzero(seen != 1)
-            raise RuntimeError(f"evaluation counted examples {wrong[:5].tolist()} {seen[wrong[:5]].tolist()} "
-                               "times instead of once")
-        return logits
 
     def save(self) -> None:
         """Checkpoint the current state, refusing a state whose parameters are no longer finite. Process 0 writes;

@@ -14,7 +14,7 @@ from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
-from tpuplex_tf import checkpoint, model
+from tpuplex_tf import checkpoint, export, model
 from tpuplex_tf.devices import build_strategy, use_xla
 from tpuplex_tf.step import Steps
 
@@ -95,6 +95,11 @@ class TfBackend(BackendBase):
     def _gather_replicas_eagerly(self, values: tf.Tensor) -> tf.Tensor:
         """[n] -> [replicas, n]: `values` as every replica of every process holds it."""
         return self.strategy.gather(self.strategy.run(lambda: tf.expand_dims(tf.identity(values), 0)), axis=0)
+
+    def export(self, state: TfState, format: str, folder: Path) -> None:
+        if format != "saved_model":
+            super().export(state, format, folder)
+        export.saved_model(state.steps.model, state.steps.num_labels, folder)
 
     def start_profile(self, logdir: Path) -> None:
         tf.profiler.experimental.start(str(logdir))

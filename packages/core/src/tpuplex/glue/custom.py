@@ -59,6 +59,16 @@ class CustomData:
     def test_source(self) -> Source | None:
         return None if self.test is None else file_source(self.task, self.test, labelled=False)
 
+    def prediction_sources(self, split: str) -> dict[str, Source]:
+        """The split `tpuplex predict --split split` writes: "test" (data.test_file) or an evaluation split."""
+        if split == "test" and self.test is not None:
+            return {"test": self.test_source()}
+        if split in self.files and split != "train":
+            return {split: file_source(self.task, self.files[split], labelled=True)}
+        choices = [name for name in self.files if name != "train"] + (["test"] if self.test else [])
+        raise TpuplexError(f"your data has no split {split!r} to predict: use one of {', '.join(choices)} "
+                           "(set data.test_file to predict on a file without labels)")
+
 
 def task_data(data: DataConfig) -> GlueData | CustomData:
     """Your own task when `data.train_file` is set, else the GLUE task `data.task`; checks every [data] field

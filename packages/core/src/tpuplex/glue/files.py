@@ -39,9 +39,10 @@ class Examples:
 
 
 def check_split(task: Task, split: str) -> None:
-    """Raise a TpuplexError naming the task's splits when `split` is not one of them."""
-    if split not in task.splits:
-        raise TpuplexError(f"GLUE task {task.name} has no split {split!r}: use one of {', '.join(task.splits)}")
+    """Raise a TpuplexError naming the task's splits when `split` is not one of them (nor a test split)."""
+    if split not in (*task.splits, *task.test_splits):
+        raise TpuplexError(f"GLUE task {task.name} has no split {split!r}: use one of "
+                           f"{', '.join((*task.splits, *task.test_splits))}")
 
 
 def split_file(task: Task, split: str, data_dir: str | Path) -> Path:
@@ -59,7 +60,8 @@ def split_file(task: Task, split: str, data_dir: str | Path) -> Path:
 
 
 def read_split(task: Task, split: str, data_dir: str | Path) -> Examples:
-    """Read `split` ("train", "dev", or MNLI's "dev_matched"/"dev_mismatched") from the task folder `data_dir`.
+    """Read `split` ("train", "dev", MNLI's "dev_matched"/"dev_mismatched", or a test split) from the task folder
+    `data_dir`. Test files carry no labels: their examples get label -1 (0.0 for regression), in file order.
 
     Raises a TpuplexError naming the file (and line) for a missing folder or file, a missing header column, a row
     with the wrong number of fields, a label outside `task.labels` (or a score that is not a number), or no rows.
@@ -71,7 +73,8 @@ def read_split(task: Task, split: str, data_dir: str | Path) -> Examples:
         if not header:
             raise _empty(task, path)
         text_index = [_column(header, name, path) for name in task.text_columns]
-        label_index = _column(header, task.label_column, path)
+        labelled = split in task.splits
+        label_index = _column(header, task.label_column, path) if labelled else 0
         texts: list[list[str]] = [[] for _ in text_index]
         raw_labels: list[str] = []
         label_lines: list[int] = []
@@ -88,7 +91,11 @@ def read_split(task: Task, split: str, data_dir: str | Path) -> Examples:
             label_lines.append(line)
     if not raw_labels:
         raise _empty(task, path)
-    labels = _parse_labels(task, raw_labels, label_lines, path)
+    if labelled:
+        labels = _parse_labels(task, raw_labels, label_lines, path)
+    else:
+        labels = np.full(len(raw_labels), 0.0 if task.is_regression else -1,
+                         np.float32 if task.is_regression else np.int32)
     return Examples(texts[0], texts[1] if task.is_pair else None, labels)
 
 

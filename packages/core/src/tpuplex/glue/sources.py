@@ -38,8 +38,14 @@ class GlueData:
         return {split: resolve_source(self.task, split, self.data_dir or None) for split in self.task.splits}
 
     def test_source(self) -> None:
-        """GLUE's test files carry no labels, and nothing reads them."""
+        """Training reads no GLUE test file (prediction does: `prediction_sources`)."""
         return None
+
+    def prediction_sources(self, split: str) -> dict[str, Source]:
+        """The splits `tpuplex predict --split split` writes: "test" means every test file (both of MNLI's)."""
+        task = self.task
+        wanted = task.test_splits if split == "test" else (split,)
+        return {name: resolve_source(task, name, self.data_dir or None) for name in wanted}
 
 
 def resolve_source(task: Task, split: str, data_dir: str | Path | None) -> Source:

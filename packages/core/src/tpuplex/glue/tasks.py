@@ -56,6 +56,16 @@ class Task:
         """Every labelled split: "train" and the evaluation splits."""
         return ("train", *self.eval_splits)
 
+    @property
+    def test_splits(self) -> tuple[str, ...]:
+        """The unlabelled test files of the GLUE distribution: "test", MNLI's "test_matched" and "test_mismatched"."""
+        return tuple(split.replace("dev", "test") for split in self.eval_splits)
+
+    def submission_file(self, test_split: str) -> str:
+        """The file name the GLUE server expects for the predictions of `test_split` ("MNLI-m.tsv", "RTE.tsv")."""
+        suffix = {"test_matched": "-m", "test_mismatched": "-mm"}.get(test_split, "")
+        return f"{self.folder}{suffix}.tsv"
+
 
 _BINARY = ("0", "1")
 _ENTAILMENT = ("entailment", "not_entailment")

@@ -38,6 +38,7 @@ def _read(config: ConfigReader) -> Architecture:
 
 ALBERT = Family(
     model_types=("albert",),
+    classifiers=("AlbertForSequenceClassification",),
     prefix="albert",
     modules={
         "embeddings.word": "albert.embeddings.word_embeddings",

@@ -32,6 +32,7 @@ def _read(config: ConfigReader) -> Architecture:
 
 DISTILBERT = Family(
     model_types=("distilbert",),
+    classifiers=("DistilBertForSequenceClassification",),
     prefix="distilbert",
     modules={
         "embeddings.word": "distilbert.embeddings.word_embeddings",

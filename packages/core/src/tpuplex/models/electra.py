@@ -8,6 +8,7 @@ from tpuplex.models.family import Family, bert_style_modules, read_bert_style
 
 ELECTRA = Family(
     model_types=("electra",),
+    classifiers=("ElectraForSequenceClassification",),
     prefix="electra",
     modules={**bert_style_modules("electra"), "embeddings.projection": "electra.embeddings_project",
              "head.dense": "classifier.dense", "head.out": "classifier.out_proj"},

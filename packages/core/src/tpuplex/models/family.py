@@ -66,12 +66,19 @@ class Family:
     modules: canonical module -> HF module. Block modules are templates over `block` (the canonical index) or,
         for shared-layer families, `group` and `inner` (see `Architecture.blocks_per_group`).
     read: config.json -> Architecture.
+    classifiers: HF's *ForSequenceClassification class of each model type, in the order of `model_types` (what
+        an exported config.json names in "architectures").
     """
 
     model_types: tuple[str, ...]
     prefix: str
     modules: Mapping[str, str]
     read: Callable[[ConfigReader], Architecture]
+    classifiers: tuple[str, ...]
+
+    def classifier(self, model_type: str) -> str:
+        """`BertForSequenceClassification` for "bert", `XLMRobertaForSequenceClassification` for "xlm-roberta"."""
+        return self.classifiers[self.model_types.index(model_type)]
 
     @property
     def name(self) -> str:

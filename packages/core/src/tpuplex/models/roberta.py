@@ -9,6 +9,7 @@ from tpuplex.models.family import Family, bert_style_modules, read_bert_style
 
 ROBERTA = Family(
     model_types=("roberta", "xlm-roberta"),
+    classifiers=("RobertaForSequenceClassification", "XLMRobertaForSequenceClassification"),
     prefix="roberta",
     modules={**bert_style_modules("roberta"), "head.dense": "classifier.dense", "head.out": "classifier.out_proj"},
     read=lambda config: read_bert_style(config, "roberta", token_types=False,

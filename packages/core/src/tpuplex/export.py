@@ -1,0 +1,86 @@
+"""`tpuplex export`: hand a trained checkpoint to someone who uses plain transformers or TF Serving.
+
+    hf            an HF folder that `AutoModelForSequenceClassification.from_pretrained` and `AutoTokenizer` load:
+                  config.json (the checkpoint's, with num_labels, id2label/label2id, problem_type and the family's
+                  *ForSequenceClassification in "architectures"), model.safetensors (the portable checkpoint's
+                  parameters, already under HF's names and layout) and the tokenizer files. Written by the core,
+                  no framework needed.
+    saved_model   a TensorFlow SavedModel with a serving signature over token ids (written by the tf backend:
+                  `tpuplex_tf.export`).
+
+Either is written into a hidden folder beside `out` and renamed into place: whole or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from tpuplex import models, params, runs
+from tpuplex.errors import TpuplexError
+from tpuplex.glue import task_data
+
+FORMATS = {"hf": "the core", "saved_model": "tf"}
+"""Export format -> who writes it: the core, or the backend of that name."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                   "merges.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json")
+
+
+def export(path: str | Path, format: str, out: Path | None = None) -> Path:
+    """Export the checkpoint `path` names (a run folder or a step folder) as `format`; returns the folder written,
+    by default `<run>/export/<step>-<format>`."""
+    if format not in FORMATS:
+        raise TpuplexError(f"unknown export format {format!r}: use one of {', '.join(FORMATS)}")
+    found = runs.locate(path)
+    out = Path(out) if out else found.run_dir / "export" / f"{found.checkpoint.name}-{format}"
+    if out.exists():
+        raise TpuplexError(f"{out} already exists: remove it or choose another --out")
+    if format == "hf":
+        return write_atomically(out, lambda staging: write_hf(found, staging))
+    from tpuplex import workflow  # builds a backend: only for the formats a framework writes
+
+    experiment, state = workflow.restore(found, FORMATS[format])
+    return write_atomically(out, lambda staging: experiment.backend.export(state, format, staging))
+
+
+def write_hf(found: runs.Found, folder: Path) -> None:
+    """The HF folder of `found` (see the module doc) into the empty `folder`."""
+    config = found.config
+    if config.model.architecture:
+        raise TpuplexError(f"the run trained your own model ({config.model.architecture}), whose parameters keep "
+                           "their framework's names: export hf needs a model family checkpoint (model.checkpoint)")
+    model_dir = params.resolve_checkpoint(config.model.checkpoint)
+    hf_config = params.read_hf_config(model_dir)
+    family = models.family_of(hf_config)
+    task = task_data(config.data).task
+    labels = task.labels or ("score",)
+    exported = {**hf_config, "architectures": [family.classifier(hf_config["model_type"])],
+                "id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)},
+                "problem_type": "regression" if task.is_regression else "single_label_classification"}
+    (folder / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
+    weights = load_file(found.checkpoint / "model.safetensors")
+    # transformers reads the "format" metadata to know the tensors are in torch layout.
+    save_file({name: np.ascontiguousarray(a) for name, a in weights.items()}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            shutil.copy2(model_dir / name, folder / name)
+
+
+def write_atomically(out: Path, write: Callable[[Path], None]) -> Path:
+    """Run `write(staging)` on a hidden folder beside `out`, then rename it to `out`; on failure leave nothing."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        write(staging)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out

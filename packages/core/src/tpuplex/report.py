@@ -1,0 +1,112 @@
+"""`tpuplex report RUNS...`: a Markdown table of runs and a figure of their curves, for a README or a paper.
+
+    tpuplex report runs/glue/mrpc-* [--out DIR]
+
+    <DIR>/report.md    one row per run: run, task, backend, seed, steps, every final metric, wall time, train
+                       and eval examples/s, compiles, config hash (from each run's results.json)
+    <DIR>/report.png   left: the training loss of every run by step; right: each run's first eval split's first
+                       metric by step (from each run's log.jsonl)
+
+DIR defaults to the current directory. The figure needs matplotlib (pip install tpuplex-core[report]).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tpuplex.errors import TpuplexError
+from tpuplex.reporting import LOG_FILE
+from tpuplex.run import RESULTS_FILE
+
+COLUMNS = ("run", "task", "backend", "seed", "steps", "metrics", "wall time", "train ex/s", "eval ex/s", "compiles",
+           "config hash")
+
+
+def load_runs(paths: Sequence[str | Path]) -> list[tuple[Path, dict[str, Any]]]:
+    """(run folder, results.json) of each path, a run folder or its results.json."""
+    if not paths:
+        raise TpuplexError("tpuplex report needs at least one run folder: tpuplex report runs/glue/mrpc-*")
+    runs = []
+    for path in map(Path, paths):
+        folder = path.parent if path.name == RESULTS_FILE else path
+        if not (folder / RESULTS_FILE).is_file():
+            raise TpuplexError(f"{folder} has no {RESULTS_FILE}: give folders of finished tpuplex train runs")
+        runs.append((folder, json.loads((folder / RESULTS_FILE).read_text())))
+    return runs
+
+
+def table(runs: Sequence[tuple[Path, dict[str, Any]]]) -> str:
+    """The Markdown table (see the module doc); metrics in percent, losses as they are."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for folder, results in runs:
+        shown = ", ".join(f"{split} {name} {value if name == 'loss' else 100 * value:.2f}"
+                          for split, metrics in results["metrics"].items() for name, value in metrics.items())
+        cells = (folder.name, results["task"], results["backend"], str(results["config"]["train"]["seed"]),
+                 str(results["step"]), shown, f"{results['wall_seconds'] / 60:.1f} min",
+                 f"{results['train']['examples_per_s']:.1f}", f"{results['eval']['examples_per_s']:.1f}",
+                 str(results["compile_count"]), results["config_hash"])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def curves(folder: Path) -> tuple[list[tuple[int, float]], str, list[tuple[int, float]]]:
+    """(step, training loss) records, the plotted eval metric's name, and its (step, value) records."""
+    entries = [json.loads(line) for line in (folder / LOG_FILE).read_text().splitlines() if line.strip()]
+    train = [(e["step"], e["loss"]) for e in entries if e["event"] == "train"]
+    evals = [e for e in entries if e["event"] == "eval"]
+    if not evals:
+        return train, "", []
+    split = evals[0]["split"]
+    skip = {"event", "step", "time", "split", "loss"}
+    metric = next((key for key in evals[0] if key not in skip), "loss")
+    return train, f"{split} {metric}", [(e["step"], e[metric]) for e in evals if e["split"] == split]
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, or one line saying how to install it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise TpuplexError("tpuplex report draws its figure with matplotlib, which is not installed: "
+                           "pip install tpuplex-core[report]") from None
+    return plt
+
+
+def figure(runs: Sequence[tuple[Path, dict[str, Any]]], path: Path) -> Path:
+    """The PNG of training loss and eval metric curves of every run."""
+    plt = pyplot()
+    fig, (loss_axes, metric_axes) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
+    metric_names = set()
+    for folder, results in runs:
+        label = f"{folder.name} ({results['backend']})"
+        train, metric, evals = curves(folder)
+        if train:
+            loss_axes.plot(*zip(*train, strict=True), label=label, linewidth=1)
+        if evals:
+            metric_axes.plot(*zip(*evals, strict=True), marker="o", label=label)
+            metric_names.add(metric)
+    loss_axes.set(title="training loss", xlabel="step", ylabel="loss")
+    metric_axes.set(title=", ".join(sorted(metric_names)) or "evaluation", xlabel="step")
+    for axes in (loss_axes, metric_axes):
+        axes.grid(alpha=0.3)
+    loss_axes.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def report(paths: Sequence[str | Path], out: Path = Path(".")) -> tuple[Path, Path]:
+    """Write report.md and report.png for the runs `paths` into `out`; returns both paths."""
+    runs = load_runs(paths)
+    pyplot()  # before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = out / "report.md"
+    markdown.write_text(table(runs) + "\n")
+    return markdown, figure(runs, out / "report.png")

@@ -1,0 +1,94 @@
+"""A finished (or interrupted) run as the workflow commands find it: its folder, a checkpoint, and its config.
+
+`tpuplex train` writes `<output_dir>/run.json`: the config as given and the directory it ran from, so that eval,
+predict and export rebuild exactly that experiment from anywhere. Relative paths in the config (data, model, cache)
+are read from the directory the run started in when they exist there.
+
+    record(config)   what run.json holds
+    locate(path)     a run folder (its newest good checkpoint) or one of its checkpoints/step-* folders, verified,
+                     with the run's config
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tpuplex import checkpoint
+from tpuplex import config as config_lib
+from tpuplex.config import Config
+from tpuplex.errors import TpuplexError
+
+RUN_FILE = "run.json"
+_PATH_FIELDS = {"model": ("checkpoint",), "data": ("data_dir", "train_file", "test_file", "cache_dir")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """A checkpoint of a run. config: the run's config with its relative paths resolved; config_hash: the hash
+    the run recorded (of the config as given)."""
+
+    run_dir: Path
+    checkpoint: Path
+    config: Config
+    config_hash: str
+
+
+def record(config: Config) -> dict[str, Any]:
+    """The content of `<output_dir>/run.json`, which `tpuplex train` writes before its first step."""
+    return {"config": config.to_dict(), "directory": os.getcwd()}
+
+
+def locate(path: str | Path) -> Found:
+    """The checkpoint `path` names (a run folder: its newest checkpoint that verifies) and the run's config."""
+    path = Path(path).expanduser()
+    if (path / checkpoint.MANIFEST).is_file() or (path / "trainer.json").is_file():
+        step_dir, run_dir = path, path.parent.parent
+    elif path.is_dir():
+        run_dir = path
+        step_dir = checkpoint.latest_good(path / "checkpoints", lambda line: None)
+        if step_dir is None:
+            raise TpuplexError(f"{path} holds no checkpoint (no checkpoints/step-* folder that verifies): give a "
+                               "run folder (runtime.output_dir of a tpuplex train run) or one of its "
+                               "checkpoints/step-* folders")
+    else:
+        raise TpuplexError(f"{path} does not exist: give a run folder (runtime.output_dir of a tpuplex train run) "
+                           "or one of its checkpoints/step-* folders")
+    problem = checkpoint.verify(step_dir)
+    if problem:
+        raise TpuplexError(f"checkpoint {step_dir} is damaged ({problem}): give another checkpoint of the run")
+    recorded = run_dir / RUN_FILE
+    if not recorded.is_file():
+        raise TpuplexError(f"{run_dir} has no {RUN_FILE} (the config of the run that wrote {step_dir.name}): give "
+                           "the folder a tpuplex train run wrote, with the checkpoint under its checkpoints/")
+    try:
+        written = json.loads(recorded.read_text(encoding="utf-8"))
+        given = config_lib.from_dict(written["config"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise TpuplexError(f"{recorded} is unreadable ({type(error).__name__}): restore it from the run") from None
+    return Found(run_dir, step_dir, _rebased(given, Path(written.get("directory", "."))), given.hash())
+
+
+def _rebased(config: Config, directory: Path) -> Config:
+    """`config` with each relative path field that exists under `directory` made absolute there."""
+    sections = {}
+    for section, names in _PATH_FIELDS.items():
+        values = getattr(config, section)
+        changes = {name: _rebase(getattr(values, name), directory) for name in names}
+        sections[section] = dataclasses.replace(values, **changes)
+    data = sections["data"]
+    sections["data"] = dataclasses.replace(data, eval_files=tuple(_rebase(f, directory) for f in data.eval_files))
+    return dataclasses.replace(config, **sections)
+
+
+def _rebase(value: str, directory: Path) -> str:
+    """A relative path (or `folder:split`) made absolute under `directory` when it exists there."""
+    if not value or Path(value).is_absolute():
+        return value
+    path_part = value.rsplit(":", 1)[0] if ":" in value else value
+    if (directory / path_part).exists() or (directory / value).exists():
+        return str(directory / value)
+    return value

@@ -1,0 +1,104 @@
+"""What a researcher does with a trained run: evaluate a checkpoint and write predictions, on any backend.
+
+    evaluate(path, backend, split)   metrics of a checkpoint (written by any backend) on the run's eval splits,
+                                     counted exactly as in training; written to <run>/eval/<step>-<backend>.json
+    predict(path, backend, split)    logits -> predictions of a split; for GLUE test files the leaderboard files
+                                     (`index<TAB>prediction`, label strings, floats for STS-B, MNLI-m and MNLI-mm)
+
+Both rebuild the run's experiment from its run.json (`tpuplex.runs`) on the chosen backend and load the portable
+checkpoint into it, so a checkpoint trained on torch evaluates on jax or tf with the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpuplex import checkpoint, runs
+from tpuplex.errors import TpuplexError
+from tpuplex.glue import encode_cached, task_data
+from tpuplex.run import Experiment, prepare, write_json_atomic
+
+EVAL_DIR = "eval"
+PREDICTIONS_DIR = "predictions"
+
+
+def restore(found: runs.Found, backend_name: str, data_dir: str | None = None) -> tuple[Experiment, Any]:
+    """The run's experiment built on `backend_name` with its state set to the checkpoint; `data_dir` replaces
+    data.data_dir."""
+    config = found.config
+    if data_dir is not None:
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, data_dir=data_dir))
+    arrays, info = checkpoint.load(found.checkpoint, verified=True)
+    if info.get("config_hash") != found.config_hash:
+        raise TpuplexError(f"{found.checkpoint} was written with config hash {info.get('config_hash')}, but "
+                           f"{found.run_dir / runs.RUN_FILE} has {found.config_hash}: give a checkpoint of this run")
+    experiment = prepare(config, backend_name)
+    return experiment, experiment.backend.state_from_arrays(experiment.state, arrays)
+
+
+def evaluate(path: str | Path, backend_name: str, split: str | None = None, data_dir: str | None = None,
+             out: Path | None = None) -> dict[str, Any]:
+    """Evaluate the checkpoint `path` names on `backend_name`: every eval split, or `split`. Returns (and writes
+    to `out`, by default `<run>/eval/<step>-<backend>.json`) the metrics with where they came from."""
+    found = runs.locate(path)
+    experiment, state = restore(found, backend_name, data_dir)
+    trainer = experiment.trainer
+    splits = list(trainer.eval_batchers)
+    if split is not None and split not in splits:
+        raise TpuplexError(f"the run has no evaluation split {split!r}: use one of {', '.join(splits)}")
+    metrics = {name: trainer.evaluate_split(state, name)[0] for name in ([split] if split else splits)}
+    result = {"checkpoint": str(found.checkpoint), "backend": backend_name, "topology": experiment.topology.report(),
+              "task": experiment.task.name, "config_hash": found.config_hash,
+              "examples": {name: len(trainer.eval_batchers[name].data) for name in metrics}, "metrics": metrics}
+    if trainer.hosts.writer:
+        out = out or found.run_dir / EVAL_DIR / f"{found.checkpoint.name}-{backend_name}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        result["written"] = str(write_json_atomic(out, result))
+    return result
+
+
+def predict(path: str | Path, backend_name: str, split: str = "test", data_dir: str | None = None,
+            out: Path | None = None) -> dict[str, Path]:
+    """Predictions of the checkpoint `path` names on `split` ("test": every test file), one TSV per split in
+    `out` (default `<run>/predictions/<step>-<backend>/`): GLUE's submission files for GLUE test splits, else
+    `<split>.tsv`. Returns split -> file. Files appear whole: they are written beside and renamed into place."""
+    found = runs.locate(path)
+    config = found.config if data_dir is None else dataclasses.replace(
+        found.config, data=dataclasses.replace(found.config.data, data_dir=data_dir))
+    data = task_data(config.data)
+    sources = data.prediction_sources(split)  # checked before any backend starts
+    experiment, state = restore(found, backend_name, data_dir)
+    task, trainer = experiment.task, experiment.trainer
+    out = out or found.run_dir / PREDICTIONS_DIR / f"{found.checkpoint.name}-{backend_name}"
+    written = {}
+    for name, source in sources.items():
+        encoded = encode_cached(task, name, source, experiment.model_dir, config.data.max_length,
+                                Path(config.data.cache_dir).expanduser())
+        logits, _ = trainer.predict(state, trainer.batcher(encoded))
+        file_name = task.submission_file(name) if name in task.test_splits and task.folder else f"{name}.tsv"
+        if trainer.hosts.writer:
+            written[name] = _write_tsv(out / file_name, predictions(task, logits))
+    return written
+
+
+def predictions(task, logits: np.ndarray) -> list[str]:
+    """One prediction per example, as the GLUE server reads them: the label string of the argmax class, or the
+    regression score with three decimals."""
+    if task.is_regression:
+        return [f"{score:.3f}" for score in logits[:, 0]]
+    return [task.labels[index] for index in logits.argmax(axis=1)]
+
+
+def _write_tsv(path: Path, values: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}-", delete=False,
+                                     encoding="utf-8") as staging:
+        staging.write("index\tprediction\n")
+        staging.writelines(f"{index}\t{value}\n" for index, value in enumerate(values))
+    Path(staging.name).replace(path)
+    return path

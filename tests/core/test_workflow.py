@@ -1,0 +1,187 @@
+"""eval, predict, export, sweep and report on the numpy backend: what each writes, and one line for bad input.
+Cross-framework checks (torch -> jax/tf eval, the HF folder in transformers, the SavedModel) are in
+tests/portable/test_workflow.py."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file
+from tiny_glue import mrpc_rows, write_tiny_model_reading
+
+from tpuplex import cli, export, runs, sweep
+from tpuplex.errors import TpuplexError
+
+TEST_HEADER = "index\t#1 ID\t#2 ID\t#1 String\t#2 String"
+
+
+@pytest.fixture
+def trained(write_config, tmp_path) -> Path:
+    """A finished numpy run on tiny MRPC (with a test.tsv of 23 rows beside it); returns its run folder."""
+    config = write_config(runtime__checkpoint_every=6, train__max_steps=12)
+    assert cli.main(["train", str(config), "--backend", "numpy"]) == 0
+    return tmp_path / "run"
+
+
+@pytest.fixture
+def with_test_file(tiny_mrpc, tmp_path) -> Path:
+    """A copy of tiny MRPC with an unlabelled test.tsv (23 rows) in GLUE's test format."""
+    folder = tmp_path / "MRPC-with-test"
+    folder.mkdir()
+    for name in ("train.tsv", "dev.tsv"):
+        (folder / name).write_bytes((tiny_mrpc / name).read_bytes())
+    rows = [f"{i}\t{row.split(chr(9), 1)[1]}" for i, row in enumerate(mrpc_rows(23, seed=5))]
+    (folder / "test.tsv").write_text("\n".join([TEST_HEADER, *rows]) + "\n")
+    return folder
+
+
+def test_train_records_the_config_that_eval_reads(trained) -> None:
+    found = runs.locate(trained)
+    results = json.loads((trained / "results.json").read_text())
+    assert found.checkpoint == trained / "checkpoints" / "step-00000012"
+    assert found.config_hash == results["config_hash"]
+    assert runs.locate(trained / "checkpoints" / "step-00000006").checkpoint.name == "step-00000006"
+
+
+def test_eval_of_the_final_checkpoint_gives_the_training_run_s_metrics(trained, capsys) -> None:
+    assert cli.main(["eval", str(trained), "--backend", "numpy"]) == 0
+    written = json.loads((trained / "eval" / "step-00000012-numpy.json").read_text())
+    expected = json.loads((trained / "results.json").read_text())["metrics"]
+    assert written["examples"] == {"dev": 37}
+    for name, value in expected["dev"].items():
+        assert written["metrics"]["dev"][name] == pytest.approx(value, abs=1e-6)
+    assert f"dev: accuracy {expected['dev']['accuracy']:.6f}" in capsys.readouterr().out
+
+
+def test_predict_writes_the_glue_submission_file(trained, with_test_file) -> None:
+    assert cli.main(["predict", str(trained), "--backend", "numpy", "--data-dir", str(with_test_file)]) == 0
+    path = trained / "predictions" / "step-00000012-numpy" / "MRPC.tsv"
+    lines = path.read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 1 + 23
+    assert [line.split("\t")[0] for line in lines[1:]] == [str(i) for i in range(23)]
+    assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
+
+
+def test_predict_on_dev_matches_eval_accuracy(trained, tiny_mrpc, tmp_path) -> None:
+    out = tmp_path / "dev-predictions"
+    assert cli.main(["predict", str(trained), "--backend", "numpy", "--split", "dev", "--out", str(out)]) == 0
+    predicted = np.array([int(line.split("\t")[1]) for line in (out / "dev.tsv").read_text().splitlines()[1:]])
+    labels = np.array([int(line.split("\t")[0]) for line in (tiny_mrpc / "dev.tsv").read_text().splitlines()[1:]])
+    accuracy = json.loads((trained / "results.json").read_text())["metrics"]["dev"]["accuracy"]
+    assert np.mean(predicted == labels) == pytest.approx(accuracy)
+
+
+def test_export_hf_writes_config_weights_and_tokenizer(trained, tiny_model) -> None:
+    assert cli.main(["export", str(trained), "--format", "hf"]) == 0
+    folder = trained / "export" / "step-00000012-hf"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"]
+    assert config["id2label"] == {"0": "0", "1": "1"} and config["label2id"] == {"0": 0, "1": 1}
+    assert config["problem_type"] == "single_label_classification"
+    assert config["hidden_size"] == json.loads((tiny_model / "config.json").read_text())["hidden_size"]
+    with safe_open(folder / "model.safetensors", "np") as weights:
+        assert weights.metadata() == {"format": "pt"}
+    exported = load_file(folder / "model.safetensors")
+    trained_weights = load_file(trained / "checkpoints" / "step-00000012" / "model.safetensors")
+    assert exported.keys() == trained_weights.keys() and "classifier.weight" in exported
+    assert all(np.array_equal(exported[name], trained_weights[name]) for name in exported)
+    assert {"tokenizer.json", "vocab.txt"} <= {p.name for p in folder.iterdir()}
+
+
+def test_report_writes_a_table_row_per_run_and_a_png(trained, tmp_path) -> None:
+    out = tmp_path / "report"
+    assert cli.main(["report", str(trained), str(trained / "results.json"), "--out", str(out)]) == 0
+    rows = (out / "report.md").read_text().splitlines()
+    assert rows[0].startswith("| run | task | backend | seed |") and len(rows) == 2 + 2
+    assert rows[2].startswith("| run | mrpc | numpy | 7 | 12 | dev accuracy ")
+    png = (out / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24]) == (1100, 400)  # figsize 11 x 4 inches at 100 dpi
+
+
+def test_sweep_runs_every_seed_and_reports_mean_and_std(write_config, tmp_path, capsys) -> None:
+    config = write_config(train__max_steps=4)
+    assert cli.main(["sweep", str(config), "--backend", "numpy", "--seeds", "1,2,3"]) == 0
+    summary = json.loads((tmp_path / "run" / "sweep.json").read_text())
+    accuracies = [json.loads((tmp_path / "run" / f"seed-{s}" / "results.json").read_text())["metrics"]["dev"]
+                  ["accuracy"] for s in (1, 2, 3)]
+    assert summary["seeds"] == [1, 2, 3]
+    assert summary["metrics"]["dev accuracy"]["values"] == accuracies
+    assert summary["metrics"]["dev accuracy"]["mean"] == pytest.approx(np.mean(accuracies))
+    assert summary["metrics"]["dev accuracy"]["std"] == pytest.approx(np.std(accuracies, ddof=1))
+    table = (tmp_path / "run" / "sweep.md").read_text()
+    assert "| dev accuracy |" in table and table in capsys.readouterr().out + "\n"
+
+
+def test_an_interrupted_sweep_keeps_its_finished_seeds(write_config, tmp_path) -> None:
+    config = write_config(train__max_steps=4)
+    assert cli.main(["sweep", str(config), "--backend", "numpy", "--seeds", "1"]) == 0
+    first = (tmp_path / "run" / "seed-1" / "results.json").stat().st_mtime_ns
+    assert cli.main(["sweep", str(config), "--backend", "numpy", "--seeds", "1,2"]) == 0
+    assert (tmp_path / "run" / "seed-1" / "results.json").stat().st_mtime_ns == first
+    assert json.loads((tmp_path / "run" / "sweep.json").read_text())["seeds"] == [1, 2]
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpuplex", *args], capture_output=True, text=True, cwd=cwd,
+                          check=False, timeout=300)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["eval", "{empty}", "--backend", "numpy"], "holds no checkpoint"),
+    (["eval", "{missing}", "--backend", "numpy"], "does not exist: give a run folder"),
+    (["eval", "{run}", "--backend", "numpy", "--split", "test"], "has no evaluation split 'test'"),
+    (["predict", "{run}", "--backend", "numpy", "--split", "dev_matched"], "has no split 'dev_matched'"),
+    (["predict", "{run}", "--backend", "numpy"], "test.tsv does not exist"),
+    (["export", "{run}", "--format", "onnx"], "unknown export format 'onnx': use one of hf, saved_model"),
+    (["sweep", "{config}", "--backend", "numpy", "--seeds", "1,x"], "is not a comma-separated list of integers"),
+    (["report", "{empty}"], "has no results.json"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(trained, args, message, tmp_path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    names = {"empty": empty, "missing": tmp_path / "missing", "run": trained, "config": tmp_path / "config.toml"}
+    done = run_cli(*(arg.format(**names) for arg in args), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tpuplex: error: ") and message in lines[0], done.stderr
+    after = sorted(str(p) for p in tmp_path.rglob("*") if "/cache/" not in str(p))
+    assert after == [p for p in before if "/cache/" not in p]
+
+
+def test_export_refuses_an_existing_folder(trained) -> None:
+    out = trained / "taken"
+    out.mkdir()
+    with pytest.raises(TpuplexError, match="already exists"):
+        export.export(trained, "hf", out)
+
+
+def test_bad_seeds() -> None:
+    with pytest.raises(TpuplexError, match="each once"):
+        sweep.parse_seeds("1,1")
+
+
+@pytest.mark.parametrize(("task", "rows", "labels"), [
+    ("MRPC", 1725, {"0", "1"}), ("RTE", 3000, {"entailment", "not_entailment"}), ("SST-2", 1821, {"0", "1"}),
+    ("WNLI", 146, {"0", "1"})])
+def test_predict_writes_submission_files_for_the_real_test_sets(task, rows, labels, shared_glue, minilm_dir,
+                                                                tmp_path) -> None:
+    model = write_tiny_model_reading(tmp_path / "model", minilm_dir)
+    config = tmp_path / "config.toml"
+    config.write_text(f'[model]\ncheckpoint = "{model}"\n[data]\ntask = "{task}"\ndata_dir = "{shared_glue / task}"\n'
+                      f'max_length = 64\ncache_dir = "{tmp_path / "cache"}"\n[train]\nmax_steps = 1\n'
+                      f'global_batch = 8\n[runtime]\noutput_dir = "{tmp_path / "run"}"\n')
+    assert cli.main(["train", str(config), "--backend", "numpy"]) == 0
+    assert cli.main(["predict", str(tmp_path / "run"), "--backend", "numpy", "--out", str(tmp_path / "out")]) == 0
+    lines = (tmp_path / "out" / f"{task}.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 1 + rows
+    assert [line.split("\t")[0] for line in lines[1:]] == [str(i) for i in range(rows)]
+    assert {line.split("\t")[1] for line in lines[1:]} <= labels
