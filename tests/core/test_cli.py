@@ -41,6 +41,8 @@ def test_a_whole_run_writes_results_logs_tensorboard_and_checkpoints(write_confi
     assert 0 < results["padding_efficiency"]["train"] <= 1 and 0 < results["padding_efficiency"]["dev"] <= 1
     # Train and predict programs, each for at most every bucket length (16, 24 and max_length 32).
     assert 1 <= results["compile_count"] <= 2 * 3
+    by_epoch = results["compile_count_by_epoch"]
+    assert list(by_epoch) == ["1", "2", "3"] and len(set(by_epoch.values())) == 1  # none after the first epoch
     assert results["config_hash"] == config.hash()
     assert results["config_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert results["losses"]["steps"] == results["step"]

@@ -1,6 +1,7 @@
 """What a run tells the world: a JSONL log, TensorBoard scalars and a progress bar.
 
-    <output_dir>/log.jsonl       one JSON object per line: {"event": "start" | "train" | "eval" | "checkpoint", ...}
+    <output_dir>/log.jsonl       one JSON object per line: {"event": "start" | "train" | "eval" | "checkpoint" |
+                                 "epoch", ...}
     <output_dir>/tensorboard/    tensorboardX event files: train/loss, train/learning_rate, train/examples_per_s,
                                  eval/<split>/<metric>
 

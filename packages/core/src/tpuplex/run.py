@@ -136,6 +136,7 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
                    for split, batcher in trainer.eval_batchers.items()},
             },
             "compile_count": backend.compile_count(),
+            "compile_count_by_epoch": result.compiles_by_epoch,
             "losses": loss_summary(result, config.runtime.log_every),
             "resumed_from": str(result.resumed_from) if result.resumed_from else None,
             "checkpoint": str(result.checkpoint) if result.checkpoint else None,

@@ -92,6 +92,7 @@ class TrainResult:
     metrics: eval split -> metric -> value, from the last evaluation (of the final state).
     losses: the training loss of every step this process ran, in order, beginning at step `first_step`.
     train, eval: throughput of this process's training steps and evaluations.
+    compiles_by_epoch: epoch -> programs compiled so far, at the end of each epoch this process finished.
     """
 
     state: Any
@@ -103,6 +104,7 @@ class TrainResult:
     eval: Throughput
     resumed_from: Path | None
     checkpoint: Path | None
+    compiles_by_epoch: dict[int, int]
 
 
 @dataclasses.dataclass
@@ -193,7 +195,8 @@ class Trainer:
         return TrainResult(state=run.state, step=at.step, metrics=run.metrics, losses=run.losses,
                            first_step=first_step, train=run.train_throughput, eval=run.eval_throughput,
                            resumed_from=resume.path if resume else None,
-                           checkpoint=checkpoint.latest(self.checkpoint_root))
+                           checkpoint=checkpoint.latest(self.checkpoint_root),
+                           compiles_by_epoch=run.compiles_by_epoch)
 
     def _check_processes_agree(self, resume: ResumePoint | None) -> None:
         """Every process must compute the same run from the same step (once per Trainer; a no-op with one
@@ -307,6 +310,7 @@ class _Run:
         self.train_throughput = Throughput()
         self.eval_throughput = Throughput()
         self.profiling = False
+        self.compiles_by_epoch: dict[int, int] = {}
         self._window: list[float] = []
         self._window_examples = 0
         self._window_start = time.perf_counter()
@@ -335,6 +339,9 @@ class _Run:
                 self.evaluate()
             if self.checkpoint_every == 0:
                 self.save()
+            # Cumulative programs at each epoch's end: equal counts after the first mean no recompilation.
+            self.compiles_by_epoch[at.epoch] = self.backend.compile_count()
+            self.reporter.record("epoch", at.step, epoch=at.epoch, compiles=self.compiles_by_epoch[at.epoch])
 
     def _next_group(self, batches: _Lookahead, stop: int) -> list[Batch]:
         """The next 1 or `steps_per_execution` batches: a whole group only if it ends at or before the next
