@@ -46,8 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tpuplex: error: {_one_line(str(error))}", file=sys.stderr)
         return USAGE_ERROR
     except HostLost as lost:
-        print(f"tpuplex: error: {lost}", file=sys.stderr)
-        return HOST_LOST_EXIT
+        print(f"tpuplex: error: {lost}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Not a normal exit: the frameworks' exit handlers wait for the lost process (JAX's distributed shutdown
+        # waits up to 5 minutes for it), so end here, as the watchdog does.
+        os._exit(HOST_LOST_EXIT)
     except Preempted as preempted:
         print(f"tpuplex: {preempted}", file=sys.stderr)
         return PREEMPTED_EXIT
