@@ -53,9 +53,11 @@ def write_setup(folder: Path, minilm_dir: Path, mrpc: Path, **runtime) -> Path:
     return folder / "config.toml"
 
 
-def tpuplex(args: list[str], **popen) -> subprocess.Popen:
+def tpuplex(args: list[str], launched_as: dict[str, str] | None = None, **popen) -> subprocess.Popen:
+    """`python -m tpuplex ARGS`, with `launched_as`: the variables a launcher gives one process (none by default)."""
     env = {key: value for key, value in os.environ.items() if key not in LAUNCH_ENV}
-    return subprocess.Popen([sys.executable, "-m", "tpuplex", *args], env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    return subprocess.Popen([sys.executable, "-m", "tpuplex", *args],
+                            env={**env, "TF_CPP_MIN_LOG_LEVEL": "2", **(launched_as or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
@@ -203,12 +205,8 @@ def start_by_hand(config: Path, backend: str, output_dir: Path, processes: list[
                   sets: dict[int, tuple[str, ...]]) -> list[subprocess.Popen]:
     """Processes `processes` of a `count`-process run, started without the launcher, each with its own --set's."""
     envs = launch.environments(count, launch.free_ports(count + 2))
-    started = []
-    for index in processes:
-        args = train_args(config, backend, output_dir, *sets.get(index, ()))
-        started.append(subprocess.Popen([sys.executable, "-m", "tpuplex", *args], env={**os.environ, **envs[index]},
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    return started
+    return [tpuplex(train_args(config, backend, output_dir, *sets.get(index, ())), launched_as=envs[index])
+            for index in processes]
 
 
 def check_processes_must_agree(config: Path, backend: str, folder: Path, *sets: str) -> None:

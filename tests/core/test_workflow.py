@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
+from test_cli import run_module
 from tiny_glue import mrpc_rows, write_tiny_model_reading
 
 from tpuplex import cli, export, runs, sweep
@@ -129,11 +128,6 @@ def test_an_interrupted_sweep_keeps_its_finished_seeds(write_config, tmp_path) -
     assert json.loads((tmp_path / "run" / "sweep.json").read_text())["seeds"] == [1, 2]
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpuplex", *args], capture_output=True, text=True, cwd=cwd,
-                          check=False, timeout=300)
-
-
 @pytest.mark.parametrize(("args", "message"), [
     (["eval", "{empty}", "--backend", "numpy"], "holds no checkpoint"),
     (["eval", "{missing}", "--backend", "numpy"], "does not exist: give a run folder"),
@@ -149,7 +143,7 @@ def test_bad_input_is_one_line_and_writes_nothing(trained, args, message, tmp_pa
     empty.mkdir()
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     names = {"empty": empty, "missing": tmp_path / "missing", "run": trained, "config": tmp_path / "config.toml"}
-    done = run_cli(*(arg.format(**names) for arg in args), cwd=tmp_path)
+    done = run_module(*(arg.format(**names) for arg in args), cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tpuplex: error: ") and message in lines[0], done.stderr

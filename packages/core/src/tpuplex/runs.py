@@ -6,7 +6,7 @@ are read from the directory the run started in when they exist there.
 
     record(config)   what run.json holds
     locate(path)     a run folder (its newest good checkpoint) or one of its checkpoints/step-* folders, verified,
-                     with the run's config
+                     with the run's config (`data_dir` replaces its data.data_dir)
 """
 
 from __future__ import annotations
@@ -42,11 +42,15 @@ def record(config: Config) -> dict[str, Any]:
     return {"config": config.to_dict(), "directory": os.getcwd()}
 
 
-def locate(path: str | Path) -> Found:
-    """The checkpoint `path` names (a run folder: its newest checkpoint that verifies) and the run's config."""
+def locate(path: str | Path, data_dir: str | None = None) -> Found:
+    """The checkpoint `path` names (a run folder: its newest checkpoint that verifies) and the run's config, with
+    data.data_dir replaced by `data_dir` when given."""
     path = Path(path).expanduser()
     if (path / checkpoint.MANIFEST).is_file() or (path / "trainer.json").is_file():
         step_dir, run_dir = path, path.parent.parent
+        problem = checkpoint.verify(step_dir)
+        if problem:
+            raise TpuplexError(f"checkpoint {step_dir} is damaged ({problem}): give another checkpoint of the run")
     elif path.is_dir():
         run_dir = path
         step_dir = checkpoint.latest_good(path / "checkpoints", lambda line: None)
@@ -57,9 +61,6 @@ def locate(path: str | Path) -> Found:
     else:
         raise TpuplexError(f"{path} does not exist: give a run folder (runtime.output_dir of a tpuplex train run) "
                            "or one of its checkpoints/step-* folders")
-    problem = checkpoint.verify(step_dir)
-    if problem:
-        raise TpuplexError(f"checkpoint {step_dir} is damaged ({problem}): give another checkpoint of the run")
     recorded = run_dir / RUN_FILE
     if not recorded.is_file():
         raise TpuplexError(f"{run_dir} has no {RUN_FILE} (the config of the run that wrote {step_dir.name}): give "
@@ -69,7 +70,10 @@ def locate(path: str | Path) -> Found:
         given = config_lib.from_dict(written["config"])
     except (ValueError, KeyError, TypeError) as error:
         raise TpuplexError(f"{recorded} is unreadable ({type(error).__name__}): restore it from the run") from None
-    return Found(run_dir, step_dir, _rebased(given, Path(written.get("directory", "."))), given.hash())
+    config = _rebased(given, Path(written.get("directory", ".")))
+    if data_dir is not None:
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, data_dir=data_dir))
+    return Found(run_dir, step_dir, config, given.hash())
 
 
 def _rebased(config: Config, directory: Path) -> Config:

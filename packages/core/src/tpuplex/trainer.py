@@ -137,10 +137,10 @@ class Trainer:
         self.checkpoint_root = self.output_dir / CHECKPOINTS_DIR
         train, runtime = config.train, config.runtime
         replicas = backend.topology().device_count
-        data = config.data
+        data_config = config.data
         # Fitted to the training split alone: evaluation and prediction use the same lengths, so the same programs.
-        self.buckets = (fit_buckets(train_data.lengths, train_data.max_length, data.bucket_count, data.bucket_multiple)
-                        if data.bucket_count else data.buckets)
+        self.buckets = (fit_buckets(train_data.lengths, train_data.max_length, data_config.bucket_count,
+                                    data_config.bucket_multiple) if data_config.bucket_count else data_config.buckets)
         self.train_batcher = Batcher(train_data, train.global_batch, replicas, self.buckets, seed=train.seed)
         self.eval_batchers = {split: self.batcher(data) for split, data in eval_data.items()}
         self.steps_per_epoch = self.train_batcher.steps_per_epoch
@@ -237,7 +237,6 @@ class Trainer:
                 "resume, or set a new runtime.output_dir")
         at = _Position(int(info["step"]), int(info["epoch"]), int(info["position"]))
         return ResumePoint(path, arrays, at, tuple(damaged))
-
 
     def evaluate_split(self, state: Any, split: str, what: str = "evaluation") -> tuple[dict[str, float], Throughput]:
         """The metrics (and "loss") of eval split `split` for `state`, and the work it took."""

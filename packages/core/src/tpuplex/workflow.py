@@ -11,7 +11,6 @@ checkpoint into it, so a checkpoint trained on torch evaluates on jax or tf with
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,17 +26,13 @@ EVAL_DIR = "eval"
 PREDICTIONS_DIR = "predictions"
 
 
-def restore(found: runs.Found, backend_name: str, data_dir: str | None = None) -> tuple[Experiment, Any]:
-    """The run's experiment built on `backend_name` with its state set to the checkpoint; `data_dir` replaces
-    data.data_dir."""
-    config = found.config
-    if data_dir is not None:
-        config = dataclasses.replace(config, data=dataclasses.replace(config.data, data_dir=data_dir))
+def restore(found: runs.Found, backend_name: str) -> tuple[Experiment, Any]:
+    """The run's experiment built on `backend_name` with its state set to the checkpoint."""
     arrays, info = checkpoint.load(found.checkpoint, verified=True)
     if info.get("config_hash") != found.config_hash:
         raise TpuplexError(f"{found.checkpoint} was written with config hash {info.get('config_hash')}, but "
                            f"{found.run_dir / runs.RUN_FILE} has {found.config_hash}: give a checkpoint of this run")
-    experiment = prepare(config, backend_name)
+    experiment = prepare(found.config, backend_name)
     return experiment, experiment.backend.state_from_arrays(experiment.state, arrays)
 
 
@@ -45,8 +40,8 @@ def evaluate(path: str | Path, backend_name: str, split: str | None = None, data
              out: Path | None = None) -> dict[str, Any]:
     """Evaluate the checkpoint `path` names on `backend_name`: every eval split, or `split`. Returns (and writes
     to `out`, by default `<run>/eval/<step>-<backend>.json`) the metrics with where they came from."""
-    found = runs.locate(path)
-    experiment, state = restore(found, backend_name, data_dir)
+    found = runs.locate(path, data_dir)
+    experiment, state = restore(found, backend_name)
     trainer = experiment.trainer
     splits = list(trainer.eval_batchers)
     if split is not None and split not in splits:
@@ -67,12 +62,10 @@ def predict(path: str | Path, backend_name: str, split: str = "test", data_dir: 
     """Predictions of the checkpoint `path` names on `split` ("test": every test file), one TSV per split in
     `out` (default `<run>/predictions/<step>-<backend>/`): GLUE's submission files for GLUE test splits, else
     `<split>.tsv`. Returns split -> file. Files appear whole: they are written beside and renamed into place."""
-    found = runs.locate(path)
-    config = found.config if data_dir is None else dataclasses.replace(
-        found.config, data=dataclasses.replace(found.config.data, data_dir=data_dir))
-    data = task_data(config.data)
-    sources = data.prediction_sources(split)  # checked before any backend starts
-    experiment, state = restore(found, backend_name, data_dir)
+    found = runs.locate(path, data_dir)
+    config = found.config
+    sources = task_data(config.data).prediction_sources(split)  # checked before any backend starts
+    experiment, state = restore(found, backend_name)
     task, trainer = experiment.task, experiment.trainer
     out = out or found.run_dir / PREDICTIONS_DIR / f"{found.checkpoint.name}-{backend_name}"
     written = {}

@@ -41,7 +41,7 @@ class TfBackend(BackendBase):
         xla = "XLA on" if self.jit_compile else "XLA off"
         self._topology = dataclasses.replace(topology, detail=f"{topology.detail}, {xla}")
         self._steps: list[Steps] = []
-        self._gather_replicas = tf.function(self._gather_replicas_eagerly)
+        self._gather_replicas = tf.function(self._replica_values)
 
     def topology(self) -> Topology:
         return self._topology
@@ -92,7 +92,7 @@ class TfBackend(BackendBase):
         per_replica = self._gather_replicas(tf.constant(values, tf.float32)).numpy()
         return per_replica[:: len(per_replica) // processes].astype(np.float64)
 
-    def _gather_replicas_eagerly(self, values: tf.Tensor) -> tf.Tensor:
+    def _replica_values(self, values: tf.Tensor) -> tf.Tensor:
         """[n] -> [replicas, n]: `values` as every replica of every process holds it."""
         return self.strategy.gather(self.strategy.run(lambda: tf.expand_dims(tf.identity(values), 0)), axis=0)
 
