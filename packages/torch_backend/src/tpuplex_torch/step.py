@@ -38,11 +38,13 @@ def make_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.A
     """AdamW with decay on the parameters `decays(name)` selects and none on the rest.
 
     Its state (exp_avg, exp_avg_sq, step) is what checkpoints hold; on XLA `adamw_on_xla` applies the update.
+    `foreach`: torch picks it by itself only on GPUs; on the CPU it updates the same bits as the per-parameter
+    loop, in fewer, larger kernels (`fused` would be faster still but rounds differently).
     """
     named = list(model.named_parameters())
     groups = [{"params": [p for name, p in named if decays(name)], "weight_decay": spec.weight_decay},
               {"params": [p for name, p in named if not decays(name)], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=0.0, betas=(spec.beta1, spec.beta2), eps=spec.epsilon)
+    return torch.optim.AdamW(groups, lr=0.0, betas=(spec.beta1, spec.beta2), eps=spec.epsilon, foreach=True)
 
 
 def dropout_seed(seed: int, step: int) -> int:
@@ -144,5 +146,4 @@ def _clip_by_global_norm(parameters: list[torch.nn.Parameter], clip_norm: float)
     """g *= min(1, clip_norm / ||g||) over all gradients together; a zero norm (clip_norm / 0 = inf) leaves g."""
     grads = [p.grad for p in parameters]
     scale = (clip_norm / torch.nn.utils.get_total_norm(grads)).clamp(max=1.0)
-    for grad in grads:
-        grad.mul_(scale)
+    torch._foreach_mul_(grads, scale)
