@@ -156,12 +156,12 @@ def _tpu_strategy(found: Topology) -> tf.distribute.TPUStrategy:
 def use_xla(topology: Topology) -> bool:
     """Whether the per-replica programs get `jit_compile=True`; TPUPLEX_TF_JIT=1 or 0 overrides the default.
 
-    Default: on TPUs (where XLA is the only way) and GPUs, off on CPUs. TensorFlow's own CPU kernels (oneDNN) run
-    MiniLM's [32, 128] step about 1.8x faster than XLA:CPU does (benchmarks/throughput.py, TPUPLEX_TF_JIT=0 and 1
-    one after the other), and MirroredStrategy over logical CPU devices would compile one copy of each program per
-    device on the same cores (tiny BERT's first step: 262 s with XLA, 55 s without, on 8 logical CPUs). The
-    losses agree to float32 rounding; dropout masks differ, since TensorFlow's stateless random ops draw other
-    numbers under XLA.
+    Default: on TPUs (where XLA is the only way) and GPUs, off on CPUs. TensorFlow's own CPU kernels (oneDNN) ran
+    MiniLM's [32, 128] step about 1.8x faster than XLA:CPU (benchmarks/throughput.py, TPUPLEX_TF_JIT=0 and 1 one
+    after the other, while another job shared the machine). MirroredStrategy over logical CPU devices would also
+    compile one copy of each program per device on the same cores (tiny BERT's first step: 262 s with XLA, 55 s
+    without, on 8 logical CPUs). The losses agree to float32 rounding; dropout masks differ, since TensorFlow's
+    stateless random ops draw other numbers under XLA.
     """
     override = os.environ.get(JIT_ENV, "")
     if override in ("0", "1"):
