@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from throughput import padding_efficiency
 
 from tpuplex import config as config_lib
 from tpuplex import params
+from tpuplex.collate import padding_efficiency
 from tpuplex.glue import get_task, load_encoded
 
 

@@ -34,11 +34,11 @@ import numpy as np
 
 from tpuplex import config as config_lib
 from tpuplex import params
+from tpuplex.glue import get_task
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE.parent / "examples" / "glue" / "configs"
 GLUE = HERE.parents[1] / "shared" / "glue"
-TASK_FOLDERS = {"mrpc": "MRPC", "sst2": "SST-2", "rte": "RTE", "wnli": "WNLI", "cola": "CoLA", "stsb": "STS-B"}
 # backend -> the peers its tpuplex row is compared with, as peer_loops.py arguments.
 PEERS = {"torch": (("hf-trainer", "dynamic"), ("hf-trainer", "max")),
          "jax": (("flax-loop", "max"),),
@@ -114,7 +114,7 @@ def main() -> None:
         python = pythons.get(backend, sys.executable)
         measured: dict[str, list[dict]] = {}
         for round_ in range(args.rounds):
-            for script, side_args in sides(task, backend, fixed, args.steps, args.glue_dir / TASK_FOLDERS[task]):
+            for script, side_args in sides(task, backend, fixed, args.steps, args.glue_dir / get_task(task).folder):
                 command = (python, str(HERE / script), *side_args)
                 if (round_, command) not in done:  # flax-loop at max_length is both a peer and the fixed baseline
                     done[round_, command] = run_side(command)

@@ -17,16 +17,9 @@ import itertools
 import json
 import time
 
-import numpy as np
-
 from tpuplex import config as config_lib
 from tpuplex import run
-
-
-def padding_efficiency(batches: list[dict[str, np.ndarray]]) -> float:
-    """Real tokens / padded tokens of these batches (rows of weight 0 are padding too)."""
-    real = sum(int((b["attention_mask"].sum(axis=1) * b.get("weight", 1)).sum()) for b in batches)
-    return real / sum(b["input_ids"].size for b in batches)
+from tpuplex.collate import padding_efficiency
 
 
 def main() -> None:

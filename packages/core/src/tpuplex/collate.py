@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -120,6 +120,16 @@ def bucket_lengths(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
     return tuple(lengths)
 
 
+def padding_efficiency(batches: Iterable[Batch]) -> float:
+    """Real tokens / padded tokens of `batches`; rows of weight 0 count as padding (a batch without "weight" has
+    only real rows). 0.0 for no batches."""
+    real = padded = 0
+    for batch in batches:
+        real += int(np.sum(batch["attention_mask"].sum(axis=1) * batch.get("weight", 1)))
+        padded += batch["input_ids"].size
+    return real / padded if padded else 0.0
+
+
 class Batcher:
     """Seeded, static-shape batches over one encoded split.
 
@@ -182,15 +192,7 @@ class Batcher:
 
     def padding_efficiency(self, train: bool = True) -> float:
         """Real tokens / padded tokens over one epoch of training batches, or over the evaluation batches."""
-        if train:
-            batches = list(self.train_batches(0))
-            weights = [b["weight"] for b in batches]
-        else:
-            batches = [e.batch for e in self.eval_batches()]
-            weights = [b["weight"] for b in batches]
-        real = sum(int(np.sum(b["attention_mask"].sum(axis=1) * w)) for b, w in zip(batches, weights, strict=True))
-        padded = sum(b["input_ids"].size for b in batches)
-        return real / padded if padded else 0.0
+        return padding_efficiency(self.train_batches(0) if train else (e.batch for e in self.eval_batches()))
 
     def _gather(self, rows: np.ndarray, length: int, weight: np.ndarray) -> Batch:
         data = self.data
