@@ -35,7 +35,8 @@ bucket_sets = st.lists(st.integers(1, MAX_LENGTH + 8), max_size=4)
 def batchers(draw) -> Batcher:
     replicas = draw(replica_counts)
     global_batch = replicas * draw(st.integers(1, 4))
-    return Batcher(encoded(draw(splits)), global_batch, replicas, draw(bucket_sets), seed=draw(st.integers(0, 9)))
+    return Batcher(encoded(draw(splits)), global_batch, replicas, draw(bucket_sets), seed=draw(st.integers(0, 9)),
+                   group_by_length=draw(st.booleans()))
 
 
 def row_of(batch_ids: np.ndarray) -> np.ndarray:
@@ -43,29 +44,38 @@ def row_of(batch_ids: np.ndarray) -> np.ndarray:
     return (batch_ids[:, 0] - 1) // 1000
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(batchers(), st.integers(0, 3))
-def test_training_batches_are_full_static_and_exact(batcher: Batcher, epoch: int) -> None:
+def test_training_batches_are_static_and_exact(batcher: Batcher, epoch: int) -> None:
     allowed = set(batcher.lengths)
     batches = list(batcher.train_batches(epoch))
     assert len(batches) == batcher.steps_per_epoch
-    seen = []
-    for batch in batches:
+    seen, padding_rows = [], []
+    for number, batch in enumerate(batches):
         rows, length = batch["input_ids"].shape
         assert rows == batcher.global_batch and length in allowed
         assert all(batch[key].shape == (rows, length) for key in ("token_type_ids", "attention_mask"))
         assert batch["labels"].shape == batch["weight"].shape == (rows,)
-        assert np.all(batch["weight"] == 1)
+        assert set(np.unique(batch["weight"])) <= {0.0, 1.0}
         source = row_of(batch["input_ids"])
-        # Each row fits its bucket, the mask marks exactly its real tokens, and the smallest fitting bucket is used.
+        # Each row fits, the mask marks exactly its real tokens, and no smaller bucket would hold the batch.
         assert np.all(batcher.data.lengths[source] <= length)
         assert np.array_equal(batch["attention_mask"].sum(axis=1), batcher.data.lengths[source])
         assert np.array_equal(batch["labels"], batcher.data.labels[source])
         smaller = [b for b in allowed if b < length]
-        assert not smaller or np.all(batcher.data.lengths[source] > max(smaller))
-        seen.extend(source.tolist())
+        longest = batcher.data.lengths[source].min() if batcher.group_by_length else batcher.data.lengths[source].max()
+        assert not smaller or longest > max(smaller)
+        real = batch["weight"] == 1
+        seen.extend(source[real].tolist())
+        padding_rows += [number] * int(np.sum(~real))
     assert len(seen) == len(set(seen))  # no example twice in an epoch
-    # Only the remainder of each bucket (fewer than a batch) is dropped.
+    if not batcher.group_by_length:
+        # Every example once; only the last batch is filled up.
+        assert sorted(seen) == list(range(len(batcher.data)))
+        assert set(padding_rows) <= {len(batches) - 1} and len(padding_rows) < batcher.global_batch
+        return
+    # Grouped: batches are full, and only the remainder of each bucket (fewer than a batch) is dropped.
+    assert not padding_rows
     bucket_of = np.searchsorted(np.asarray(batcher.lengths), batcher.data.lengths)
     for bucket in range(len(batcher.lengths)):
         members = int(np.sum(bucket_of == bucket))
@@ -93,7 +103,8 @@ def test_evaluation_counts_every_example_once(batcher: Batcher) -> None:
 @settings(max_examples=30, deadline=None)
 @given(batchers(), st.integers(0, 5))
 def test_order_depends_only_on_seed_and_epoch(batcher: Batcher, epoch: int) -> None:
-    again = Batcher(batcher.data, batcher.global_batch, 1, batcher.lengths, seed=batcher.seed)
+    again = Batcher(batcher.data, batcher.global_batch, 1, batcher.lengths, seed=batcher.seed,
+                    group_by_length=batcher.group_by_length)
     first = [row_of(b["input_ids"]).tolist() for b in batcher.train_batches(epoch)]
     assert first == [row_of(b["input_ids"]).tolist() for b in again.train_batches(epoch)]
 

@@ -347,3 +347,10 @@ def test_a_split_without_one_full_batch_is_refused(tmp_path, model_dir) -> None:
     with pytest.raises(TpuplexError, match="no full batch of train.global_batch = 8"):
         fit(tmp_path, model_dir, train=split(7, seed=1))
     assert not (tmp_path / "run").exists()
+
+
+def test_shuffled_batches_take_every_example_including_a_last_partial_batch(tmp_path, model_dir) -> None:
+    trainer, backend, result = fit(tmp_path, model_dir, "data.group_by_length=false", train=split(123, seed=1))
+    assert trainer.steps_per_epoch == 16 and result.step == len(backend.steps) == 32  # ceil(123 / 8) per epoch
+    assert {shape for shape, _ in backend.steps} <= {(8, 8), (8, 16), (8, 24)}
+    assert np.all(np.isfinite(result.losses))

@@ -25,14 +25,17 @@ def backends():
 
 def test_data_parallel_steps_equal_one_device(backends, tiny_dir):
     spec, optimizer = model_spec(tiny_dir), OptimizerSpec(weight_decay=0.01, clip_norm=0.5)
-    batches = list(Batcher(random_split(40, 16), GLOBAL_BATCH, LOGICAL_CPUS, seed=0).train_batches(epoch=0))[:2]
+    # Shuffled batches: the last holds 8 real rows and 8 of weight 0, so half the replicas carry no weight.
+    batcher = Batcher(random_split(40, 16), GLOBAL_BATCH, LOGICAL_CPUS, seed=0, group_by_length=False)
+    batches = list(batcher.train_batches(epoch=0))
+    assert len(batches) == 3 and batches[-1]["weight"].tolist() == [1.0] * 8 + [0.0] * 8
     results = []
     for backend in backends:
         state = backend.init(spec, optimizer)
-        state, losses = backend.train_steps(state, batches, [1e-3, 5e-4])
+        state, losses = backend.train_steps(state, batches, [1e-3, 5e-4, 2.5e-4])
         results.append((backend.state_to_arrays(state), losses))
     (single, single_losses), (mirrored, mirrored_losses) = results
-    assert single.step == mirrored.step == 2
+    assert single.step == mirrored.step == 3
     np.testing.assert_allclose(mirrored_losses, single_losses, rtol=1e-5)
     moved = max(np.abs(single.params[name] - spec.params[name]).max() for name in spec.params)
     assert moved > 1e-4  # the steps really changed the parameters

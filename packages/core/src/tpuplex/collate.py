@@ -1,9 +1,11 @@
 """Static-shape batching: the TPU rules (fixed shapes, few programs, exact evaluation) made defaults.
 
 `Encoded` is a tokenized split. `Batcher` turns it into host batches whose shapes come from a small fixed set:
-`[global_batch, L]` with L the smallest bucket length that holds every row of the batch. Training batches are
-full (the last partial batch of each bucket is dropped); evaluation batches are padded with weight-0 rows so
-every real example is counted exactly once with weight 1, whatever the replica count.
+`[global_batch, L]` with L the smallest bucket length that holds every row of the batch. Training batches either
+group rows by length (the default: each batch holds rows of one bucket, so little is padding; each bucket's last
+partial batch is dropped) or take the rows in plain shuffled order, as HF's Trainer does (every row once per
+epoch, the last batch filled up with weight-0 rows). Evaluation batches are padded with weight-0 rows so every
+real example is counted exactly once with weight 1, whatever the replica count.
 
 The order depends only on (seed, epoch), through numpy's PCG64 generator, so every backend and every machine
 sees the same batches.
@@ -139,33 +141,46 @@ class Batcher:
         replicas: data-parallel replicas; `global_batch` must divide by it.
         buckets: allowed sequence lengths (max_length is always one); empty pads everything to max_length.
         seed: the data-order seed.
+        group_by_length: training batches of one bucket each (fewer padded tokens), or of shuffled rows (the
+            batches HF's Trainer draws: gradients over rows of every length).
     """
 
-    def __init__(self, data: Encoded, global_batch: int, replicas: int, buckets: Sequence[int] = (), seed: int = 0):
+    def __init__(self, data: Encoded, global_batch: int, replicas: int, buckets: Sequence[int] = (), seed: int = 0,
+                 group_by_length: bool = True):
         check_divisible(global_batch, replicas)
         if len(data) == 0:
             raise TpuplexError("the split is empty: check the data files (a header and no rows?)")
         self.data = data
         self.global_batch = global_batch
         self.seed = seed
+        self.group_by_length = group_by_length
         self.lengths = bucket_lengths(buckets, data.max_length)
         # Bucket of each example: the smallest allowed length that holds it.
         self._bucket = np.searchsorted(np.asarray(self.lengths), data.lengths, side="left")
 
     @property
     def steps_per_epoch(self) -> int:
-        """Full training batches per epoch (the same for every epoch)."""
+        """Training batches per epoch (the same for every epoch)."""
+        if not self.group_by_length:
+            return -(-len(self.data) // self.global_batch)
         counts = np.bincount(self._bucket, minlength=len(self.lengths))
         return int(np.sum(counts // self.global_batch))
 
     def train_batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """The epoch's training batches in order, beginning at batch `start` (for resuming mid-epoch).
 
-        Examples are shuffled, grouped by bucket (keeping the shuffled order), cut into full batches (the
-        remainder of each bucket is dropped), and the batches are shuffled, all from `default_rng([seed, epoch])`.
+        Examples are shuffled by `default_rng([seed, epoch])`. Grouped by length: they are grouped by bucket
+        (keeping the shuffled order), cut into full batches (the remainder of each bucket is dropped), and the
+        batches are shuffled by the same generator. Otherwise the shuffled order is cut into batches, each padded
+        to the smallest bucket that holds its longest row; the last is filled up with weight-0 rows.
         """
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(len(self.data))
+        if not self.group_by_length:
+            for begin in range(start * self.global_batch, len(order), self.global_batch):
+                rows, weight = self._filled(order[begin : begin + self.global_batch])
+                yield self._gather(rows, self.lengths[self._bucket[rows].max()], weight)
+            return
         batches = []
         for bucket in range(len(self.lengths)):
             members = order[self._bucket[order] == bucket]
@@ -184,15 +199,20 @@ class Batcher:
             members = np.flatnonzero(self._bucket == bucket)
             for begin in range(0, len(members), self.global_batch):
                 real = members[begin : begin + self.global_batch]
-                pad = self.global_batch - len(real)
-                rows = np.concatenate([real, np.full(pad, real[0])])
-                weight = np.concatenate([np.ones(len(real), np.float32), np.zeros(pad, np.float32)])
-                index = np.concatenate([real, np.full(pad, -1)]).astype(np.int64)
+                rows, weight = self._filled(real)
+                index = np.concatenate([real, np.full(self.global_batch - len(real), -1)]).astype(np.int64)
                 yield EvalBatch(self._gather(rows, length, weight), index)
 
     def padding_efficiency(self, train: bool = True) -> float:
         """Real tokens / padded tokens over one epoch of training batches, or over the evaluation batches."""
         return padding_efficiency(self.train_batches(0) if train else (e.batch for e in self.eval_batches()))
+
+    def _filled(self, real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`real` row indices filled up to global_batch by repeating the first (so no row is all padding), and
+        their weights: 1 for real rows, 0 for the repeats."""
+        pad = self.global_batch - len(real)
+        rows = np.concatenate([real, np.full(pad, real[0])])
+        return rows, np.concatenate([np.ones(len(real), np.float32), np.zeros(pad, np.float32)])
 
     def _gather(self, rows: np.ndarray, length: int, weight: np.ndarray) -> Batch:
         data = self.data

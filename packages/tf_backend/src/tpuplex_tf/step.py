@@ -2,9 +2,11 @@
 
 One training step, per replica (inside `strategy.run`, inside one `tf.function`):
   1. `_replica_gradients` (XLA, `jit_compile=True`): forward and backward over the replica's B/n rows, split into
-     `grad_accum` micro-batches whose weighted-mean-loss gradients are averaged.
+     `grad_accum` micro-batches, giving the gradient of sum(weight * loss) over its rows.
   2. one batched all-reduce (SUM) of the gradients, the weighted loss sum and the weight sum. It stays outside
      XLA: MirroredStrategy cannot compile collectives into a jit_compile function, so the strategy runs it.
+     The summed gradients divided by the global weight are the gradient of the global batch's weighted mean
+     loss, also when replicas hold different weights (a last batch filled up with weight-0 rows).
   3. `_adamw` (XLA): global-norm clip and AdamW on the reduced gradients; every replica gets the same inputs, so
      every replica computes the same new values.
   4. `merge_call` -> `extended.update`: each replica writes the new values into its own copy of the variables.
@@ -144,7 +146,7 @@ class Steps:
         gradients, loss_sum, weight_sum = self._replica_gradients_xla(batch, seed)
         *gradient_sums, loss_sum, weight_sum = context.all_reduce(
             tf.distribute.ReduceOp.SUM, [*gradients, loss_sum, weight_sum])
-        gradients = [g / replicas for g in gradient_sums]
+        gradients = [g / tf.maximum(weight_sum, 1.0) for g in gradient_sums]
         updated = self._adamw_xla([v.read_value() for v in self.variables], [m.read_value() for m in self.exp_avg],
                                   [v.read_value() for v in self.exp_avg_sq], gradients, learning_rate,
                                   self.step + 1)
@@ -159,7 +161,7 @@ class Steps:
         strategy.extended.update(self.step, _increment, group=False)
 
     def _replica_gradients(self, batch: dict[str, tf.Tensor], seed: tf.Tensor):
-        """Gradients of this replica's rows [R, L], averaged over `grad_accum` micro-batches of R/k rows.
+        """Gradients of sum(weight * loss) over this replica's rows [R, L], in `grad_accum` micro-batches of R/k rows.
 
         Returns (gradients like `variables`, sum(weight * loss) over the rows, sum(weight)).
         """
@@ -173,14 +175,12 @@ class Steps:
             with tf.GradientTape() as tape:
                 logits = self.model(rows["input_ids"], rows["token_type_ids"], rows["attention_mask"],
                                     seed=tf.random.experimental.stateless_fold_in(seed, index))
-                weighted = rows["weight"] * self._per_example_loss(logits, rows["labels"])
-                weight = tf.reduce_sum(rows["weight"])
-                mean_loss = tf.reduce_sum(weighted) / tf.maximum(weight, 1.0)
-            step_gradients = tape.gradient(mean_loss, self.variables)
+                weighted_sum = tf.reduce_sum(rows["weight"] * self._per_example_loss(logits, rows["labels"]))
+            step_gradients = tape.gradient(weighted_sum, self.variables)
             # Embedding gradients come as IndexedSlices; dense tensors are what the all-reduce and AdamW take.
-            gradients = [g + tf.convert_to_tensor(s) / accum for g, s in zip(gradients, step_gradients, strict=True)]
-            loss_sum += tf.reduce_sum(weighted)
-            weight_sum += weight
+            gradients = [g + tf.convert_to_tensor(s) for g, s in zip(gradients, step_gradients, strict=True)]
+            loss_sum += weighted_sum
+            weight_sum += tf.reduce_sum(rows["weight"])
         return gradients, loss_sum, weight_sum
 
     def _per_example_loss(self, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
