@@ -256,7 +256,6 @@ DATA = {
     "invalid bytes": Case(in_data(lambda d: (d / "train.tsv").write_bytes(
         (d / "train.tsv").read_bytes() + b"1\t1\t2\t\xff\xfe\tx\n")), "not UTF-8"),
     "dev.tsv empty": Case(in_data(write_file("dev.tsv", "")), "dev.tsv"),
-    "no full batch": Case(setting("train.global_batch=4096"), "has no full batch"),
 }
 
 OUTPUT = {

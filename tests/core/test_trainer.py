@@ -233,9 +233,10 @@ def test_training_learns_the_separable_task(tmp_path, model_dir) -> None:
 
 
 def test_steps_per_execution_groups_same_shape_batches_and_changes_nothing(tmp_path, model_dir) -> None:
-    _, plain, plain_result = fit(tmp_path / "plain", model_dir, "runtime.eval_every=7")
+    # Buckets 16 and 24: most batches are [8, 16], so an epoch has runs of three of one shape to group.
+    _, plain, plain_result = fit(tmp_path / "plain", model_dir, "runtime.eval_every=7", "data.buckets=[16]")
     trainer, grouped, grouped_result = fit(tmp_path / "grouped", model_dir, "train.steps_per_execution=3",
-                                           "runtime.eval_every=7")
+                                           "runtime.eval_every=7", "data.buckets=[16]")
     assert grouped.groups, "no train_steps call"
     spe, total = trainer.steps_per_epoch, trainer.total_steps
     for done, shapes in grouped.groups:
@@ -343,14 +344,15 @@ def test_non_finite_parameters_are_never_checkpointed(tmp_path, model_dir) -> No
     assert checkpoint.checkpoints(tmp_path / "run" / "checkpoints") == []
 
 
-def test_a_split_without_one_full_batch_is_refused(tmp_path, model_dir) -> None:
-    with pytest.raises(TpuplexError, match="no full batch of train.global_batch = 8"):
-        fit(tmp_path, model_dir, train=split(7, seed=1))
-    assert not (tmp_path / "run").exists()
-
-
-def test_shuffled_batches_take_every_example_including_a_last_partial_batch(tmp_path, model_dir) -> None:
-    trainer, backend, result = fit(tmp_path, model_dir, "data.group_by_length=false", train=split(123, seed=1))
+@pytest.mark.parametrize("group_by_length", ["true", "false"])
+def test_every_example_trains_once_per_epoch_in_either_order(tmp_path, model_dir, group_by_length) -> None:
+    trainer, backend, result = fit(tmp_path, model_dir, f"data.group_by_length={group_by_length}",
+                                   train=split(123, seed=1))
     assert trainer.steps_per_epoch == 16 and result.step == len(backend.steps) == 32  # ceil(123 / 8) per epoch
     assert {shape for shape, _ in backend.steps} <= {(8, 8), (8, 16), (8, 24)}
     assert np.all(np.isfinite(result.losses))
+
+
+def test_a_split_smaller_than_one_batch_trains(tmp_path, model_dir) -> None:
+    trainer, backend, result = fit(tmp_path, model_dir, train=split(7, seed=1))
+    assert trainer.steps_per_epoch == 1 and len(backend.steps) == 2 and np.all(np.isfinite(result.losses))

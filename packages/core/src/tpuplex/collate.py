@@ -1,11 +1,12 @@
 """Static-shape batching: the TPU rules (fixed shapes, few programs, exact evaluation) made defaults.
 
 `Encoded` is a tokenized split. `Batcher` turns it into host batches whose shapes come from a small fixed set:
-`[global_batch, L]` with L the smallest bucket length that holds every row of the batch. Training batches either
-group rows by length (the default: each batch holds rows of one bucket, so little is padding; each bucket's last
-partial batch is dropped) or take the rows in plain shuffled order, as HF's Trainer does (every row once per
-epoch, the last batch filled up with weight-0 rows). Evaluation batches are padded with weight-0 rows so every
-real example is counted exactly once with weight 1, whatever the replica count.
+`[global_batch, L]` with L the smallest bucket length that holds every row of the batch. A training epoch takes
+every example once, grouped by length (the default: almost every batch holds rows of one bucket, so little is
+padding) or in plain shuffled order, as HF's Trainer draws them; when the examples do not divide into batches,
+one batch is filled up with weight-0 rows.
+Evaluation batches are padded with weight-0 rows too, so every real example is counted exactly once with weight
+1, whatever the replica count.
 
 The order depends only on (seed, epoch), through numpy's PCG64 generator, so every backend and every machine
 sees the same batches.
@@ -160,35 +161,42 @@ class Batcher:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Training batches per epoch (the same for every epoch)."""
-        if not self.group_by_length:
-            return -(-len(self.data) // self.global_batch)
-        counts = np.bincount(self._bucket, minlength=len(self.lengths))
-        return int(np.sum(counts // self.global_batch))
+        """Training batches per epoch: ceil(examples / global_batch), in either order."""
+        return -(-len(self.data) // self.global_batch)
 
     def train_batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """The epoch's training batches in order, beginning at batch `start` (for resuming mid-epoch).
 
-        Examples are shuffled by `default_rng([seed, epoch])`. Grouped by length: they are grouped by bucket
-        (keeping the shuffled order), cut into full batches (the remainder of each bucket is dropped), and the
-        batches are shuffled by the same generator. Otherwise the shuffled order is cut into batches, each padded
-        to the smallest bucket that holds its longest row; the last is filled up with weight-0 rows.
+        Every example once, each batch padded to the smallest bucket that holds its longest row; the one short
+        batch (when the examples do not divide) is filled up with weight-0 rows. The examples are shuffled by
+        `default_rng([seed, epoch])`, then either grouped by length (`_length_groups`; the batches are shuffled
+        by the same generator) or cut into batches in that order.
         """
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(len(self.data))
-        if not self.group_by_length:
-            for begin in range(start * self.global_batch, len(order), self.global_batch):
-                rows, weight = self._filled(order[begin : begin + self.global_batch])
-                yield self._gather(rows, self.lengths[self._bucket[rows].max()], weight)
-            return
-        batches = []
+        if self.group_by_length:
+            groups = self._length_groups(order)
+            groups = [groups[position] for position in rng.permutation(len(groups))]
+        else:
+            groups = self._cut(order)
+        for real in groups[start:]:
+            rows, weight = self._filled(real)
+            yield self._gather(rows, self.lengths[self._bucket[rows].max()], weight)
+
+    def _length_groups(self, order: np.ndarray) -> list[np.ndarray]:
+        """`order` grouped by bucket (keeping its order) and cut into full batches of one bucket each; the
+        buckets' remainders (fewer than a batch each) are cut together, in bucket order, into the last batches."""
+        groups, remainders = [], []
         for bucket in range(len(self.lengths)):
             members = order[self._bucket[order] == bucket]
             full = len(members) // self.global_batch * self.global_batch
-            batches.extend((bucket, rows) for rows in members[:full].reshape(-1, self.global_batch))
-        for position in rng.permutation(len(batches))[start:]:
-            bucket, rows = batches[position]
-            yield self._gather(rows, self.lengths[bucket], np.ones(len(rows), np.float32))
+            groups += self._cut(members[:full])
+            remainders.append(members[full:])
+        return groups + self._cut(np.concatenate(remainders))
+
+    def _cut(self, rows: np.ndarray) -> list[np.ndarray]:
+        """`rows` in consecutive batches of global_batch, the last one shorter when they do not divide."""
+        return [rows[begin : begin + self.global_batch] for begin in range(0, len(rows), self.global_batch)]
 
     def eval_batches(self) -> Iterator[EvalBatch]:
         """Every example once, in split order within each bucket; the last batch of a bucket is padded.

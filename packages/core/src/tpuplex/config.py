@@ -67,9 +67,9 @@ class DataConfig:
     """Fitted lengths are multiples of this (or max_length); 8 aligns them with GPU tensor cores at a small cost
     in padding (SST-2's training epoch: 0.80 of the tokens real with 8, 0.86 with 1)."""
     group_by_length: bool = True
-    """Training batches of rows from one length bucket (few padded tokens; each bucket's last partial batch is
-    dropped), or false: batches of shuffled rows, as HF's Trainer draws them (every row once per epoch, each batch
-    padded to the smallest bucket that holds its longest row)."""
+    """Training batches of rows from one length bucket (few padded tokens; the buckets' remainders share the last
+    few batches), or false: batches of shuffled rows, as HF's Trainer draws them. Either way every row trains once
+    per epoch, each batch padded to the smallest bucket that holds its longest row."""
     cache_dir: str = ".cache/tpuplex"
 
 

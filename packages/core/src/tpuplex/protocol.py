@@ -10,8 +10,8 @@ configured bucket lengths:
     token_type_ids  int32   [B, L]   segment ids (0 first sentence, 1 second)
     attention_mask  int32   [B, L]   1 for real tokens, 0 for padding
     labels          int32   [B]      class index; float32 [B] for regression (num_labels == 1)
-    weight          float32 [B]      1 for a real example, 0 for a padding row (evaluation batches, and the last
-                                     training batch when data.group_by_length is off)
+    weight          float32 [B]      1 for a real example, 0 for a padding row (evaluation batches, and an
+                                     epoch's one short training batch)
 
 Semantics every backend implements the same way:
 - loss = sum(weight * per_example_loss) / max(sum(weight), 1); cross-entropy, or squared error for regression.

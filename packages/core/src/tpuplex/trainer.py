@@ -147,11 +147,6 @@ class Trainer:
         self.steps_per_epoch = self.train_batcher.steps_per_epoch
         # Recorded in every checkpoint, so that resuming on other training data is refused.
         self.train_data_fingerprint = train_data.fingerprint()
-        if self.steps_per_epoch == 0:
-            raise TpuplexError(
-                f"the training split ({len(train_data)} examples) has no full batch of train.global_batch = "
-                f"{train.global_batch} in any length bucket: lower train.global_batch or use fewer data.buckets"
-            )
         self.total_steps = train.max_steps or train.epochs * self.steps_per_epoch
         self.warmup = warmup_steps(self.total_steps, train.warmup_ratio)
         self.profile = tuple(runtime.profile_steps)
@@ -395,7 +390,8 @@ class _Run:
         self.reporter.advance(at.step, losses[-1], self.train_throughput.summary()["examples_per_s"])
         if self.profiling and at.step >= self.trainer.profile[1]:
             self.stop_profile()
-        if self.eval_every and at.step % self.eval_every == 0:
+        # The last step evaluates here, not after fit's final save, so its checkpoint holds the final metrics.
+        if self.eval_every and (at.step % self.eval_every == 0 or at.step == self.trainer.total_steps):
             self.evaluate()
         if self.checkpoint_every and at.step % self.checkpoint_every == 0:
             self.save()

@@ -4,7 +4,8 @@ The train step follows `tpuplex.protocol` exactly:
 - each replica takes B / R rows and splits them into `grad_accum` micro-batches (a `lax.scan` when
   there are several);
 - the loss is the weighted mean over the global batch: every replica sums weight * loss and the denominator is
-  `max(psum(sum(weight)), 1)`, so the mean is exact for any weights (a last training batch filled up with weight-0 rows too);
+  `max(psum(sum(weight)), 1)`, so the mean is exact for any weights (an epoch's short batch, filled up with
+  weight-0 rows, too);
 - each replica differentiates `R * (its weighted sum) / denominator`, so `lax.pmean` of the gradients over the
   replica axis is exactly the gradient of the global mean loss;
 - `optax.clip_by_global_norm` (g * min(1, c / ||g||), written by optax as g / ||g|| * c when ||g|| >= c), then

@@ -2,7 +2,7 @@
 
 A train step follows `tpuplex.protocol` exactly: each micro-batch's loss is sum(weight * loss) over its rows divided
 by the global batch's total weight, so the summed gradients are the gradient of the global weighted mean loss
-(also when a last batch filled up with weight-0 rows spreads its weight unevenly); then the global-norm clip
+(also when an epoch's short batch, filled up with weight-0 rows, spreads its weight unevenly); then the global-norm clip
 g * min(1, c / ||g||) computed here (torch's clip_grad_norm_ adds 1e-6 to the norm) and torch.optim.AdamW, which
 applies the decoupled decay lr * wd * p to the pre-update parameters with epsilon outside the corrected square root.
 On XLA the whole step is one lazy graph per batch shape, cut by `torch_xla.sync()`.
