@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments
+from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments, set_seed
 
 import torch
 from tpuplex import config as config_lib
@@ -58,6 +58,9 @@ def training_arguments(recipe, out: Path, seed: int, **changes) -> TrainingArgum
 
 
 def run_seed(task, seed: int, recipe, model_dir: Path, train, dev, out: Path, max_steps: int) -> dict[str, float]:
+    # run_glue.py seeds before loading: the classifier head that from_pretrained draws is then the seed's own, not
+    # whatever the previous seed's training left in torch's generator.
+    set_seed(seed)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=task.num_labels)
     args = training_arguments(recipe, out / f"seed-{seed}", seed, logging_steps=50, max_steps=max_steps)
     trainer = Trainer(model=model, args=args, train_dataset=Rows(train), data_collator=pad_batch)
