@@ -295,6 +295,15 @@ def test_default_cadence_is_the_end_of_each_epoch(tmp_path, model_dir) -> None:
     assert (first["epoch"], first["position"]) == (1, 0)
 
 
+def test_a_checkpoint_on_the_last_step_holds_the_final_metrics(tmp_path, model_dir) -> None:
+    trainer, _, result = fit(tmp_path, model_dir, "runtime.checkpoint_every=5")
+    total = trainer.total_steps
+    assert total % 5 == 0  # the periodic checkpoint falls on the last step, before the epoch's end
+    assert [r["step"] for r in log_records(tmp_path, "eval")] == [trainer.steps_per_epoch, total]
+    info = json.loads((checkpoint.latest(tmp_path / "run" / "checkpoints") / "trainer.json").read_text())
+    assert info["step"] == total and info["metrics"]["dev"] == result.metrics["dev"]
+
+
 def test_profile_traces_exactly_the_requested_steps(tmp_path, model_dir) -> None:
     fit(tmp_path, model_dir, "runtime.profile_steps=[3, 5]", "train.steps_per_execution=2")
     trace = json.loads((tmp_path / "run" / "profile" / "numpy_trace.json").read_text())

@@ -208,7 +208,7 @@ class Batcher:
             for begin in range(0, len(members), self.global_batch):
                 real = members[begin : begin + self.global_batch]
                 rows, weight = self._filled(real)
-                index = np.concatenate([real, np.full(self.global_batch - len(real), -1)]).astype(np.int64)
+                index = np.where(weight > 0, rows, -1).astype(np.int64)
                 yield EvalBatch(self._gather(rows, length, weight), index)
 
     def padding_efficiency(self, train: bool = True) -> float:

@@ -330,7 +330,7 @@ class _Run:
             self._stop_if_signalled()
         if at.position == trainer.steps_per_epoch:
             at.epoch, at.position = at.epoch + 1, 0
-            if self.eval_every == 0:
+            if self.eval_every == 0 and self.last_eval_step != at.step:
                 self.evaluate()
             if self.checkpoint_every == 0:
                 self.save()
@@ -390,8 +390,8 @@ class _Run:
         self.reporter.advance(at.step, losses[-1], self.train_throughput.summary()["examples_per_s"])
         if self.profiling and at.step >= self.trainer.profile[1]:
             self.stop_profile()
-        # The last step evaluates here, not after fit's final save, so its checkpoint holds the final metrics.
-        if self.eval_every and (at.step % self.eval_every == 0 or at.step == self.trainer.total_steps):
+        # The last step always evaluates here, before any save, so its checkpoint holds the final metrics.
+        if at.step == self.trainer.total_steps or (self.eval_every and at.step % self.eval_every == 0):
             self.evaluate()
         if self.checkpoint_every and at.step % self.checkpoint_every == 0:
             self.save()

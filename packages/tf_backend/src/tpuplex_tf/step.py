@@ -6,7 +6,7 @@ One training step, per replica (inside `strategy.run`, inside one `tf.function`)
   2. one batched all-reduce (SUM) of the gradients, the weighted loss sum and the weight sum. It stays outside
      XLA: MirroredStrategy cannot compile collectives into a jit_compile function, so the strategy runs it.
      The summed gradients divided by the global weight are the gradient of the global batch's weighted mean
-     loss, also when replicas hold different weights (a last batch filled up with weight-0 rows).
+     loss, also when replicas hold different weights (an epoch's short batch, filled up with weight-0 rows).
   3. `_adamw` (XLA): global-norm clip and AdamW on the reduced gradients; every replica gets the same inputs, so
      every replica computes the same new values.
   4. `merge_call` -> `extended.update`: each replica writes the new values into its own copy of the variables.
