@@ -137,6 +137,26 @@ def torch_loop(model_dir: Path, num_labels: int, batches: Batches, recipe) -> di
     return {"seconds": seconds[1], "last_loss": float(loss), "programs": 0}
 
 
+def flax_glue_step(state, batch: dict, dropout_rng, train: bool = True):
+    """run_flax_glue.py's train step: (TrainState, batch with labels, dropout key) -> (state, mean loss, next key).
+
+    `train` = False turns the model's dropout off. `batch` loses its labels (run_flax_glue pops them too).
+    """
+    import optax
+
+    import jax
+
+    dropout_rng, next_rng = jax.random.split(dropout_rng)
+    labels = batch.pop("labels")
+
+    def loss_fn(params):
+        logits = state.apply_fn(**batch, params=params, dropout_rng=dropout_rng, train=train)[0]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    return state.apply_gradients(grads=grads), loss, next_rng
+
+
 def flax_loop(model_dir: Path, num_labels: int, batches: Batches, recipe) -> dict:
     """run_flax_glue.py's train step (jit, donated state, optax AdamW with its decay mask): two epochs."""
     import optax
@@ -164,18 +184,7 @@ def flax_loop(model_dir: Path, num_labels: int, batches: Batches, recipe) -> dic
                                  mask=decay_mask))
     state = train_state.TrainState.create(apply_fn=model.__call__, params=model.params, tx=tx)
 
-    def train_step(state, batch, dropout_rng):
-        dropout_rng, next_rng = jax.random.split(dropout_rng)
-        labels = batch.pop("labels")
-
-        def loss_fn(params):
-            logits = state.apply_fn(**batch, params=params, dropout_rng=dropout_rng, train=True)[0]
-            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        return state.apply_gradients(grads=grads), loss, next_rng
-
-    step = jax.jit(train_step, donate_argnums=(0,))
+    step = jax.jit(flax_glue_step, donate_argnums=(0,))
     rng = jax.random.PRNGKey(train.seed)
     seconds = []
     for _ in range(2):

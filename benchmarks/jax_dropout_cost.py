@@ -1,0 +1,111 @@
+"""Where tpuplex-jax's fixed-shape step loses to run_flax_glue's: the cost of each side's dropout.
+
+    python benchmarks/jax_dropout_cost.py --data-dir ../shared/glue/MRPC   # in the speed-jax nox environment
+
+Builds, in one process, tpuplex-jax's train step at the fixed [32, 128] shape of `mrpc.toml` (dropout drawn with
+JAX's default threefry keys, with `rbg` and `unsafe_rbg` keys, and dropout off) and run_flax_glue's step on
+transformers 4.57's `FlaxBertForSequenceClassification` (dropout on and off); warms each up for two steps, then
+times three steps of each side in turn, three rounds, so machine noise hits every side alike. Prints each side's
+median ms/step and the flax-loop's time over it (> 1: this side is faster).
+
+Why it exists: HF's Flax BERT calls `dot_product_attention_weights(..., broadcast_dropout=True)`, so one
+attention-dropout mask [1, 1, L, L] is shared by every example and head, while torch's BERT, Keras' and
+tpuplex's draw one per element (B x heads x L x L). With dropout off both sides compute the same thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import optax
+from peer_loops import flax_glue_step  # benchmarks/ is on sys.path when this script runs
+
+import jax
+from tpuplex import config as config_lib
+from tpuplex import params, run
+
+CONFIG = Path(__file__).resolve().parents[1] / "examples" / "glue" / "configs" / "mrpc.toml"
+TRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "weight")
+
+
+def tpuplex_step(data_dir: str, prng: str, dropout: bool) -> tuple[Callable[[int], float], list[dict]]:
+    """tpuplex-jax's compiled train step with dropout keys of implementation `prng`; (step(i), its 4 batches)."""
+    jax.config.update("jax_default_prng_impl", prng)  # read when the step is traced, just below
+    config = config_lib.load(CONFIG, ["data.bucket_count=0", f'data.data_dir="{data_dir}"',
+                                      f"model.dropout={str(dropout).lower()}"])
+    experiment = run.prepare(config, "jax", str(CONFIG))
+    backend = experiment.backend
+    batches = list(itertools.islice(experiment.trainer.train_batcher.train_batches(epoch=0), 4))
+    programs = backend._require_init()
+    rows = [backend._local_rows(b, programs, per_replica_split=1, keys=TRAIN_KEYS) for b in batches]
+    compiled = programs.train.lower(experiment.state, rows[0], np.float32(1e-5)).compile()
+    jax.config.update("jax_default_prng_impl", "threefry2x32")
+    state = [experiment.state]
+
+    def step(i: int) -> float:
+        state[0], loss = compiled(state[0], rows[i % 4], np.float32(1e-5))
+        return float(np.asarray(loss.addressable_shards[0].data))
+
+    return step, batches
+
+
+def flax_loop_step(train: bool, batches: list[dict]) -> Callable[[int], float]:
+    """run_flax_glue's train step (jit, donated state, clip + AdamW); `train` = False turns dropout off."""
+    from flax.training import train_state
+    from transformers import FlaxBertForSequenceClassification
+
+    checkpoint = params.resolve_checkpoint(config_lib.load(CONFIG).model.checkpoint)
+    model = FlaxBertForSequenceClassification.from_pretrained(checkpoint, num_labels=2, from_pt=True)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-5, weight_decay=0.01))
+    initial = train_state.TrainState.create(apply_fn=model.__call__, params=model.params, tx=tx)
+
+    inputs = [{k: b[k] for k in ("input_ids", "token_type_ids", "attention_mask", "labels")} for b in batches]
+    compiled = jax.jit(functools.partial(flax_glue_step, train=train), donate_argnums=(0,)).lower(
+        initial, dict(inputs[0]), jax.random.PRNGKey(0)).compile()
+    state = [initial, jax.random.PRNGKey(0)]
+
+    def step(i: int) -> float:
+        state[0], loss, state[1] = compiled(state[0], dict(inputs[i % 4]), state[1])
+        return float(loss)
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True, help="the MRPC GLUE folder")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3, help="steps per side per round")
+    args = parser.parse_args()
+    sides = {}
+    sides["tpuplex threefry"], batches = tpuplex_step(args.data_dir, "threefry2x32", True)
+    sides["tpuplex rbg"], _ = tpuplex_step(args.data_dir, "rbg", True)
+    sides["tpuplex unsafe_rbg"], _ = tpuplex_step(args.data_dir, "unsafe_rbg", True)
+    sides["tpuplex no dropout"], _ = tpuplex_step(args.data_dir, "threefry2x32", False)
+    sides["flax-loop"] = flax_loop_step(True, batches)
+    sides["flax-loop no dropout"] = flax_loop_step(False, batches)
+    for step in sides.values():
+        step(0), step(1)
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(args.rounds):
+        for name, step in sides.items():
+            started = time.perf_counter()
+            for i in range(args.steps):
+                step(i)
+            times[name].append((time.perf_counter() - started) / args.steps)
+    base = statistics.median(times["flax-loop"])
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        print(f"{name:24} {1000 * median:7.0f} ms/step  ({', '.join(f'{1000 * s:.0f}' for s in seconds)})  "
+              f"flax-loop/this {base / median:.3f}")
+
+
+if __name__ == "__main__":
+    main()
