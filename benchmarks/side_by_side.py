@@ -6,9 +6,10 @@
 (`nox -s speed` builds the three environments and runs this.) For each task and backend, every side runs as its
 own process, one after another (never two at once), round after round, so machine noise hits every side alike:
 
-    torch  tpuplex-torch (fitted buckets)  vs  hf-trainer, dynamic padding  and  hf-trainer, pad to max_length
-    jax    tpuplex-jax (fitted buckets)    vs  flax-loop (run_flax_glue: pad to max_length)
-    tf     tpuplex-tf (fitted buckets)     vs  keras-fit, dynamic padding
+    torch          tpuplex-torch (fitted buckets)  vs  hf-trainer, dynamic padding  and  hf-trainer, pad to max_length
+    torch-compile  the same with runtime.torch_mode = "compile", against the same peers (timed once per round)
+    jax            tpuplex-jax (fitted buckets)    vs  flax-loop (run_flax_glue: pad to max_length)
+    tf             tpuplex-tf (fitted buckets)     vs  keras-fit, dynamic padding
 
 and, on the first task only, each backend at the fixed [global_batch, max_length] shape against the plain loop at
 that shape (torch-loop, flax-loop, keras-fit, all padded to max_length). Each side trains --steps batches of its
@@ -17,6 +18,9 @@ steady-state examples/s of an epoch, with compilation left out on every side.
 
 Prints the machine's fp32 GEMM peak (numpy, measured before and after), one row per side with the ratio of tpuplex
 to each peer, and the model FLOP utilisation (MFU) of the fixed-shape rows. Writes the rows to --out as JSON.
+Each row also shows the model's training GFLOP per example at that side's padded lengths and `bound`, the peer's
+GFLOP per example over tpuplex's: the ratio that padding alone explains at an equal FLOP rate. `1st s` is the
+untimed first pass, compilation included.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ PEERS = {"torch": (("hf-trainer", "dynamic"), ("hf-trainer", "max")),
          "jax": (("flax-loop", "max"),),
          "tf": (("keras-fit", "dynamic"),)}
 FIXED_PEERS = {"torch": ("torch-loop", "max"), "jax": ("flax-loop", "max"), "tf": ("keras-fit", "max")}
+# compared side -> (the backend whose environment and peers it uses, throughput.py overrides)
+TPUPLEX = {"torch": ("torch", ()), "torch-compile": ("torch", ('runtime.torch_mode="compile"',)),
+           "jax": ("jax", ()), "tf": ("tf", ())}
 FIXED_SHAPE = "data.bucket_count=0"
 
 
@@ -75,22 +82,24 @@ def run_side(command: tuple[str, ...]) -> dict:
     return json.loads(lines[-1])
 
 
-def sides(task: str, backend: str, fixed: bool, steps: int, data_dir: Path) -> list[tuple[str, list[str]]]:
+def sides(task: str, compared: str, fixed: bool, steps: int, data_dir: Path) -> list[tuple[str, list[str]]]:
     """(script, arguments) of every side of one comparison, tpuplex first."""
+    backend, overrides = TPUPLEX[compared]
     config = str(CONFIGS / f"{task}.toml")
     common = [config, "--steps", str(steps), "--data-dir", str(data_dir)]
+    ours = [*common, "--backend", backend, *(arg for override in overrides for arg in ("--set", override))]
     if fixed:
         peer, pad = FIXED_PEERS[backend]
-        return [("throughput.py", [*common, "--backend", backend, "--set", FIXED_SHAPE]),
+        return [("throughput.py", [*ours, "--set", FIXED_SHAPE]),
                 ("peer_loops.py", [*common, "--peer", peer, "--pad", pad])]
-    return [("throughput.py", [*common, "--backend", backend]),
+    return [("throughput.py", ours),
             *(("peer_loops.py", [*common, "--peer", peer, "--pad", pad]) for peer, pad in PEERS[backend])]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="mrpc,sst2,rte,wnli")
-    parser.add_argument("--backends", default="torch,jax,tf")
+    parser.add_argument("--backends", default="torch,torch-compile,jax,tf", help=f"of {','.join(TPUPLEX)}")
     parser.add_argument("--python", default="", help="backend=interpreter,...: the environment of each backend "
                         "and its peers (default: this interpreter)")
     parser.add_argument("--steps", type=int, default=16, help="timed batches per side")
@@ -102,16 +111,18 @@ def main() -> None:
     backends = args.backends.split(",")
     tasks = args.tasks.split(",")
 
+    recipe = config_lib.load(CONFIGS / f"{tasks[0]}.toml")
+    hf_config = params.read_hf_config(params.resolve_checkpoint(recipe.model.checkpoint))
     peak_before = gemm_peak()
     print(f"fp32 GEMM peak (numpy 2048^3): {peak_before:.1f} GFLOP/s; {os.cpu_count()} cores", flush=True)
     comparisons = [(task, backend, False) for task in tasks for backend in backends]
     comparisons += [(tasks[0], backend, True) for backend in backends]
     rows, done = [], {}
-    header = f"{'task':5} {'backend':7} {'timing':6} {'side':24} {'ex/s':>7} {'ratio':>6} {'pad eff':>7} " \
-             f"{'lengths':>7} {'programs':>8}"
+    header = f"{'task':5} {'backend':13} {'timing':6} {'side':24} {'ex/s':>7} {'ratio':>6} {'GF/ex':>6} " \
+             f"{'bound':>5} {'pad eff':>7} {'lengths':>7} {'programs':>8} {'1st s':>6}"
     print(header, flush=True)
     for task, backend, fixed in comparisons:
-        python = pythons.get(backend, sys.executable)
+        python = pythons.get(TPUPLEX[backend][0], sys.executable)
         measured: dict[str, list[dict]] = {}
         for round_ in range(args.rounds):
             for script, side_args in sides(task, backend, fixed, args.steps, args.glue_dir / get_task(task).folder):
@@ -121,24 +132,27 @@ def main() -> None:
                 measured.setdefault(done[round_, command]["side"], []).append(done[round_, command])
         results = [{**runs[0], "examples_per_s": statistics.median(r["examples_per_s"] for r in runs),
                     "rounds": [r["examples_per_s"] for r in runs]} for runs in measured.values()]
-        ours = results[0]["examples_per_s"]
+        for result in results:
+            result["gflop_per_example"] = statistics.mean(
+                train_flops_per_example(hf_config, length) for length in result["lengths"]) / 1e9
+        ours = results[0]
         for result in results:
             result.update(backend=backend, comparison="fixed" if fixed else "epoch",
-                          ratio=round(ours / result["examples_per_s"], 2))
-            print(f"{task:5} {backend:7} {result['comparison']:6} {result['side']:24} {result['examples_per_s']:7.2f} "
-                  f"{result['ratio']:6.2f} {result['padding_efficiency']:7.3f} {len(result['shapes']):7} "
-                  f"{result['programs']:8}", flush=True)
+                          ratio=round(ours["examples_per_s"] / result["examples_per_s"], 2),
+                          bound=round(result["gflop_per_example"] / ours["gflop_per_example"], 2))
+            print(f"{task:5} {backend:13} {result['comparison']:6} {result['side']:24} "
+                  f"{result['examples_per_s']:7.2f} {result['ratio']:6.2f} {result['gflop_per_example']:6.2f} "
+                  f"{result['bound']:5.2f} {result['padding_efficiency']:7.3f} {len(result['shapes']):7} "
+                  f"{result['programs']:8} {result['first_pass_s']:6.0f}", flush=True)
             rows.append(result)
     peak_after = gemm_peak()
     peak = max(peak_before, peak_after)
     print(f"fp32 GEMM peak after: {peak_after:.1f} GFLOP/s; MFU below uses the higher, {peak:.1f}")
-    recipe = config_lib.load(CONFIGS / f"{tasks[0]}.toml")
-    hf_config = params.read_hf_config(params.resolve_checkpoint(recipe.model.checkpoint))
     length = recipe.data.max_length
     for row in rows:
         if row["comparison"] == "fixed":  # FLOPs of the padded shape: what the hardware computes
             row["mfu"] = round(row["examples_per_s"] * train_flops_per_example(hf_config, length) / (peak * 1e9), 3)
-            print(f"MFU at [{row['global_batch']}, {length}]: {row['task']:5} {row['backend']:6} {row['side']:24} "
+            print(f"MFU at [{row['global_batch']}, {length}]: {row['task']:5} {row['backend']:13} {row['side']:24} "
                   f"{row['mfu']:.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"gemm_peak_gflops": [round(peak_before, 1), round(peak_after, 1)],

@@ -6,8 +6,9 @@
 The experiment is built by `tpuplex.run.prepare`, the code behind `tpuplex train` (model, optimizer, fitted
 buckets, devices), and nothing is written. The first --steps batches of the first epoch (a random sample of the
 epoch's batches: the Batcher shuffles batches across buckets) run twice: the first pass compiles every program they
-need, the second is timed. `--set data.bucket_count=0` pads every batch to data.max_length: a fixed [batch, length]
-step. Prints one JSON line; `benchmarks/peer_loops.py` prints the same fields for the frameworks' own scripts.
+need (its seconds are printed too), the second is timed. `--set data.bucket_count=0` pads every batch to
+data.max_length: a fixed [batch, length] step. `--set 'runtime.torch_mode="compile"'` times torch.compile.
+Prints one JSON line; `benchmarks/peer_loops.py` prints the same fields for the frameworks' own scripts.
 """
 
 from __future__ import annotations
@@ -46,13 +47,16 @@ def main() -> None:
             losses.extend(float(loss) for loss in group_losses)
         return state, losses
 
+    start = time.perf_counter()
     state, _ = one_pass(state)
+    first_pass = time.perf_counter() - start
     start = time.perf_counter()
     state, losses = one_pass(state)
     elapsed = time.perf_counter() - start
     examples = len(batches) * config.train.global_batch
+    compiled = "-compile" if config.runtime.torch_mode == "compile" else ""
     print(json.dumps({
-        "side": f"tpuplex-{args.backend}",
+        "side": f"tpuplex-{args.backend}{compiled}",
         "task": experiment.task.name,
         "topology": experiment.topology.report(),
         "buckets": list(batcher.lengths),
@@ -62,6 +66,8 @@ def main() -> None:
         "step_ms": round(1000 * elapsed / len(batches), 1),
         "padding_efficiency": round(padding_efficiency(batches), 4),
         "shapes": sorted({b["input_ids"].shape[1] for b in batches}),
+        "lengths": [b["input_ids"].shape[1] for b in batches],
+        "first_pass_s": round(first_pass, 1),
         "programs": backend.compile_count(),
         "last_loss": round(losses[-1], 4),
     }))

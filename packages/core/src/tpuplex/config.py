@@ -112,7 +112,8 @@ class RuntimeConfig:
     profile_steps: tuple[int, ...] = ()
     """[first, last] optimizer steps to trace with the framework's profiler; empty: no trace."""
     torch_mode: str = "auto"
-    """PyTorch only: auto (XLA on TPU, else eager), eager or xla."""
+    """PyTorch only: auto (XLA on TPU, else eager), eager, compile (eager with the training forward and backward
+    compiled by torch.compile, one program per batch shape) or xla."""
     host_timeout: float = 600.0
     """Multi-process runs: seconds a process waits for the others (in a step, evaluation or checkpoint barrier)
     before it stops with one line and exit status 69 (`tpuplex.hosts`); must cover the first step's compile."""
@@ -152,7 +153,7 @@ the parameters or metrics computed."""
 
 _CHOICES = {
     ("runtime", "device"): ("auto", "tpu", "gpu", "cpu"),
-    ("runtime", "torch_mode"): ("auto", "eager", "xla"),
+    ("runtime", "torch_mode"): ("auto", "eager", "compile", "xla"),
     ("runtime", "on_preempt"): ("checkpoint", "exit"),
 }
 _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_accum"),

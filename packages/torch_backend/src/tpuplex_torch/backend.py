@@ -32,7 +32,8 @@ class TorchBackend(BackendBase):
     def init(self, model_spec: ModelSpec, optimizer: OptimizerSpec) -> TorchState:
         built = model.build(model_spec, optimizer.seed)
         module = built.module.to(self.placement.device)
-        state = TorchState(module, step.make_optimizer(module, optimizer), optimizer, built.forward)
+        state = TorchState(module, step.make_optimizer(module, optimizer), optimizer, built.forward,
+                           self.placement.compiled(built.forward))
         return self.state_from_arrays(state, checkpoint.initial(built.params))
 
     def train_step(self, state: TorchState, batch: Batch, learning_rate: float) -> tuple[TorchState, float]:

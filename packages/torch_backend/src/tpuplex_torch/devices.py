@@ -7,6 +7,8 @@
   when the runtime already runs more, for N replicas over them.
 - eager: everything else, through accelerate: the CPU, one GPU, or several GPUs (or CPU processes) with one
   process each under `accelerate launch` / torchrun, every process holding its share of the global batch's rows.
+  `runtime.torch_mode = "compile"` is eager mode with the training forward (and so its backward) compiled by
+  torch.compile: one program per batch shape, dropout drawn from torch's own generator as in eager mode.
 
 torch_xla is imported only in xla mode. accelerate (which transformers imports) imports torch_xla by itself
 whenever it is installed, so eager mode sets USE_TORCH_XLA=0 before accelerate loads: one process never has two
@@ -21,7 +23,7 @@ import datetime
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +35,9 @@ from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows
 from tpuplex.protocol import Batch
+
+if TYPE_CHECKING:
+    from tpuplex_torch.model import Forward
 
 XLA_INSTALL = "pip install tpuplex-torch[xla]"
 _PJRT_DEVICE = {"tpu": "TPU", "gpu": "CUDA", "cpu": "CPU"}
@@ -47,9 +52,10 @@ def claim(runtime: RuntimeConfig) -> Placement:
     if runtime.torch_mode == "auto" and found.kind == "tpu":
         return XlaPlacement(runtime, found, f"torch_mode auto: TPU found ({found.source})")
     if found.kind == "tpu" and runtime.device == "tpu":
-        raise TpuplexError('runtime.device = "tpu" needs torch_xla, but runtime.torch_mode = "eager": '
+        raise TpuplexError(f'runtime.device = "tpu" needs torch_xla, but runtime.torch_mode = "{runtime.torch_mode}": '
                            'set runtime.torch_mode = "auto" or "xla"')
-    why = "runtime.torch_mode = eager" if runtime.torch_mode == "eager" else f"torch_mode auto: no TPU ({found.kind})"
+    why = (f"runtime.torch_mode = {runtime.torch_mode}" if runtime.torch_mode != "auto"
+           else f"torch_mode auto: no TPU ({found.kind})")
     return EagerPlacement(runtime, found, why)
 
 
@@ -109,6 +115,10 @@ class Placement(abc.ABC):
         """bfloat16 autocast on this device when `bf16`, else a no-op context."""
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
 
+    def compiled(self, forward: Forward) -> Forward:
+        """`forward` as the train step calls it: unchanged unless the mode compiles it."""
+        return forward
+
     def compile_count(self) -> int:
         """Programs compiled so far: eager runs kernels as they come and compiles none."""
         return 0
@@ -123,7 +133,8 @@ class Placement(abc.ABC):
 
 
 class EagerPlacement(Placement):
-    """Eager PyTorch through accelerate: CPU or GPU, one process per device."""
+    """Eager PyTorch through accelerate: CPU or GPU, one process per device; with `runtime.torch_mode =
+    "compile"`, the training forward compiled by torch.compile."""
 
     mode = "eager"
 
@@ -155,8 +166,11 @@ class EagerPlacement(Placement):
         self.topology = Topology(
             kind="gpu" if self.device.type == "cuda" else "cpu", device_count=self.row_processes,
             host_count=self.row_processes, process_index=state.process_index,
-            source=f"accelerate ({state.distributed_type.value})", detail=f"torch eager; {why}")
+            source=f"accelerate ({state.distributed_type.value})",
+            detail=f"torch eager{' + torch.compile' if runtime.torch_mode == 'compile' else ''}; {why}")
         self._profiler: torch.profiler.profile | None = None
+        self._compiles = runtime.torch_mode == "compile"
+        self._graphs_before = _compiled_graphs()
 
     def put(self, batch: Batch) -> dict[str, torch.Tensor]:
         mine = process_rows(len(batch["labels"]), self.topology.process_index, self.row_processes)
@@ -167,6 +181,24 @@ class EagerPlacement(Placement):
 
     def gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if self.row_processes == 1 else self.accelerator.gather(tensor)
+
+    def compiled(self, forward: Forward) -> Forward:
+        if not self._compiles:
+            return forward
+        import torch._dynamo.config
+        import torch._inductor.config
+
+        # Inductor's own random kernels would draw other dropout masks than eager mode; falling back to torch's
+        # generator keeps the masks, so losses differ from eager only by the compiler's reordered sums.
+        torch._inductor.config.fallback_random = True
+        # One program per batch shape (a few fitted buckets). Past the limit dynamo would quietly run the forward
+        # eagerly; failing says so instead.
+        torch._dynamo.config.recompile_limit = 64
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        return torch.compile(forward, dynamic=False)
+
+    def compile_count(self) -> int:
+        return _compiled_graphs() - self._graphs_before if self._compiles else 0
 
     def start_profile(self, logdir: Path) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -180,6 +212,13 @@ class EagerPlacement(Placement):
         if self._profiler is not None:
             self._profiler.stop()
             self._profiler = None
+
+
+def _compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process (each one forward and its backward)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 class XlaPlacement(Placement):

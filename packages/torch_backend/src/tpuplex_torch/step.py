@@ -25,12 +25,14 @@ from tpuplex_torch.model import Forward, per_example_loss
 @dataclasses.dataclass
 class TorchState:
     """The training state, updated in place. forward: how to call the model (`tpuplex_torch.model.Built`);
-    step: optimizer updates applied so far."""
+    train_forward: the same, as the train step calls it (compiled under torch_mode = "compile"); step: optimizer
+    updates applied so far."""
 
     model: torch.nn.Module
     optimizer: torch.optim.AdamW
     spec: OptimizerSpec
     forward: Forward
+    train_forward: Forward
     step: int = 0
 
 
@@ -63,7 +65,7 @@ def train_step(state: TorchState, placement: Placement, batch: Batch, learning_r
     loss = torch.zeros((), device=placement.device)
     for micro in micro_batches(inputs, placement.replicas_in_view, spec.grad_accum):
         with placement.autocast(spec.bf16):
-            logits = state.forward(model, micro)
+            logits = state.train_forward(model, micro)
         micro_loss = (per_example_loss(logits, micro["labels"]) * micro["weight"]).sum() / total_weight
         micro_loss.backward()
         loss = loss + micro_loss.detach()
