@@ -18,6 +18,7 @@ runtimes claiming the TPU.
 from __future__ import annotations
 
 import abc
+import atexit
 import contextlib
 import datetime
 import os
@@ -159,6 +160,10 @@ class EagerPlacement(Placement):
         wait = accelerate.utils.InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=runtime.host_timeout))
         self.accelerator = accelerate.Accelerator(cpu=not use_gpu, kwargs_handlers=[wait])
         self._reduce = accelerate.utils.reduce
+        if torch.distributed.is_initialized():
+            # Left to interpreter shutdown, gloo's worker threads can still hold tensors then, and the process aborts
+            # ("terminate called without an active exception", pytorch#190489) instead of exiting with its status.
+            atexit.register(_destroy_process_group)
         state = self.accelerator.state
         self.device = self.accelerator.device
         self.row_processes = state.num_processes
@@ -170,7 +175,7 @@ class EagerPlacement(Placement):
             detail=f"torch eager{' + torch.compile' if runtime.torch_mode == 'compile' else ''}; {why}")
         self._profiler: torch.profiler.profile | None = None
         self._compiles = runtime.torch_mode == "compile"
-        self._graphs_before = _compiled_graphs()
+        self._graphs_before = _compiled_graphs() if self._compiles else 0
 
     def put(self, batch: Batch) -> dict[str, torch.Tensor]:
         mine = process_rows(len(batch["labels"]), self.topology.process_index, self.row_processes)
@@ -212,6 +217,11 @@ class EagerPlacement(Placement):
         if self._profiler is not None:
             self._profiler.stop()
             self._profiler = None
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _compiled_graphs() -> int:
