@@ -19,13 +19,13 @@ import argparse
 import functools
 import itertools
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import optax
 from peer_loops import flax_glue_step  # benchmarks/ is on sys.path when this script runs
+from round_robin import time_in_turn
 
 import jax
 from tpuplex import config as config_lib
@@ -91,20 +91,11 @@ def main() -> None:
     sides["tpuplex no dropout"], _ = tpuplex_step(args.data_dir, "threefry2x32", False)
     sides["flax-loop"] = flax_loop_step(True, batches)
     sides["flax-loop no dropout"] = flax_loop_step(False, batches)
-    for step in sides.values():  # the first calls allocate and warm caches
-        for i in range(2):
-            step(i)
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(args.rounds):
-        for name, step in sides.items():
-            started = time.perf_counter()
-            for i in range(args.steps):
-                step(i)
-            times[name].append((time.perf_counter() - started) / args.steps)
+    times = time_in_turn(sides, args.rounds, args.steps)
     base = statistics.median(times["flax-loop"])
-    for name, seconds in times.items():
-        median = statistics.median(seconds)
-        print(f"{name:24} {1000 * median:7.0f} ms/step  ({', '.join(f'{1000 * s:.0f}' for s in seconds)})  "
+    for name, milliseconds in times.items():
+        median = statistics.median(milliseconds)
+        print(f"{name:24} {median:7.0f} ms/step  ({', '.join(f'{ms:.0f}' for ms in milliseconds)})  "
               f"flax-loop/this {base / median:.3f}")
 
 

@@ -1,0 +1,27 @@
+"""Several sides of one comparison timed in one process, in turn, so machine noise hits every side alike."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def time_in_turn(sides: dict[str, Callable[[int], object]], rounds: int, steps: int,
+                 warmup: int = 2) -> dict[str, list[float]]:
+    """Milliseconds per call of each side in each round.
+
+    Every side is first called `warmup` times (compiles, allocations, warm caches); then each of `rounds` rounds
+    calls every side `steps` times in turn, with call index 0 .. steps - 1. A call must return only once its work
+    is done (read a result back to the host).
+    """
+    for call in sides.values():
+        for i in range(warmup):
+            call(i)
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, call in sides.items():
+            started = time.perf_counter()
+            for i in range(steps):
+                call(i)
+            times[name].append(1000 * (time.perf_counter() - started) / steps)
+    return times
