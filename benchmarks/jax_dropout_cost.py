@@ -15,7 +15,6 @@ tpuplex's draw one per element (B x heads x L x L). With dropout off both sides 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import statistics
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import optax
 from peer_loops import flax_glue_step  # benchmarks/ is on sys.path when this script runs
-from round_robin import time_in_turn
+from round_robin import arguments, time_in_turn
 
 import jax
 from tpuplex import config as config_lib
@@ -79,11 +78,7 @@ def flax_loop_step(train: bool, batches: list[dict]) -> Callable[[int], float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", required=True, help="the MRPC GLUE folder")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=3, help="steps per side per round")
-    args = parser.parse_args()
+    args = arguments(__doc__.splitlines()[0])
     sides = {}
     sides["tpuplex threefry"], batches = tpuplex_step(args.data_dir, "threefry2x32", True)
     sides["tpuplex rbg"], _ = tpuplex_step(args.data_dir, "rbg", True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 
@@ -25,3 +26,12 @@ def time_in_turn(sides: dict[str, Callable[[int], object]], rounds: int, steps: 
                 call(i)
             times[name].append(1000 * (time.perf_counter() - started) / steps)
     return times
+
+
+def arguments(description: str) -> argparse.Namespace:
+    """The command line of a round-robin comparison on MRPC: --data-dir, --rounds, --steps (calls per round)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--data-dir", required=True, help="the MRPC GLUE folder")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3, help="calls of each side per round")
+    return parser.parse_args()

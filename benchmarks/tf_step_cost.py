@@ -16,7 +16,6 @@ every side alike. Prints each side's median ms per call. Nothing is written.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
-from round_robin import time_in_turn  # benchmarks/ is on sys.path when this script runs
+from round_robin import arguments, time_in_turn  # benchmarks/ is on sys.path when this script runs
 
 from tpuplex import config as config_lib
 from tpuplex import params, run
@@ -107,11 +106,7 @@ def keras_sides(batches: list[dict], dropout: bool) -> dict[str, Callable[[int],
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", required=True, help="MRPC's GLUE folder")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=3, help="calls of each side per round")
-    args = parser.parse_args()
+    args = arguments(__doc__.splitlines()[0])
     sides, batches = tpuplex_sides(args.data_dir, dropout=True)
     sides.update(tpuplex_sides(args.data_dir, dropout=False)[0])
     sides.update(keras_sides(batches, dropout=True))
