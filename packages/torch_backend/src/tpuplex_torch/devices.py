@@ -160,11 +160,11 @@ class EagerPlacement(Placement):
         wait = accelerate.utils.InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=runtime.host_timeout))
         self.accelerator = accelerate.Accelerator(cpu=not use_gpu, kwargs_handlers=[wait])
         self._reduce = accelerate.utils.reduce
+        state = self.accelerator.state
         if torch.distributed.is_initialized():
             # Left to interpreter shutdown, gloo's worker threads can still hold tensors then, and the process aborts
             # ("terminate called without an active exception", pytorch#190489) instead of exiting with its status.
-            atexit.register(_destroy_process_group)
-        state = self.accelerator.state
+            atexit.register(state.destroy_process_group)
         self.device = self.accelerator.device
         self.row_processes = state.num_processes
         self.replicas_in_view = 1
@@ -217,11 +217,6 @@ class EagerPlacement(Placement):
         if self._profiler is not None:
             self._profiler.stop()
             self._profiler = None
-
-
-def _destroy_process_group() -> None:
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 def _compiled_graphs() -> int:
