@@ -4,8 +4,8 @@
 
 Builds, in one process, at the fixed [32, 128] shape of `mrpc.toml`:
 - tpuplex-tf's whole step (`Steps.train`, what `tpuplex train` calls), with dropout on and off, and its parts:
-  the input pipeline of one call (`Steps._distribute` and one pass over it), the forward and backward pass
-  (`Steps._replica_gradients`, embedding gradients made dense) and clip + AdamW (`Steps._adamw`);
+  the forward and backward pass (`Steps._replica_gradients`, embedding gradients made dense) and clip + AdamW
+  (`Steps._adamw`);
 - transformers 4.57's `TFBertForSequenceClassification` as run_glue.py (TF) trains it: Keras' `train_function`
   (one `fit` step), with dropout on and off, and its parts: the forward and backward pass (`tf.GradientTape` in a
   `tf.function`, embedding gradients left as IndexedSlices) and `create_optimizer`'s AdamWeightDecay with global
@@ -45,23 +45,17 @@ def tpuplex_sides(data_dir: str, dropout: bool) -> tuple[dict[str, Callable[[int
         f"tpuplex step{suffix}": lambda i: steps.train([batches[i % 4]], [LEARNING_RATE])}
     if not dropout:
         return sides, batches
-    rows = len(batches[0]["labels"])
     tensors = [{key: tf.constant(np.asarray(b[key], np.float32 if key == "weight" else np.int32))
                 for key in (*MODEL_INPUTS, "labels", "weight")} for b in batches]
     seed = tf.constant([1, 2], tf.int32)
     gradients, _, _ = steps._replica_gradients_xla(tensors[0], seed)
-
-    def input_pipeline(i: int) -> object:
-        arrays = {key: np.asarray(batches[i % 4][key], np.int32) for key in MODEL_INPUTS}
-        return [element for element in steps._distribute(arrays, rows)]
 
     def adamw(i: int) -> object:
         return steps._adamw_xla([v.read_value() for v in steps.variables], [m.read_value() for m in steps.exp_avg],
                                 [v.read_value() for v in steps.exp_avg_sq], gradients, LEARNING_RATE,
                                 steps.step + 1)
 
-    sides.update({"tpuplex input pipeline": input_pipeline,
-                  "tpuplex forward + backward": lambda i: steps._replica_gradients_xla(tensors[i % 4], seed),
+    sides.update({"tpuplex forward + backward": lambda i: steps._replica_gradients_xla(tensors[i % 4], seed),
                   "tpuplex clip + AdamW": adamw})
     return sides, batches
 

@@ -12,12 +12,17 @@ One training step, per replica (inside `strategy.run`, inside one `tf.function`)
   4. `merge_call` -> `extended.update`: each replica writes the new values into its own copy of the variables.
 On TPUStrategy the whole tf.function becomes one TPU program anyway.
 
-How host batches reach the devices (`_distribute`): the k host batches of one call, each [B, L], are concatenated
-row-wise; each host's `tf.data` pipeline (`distribute_datasets_from_function`, no prefetch) takes its process's
-rows of every batch and yields them as consecutive slices of B/n rows, slice i for replica i. A `tf.range` loop
-inside the training tf.function runs the k steps (steps_per_execution) on-device; `train_step` is the same program
-with k = 1, so there is one training program per bucket length. Prediction uses the same path with k = 1 and
-gathers the replicas' logits (of every process) in replica order, which is row order.
+How host batches reach the devices: the k host batches of one call, each [B, L], are concatenated row-wise into
+host tensors [k * B, L] and passed to the training tf.function as they are. Inside `strategy.run` each replica takes
+its own rows of batch i (`_replica_rows`): replica r of n takes rows [r * B/n, (r + 1) * B/n). Replicas are
+numbered process-major, so a process's replicas take its block of every batch (`tpuplex.hosts.process_rows`). A
+`tf.range` loop inside the training tf.function runs the k steps (steps_per_execution) on-device. The programs are
+traced with the leading dimension unknown, so `train_step` (k = 1) and `train_steps` share one training program
+per bucket length. Prediction uses the same path with k = 1 and gathers the replicas' logits (of every process) in
+replica order, which is row order.
+No `tf.data` pipeline: the rows are already in host memory, and a pipeline built inside every call costs its
+iterator's set-up and tear-down each step (measured at [32, 128] on a 2-core CPU: some calls end with a ~500 ms wait
+with no op running, see README "Why the fixed tf step was slower than Keras `fit`").
 
 The learning rates arrive as a float32 tensor [k], so a new value never retraces. Dropout seeds are derived from
 (optimizer seed, optimizer step, replica, micro-batch), so a resumed run draws the same masks.
@@ -25,14 +30,14 @@ The learning rates arrive as a float32 tensor [k], so a new value never retraces
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.errors import TpuplexError
-from tpuplex.hosts import process_rows
 from tpuplex.protocol import Batch, OptimizerSpec, decays
 from tpuplex_tf.model import Classifier, UserClassifier
 
@@ -71,8 +76,7 @@ class Steps:
         self._replica_gradients_xla = tf.function(self._replica_gradients, jit_compile=jit_compile)
         self._adamw_xla = tf.function(self._adamw, jit_compile=jit_compile)
         self._logits_xla = tf.function(self._logits, jit_compile=jit_compile)
-        self._train_program = tf.function(self._train_loop)
-        self._predict_program = tf.function(self._predict)
+        self._programs: dict[tuple, Callable] = {}
 
     def train(self, batches: Sequence[Batch], learning_rates: Sequence[float]) -> list[float]:
         """Apply one update per batch (all of one shape [B, L]) in a single call; returns each batch's loss."""
@@ -87,55 +91,57 @@ class Steps:
         check_micro_batches(rows, self.strategy.num_replicas_in_sync, self.optimizer.grad_accum)
         arrays = {key: np.concatenate([_train_array(b, key) for b in batches]) for key in TRAIN_INPUTS}
         arrays["learning_rate"] = np.repeat(np.asarray(learning_rates, np.float32), rows)
-        return [float(loss) for loss in self._train_program(self._distribute(arrays, rows)).numpy()]
+        return [float(loss) for loss in self._program(self._train_loop, arrays, rows)(arrays).numpy()]
 
     def predict(self, batch: Batch) -> np.ndarray:
         """Logits float32 [B, num_labels] for every row of `batch`."""
         rows = batch["input_ids"].shape[0]
         check_divisible(rows, self.strategy.num_replicas_in_sync, "the evaluation batch size")
         arrays = {key: np.asarray(batch[key], np.int32) for key in MODEL_INPUTS}
-        return self._predict_program(iter(self._distribute(arrays, rows))).numpy()
+        return self._program(self._predict, arrays, rows)(arrays).numpy()
 
-    def _distribute(self, arrays: dict[str, np.ndarray], rows: int) -> tf.distribute.DistributedDataset:
-        """`arrays` (each [k * rows, ...]) as k batches of `rows`, each split into per-replica slices.
+    def _program(self, body: Callable, arrays: dict[str, np.ndarray], rows: int) -> Callable:
+        """`body(arrays, rows)` as a tf.function for inputs shaped like `arrays` with any number of stacked batches.
 
-        Each input pipeline (one per host) feeds only its process's rows of every batch (`process_rows`), cut into
-        one element per local replica in replica order, which is how `distribute_datasets_from_function` deals
-        elements out to the host's replicas.
+        arrays: each [k * rows, ...]; the program is traced once per (body, rows, trailing shapes and dtypes).
         """
-        options = tf.data.Options()
-        # The rows are already in memory and the pipeline lives for one call: a prefetch thread and autotuning
-        # have nothing to hide and cost about 1.5 s per step on a 2-core CPU (measured: 5.2 s -> 3.5 s at [32, 128]).
-        options.autotune.enabled = False
-
-        def host_dataset(context: tf.distribute.InputContext) -> tf.data.Dataset:
-            mine = process_rows(rows, context.input_pipeline_id, context.num_input_pipelines)
-            local = {key: array.reshape(-1, rows, *array.shape[1:])[:, mine].reshape(-1, *array.shape[1:])
+        signature = {key: tf.TensorSpec([None, *array.shape[1:]], tf.as_dtype(array.dtype))
                      for key, array in arrays.items()}
-            per_replica = context.get_per_replica_batch_size(rows)
-            return tf.data.Dataset.from_tensor_slices(local).batch(per_replica, drop_remainder=True).with_options(
-                options)
-
-        return self.strategy.distribute_datasets_from_function(host_dataset)
+        key = (body.__name__, rows, tuple(signature.items()))
+        if key not in self._programs:
+            self._programs[key] = tf.function(functools.partial(body, rows=rows), input_signature=[signature])
+        return self._programs[key]
 
     # --- traced programs -------------------------------------------------------------------------------------
 
-    def _train_loop(self, dataset: tf.distribute.DistributedDataset) -> tf.Tensor:
-        """One optimizer step per batch of `dataset` -> losses float32 [k]."""
+    def _train_loop(self, arrays: dict[str, tf.Tensor], rows: int) -> tf.Tensor:
+        """One optimizer step per batch of `arrays` (each [k * rows, ...]) -> losses float32 [k]."""
         self.traces += 1
-        losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
-        for batch in dataset:
-            per_replica = self.strategy.run(self._replica_step, args=(batch,))
-            losses = losses.write(losses.size(), self.strategy.experimental_local_results(per_replica)[0])
+        count = tf.shape(arrays["input_ids"])[0] // rows
+        losses = tf.TensorArray(tf.float32, size=count)
+        replica_step = functools.partial(self._replica_step, rows=rows)
+        for index in tf.range(count):
+            per_replica = self.strategy.run(replica_step, args=(arrays, index))
+            losses = losses.write(index, self.strategy.experimental_local_results(per_replica)[0])
         return losses.stack()
 
-    def _predict(self, iterator) -> tf.Tensor:
-        """Logits [B, num_labels] of the next batch of `iterator`, gathered from the replicas in row order."""
+    def _predict(self, arrays: dict[str, tf.Tensor], rows: int) -> tf.Tensor:
+        """Logits [rows, num_labels] of the one batch in `arrays`, gathered from the replicas in row order."""
         self.traces += 1
-        return self.strategy.gather(self.strategy.run(self._replica_logits, args=(next(iterator),)), axis=0)
+        return self.strategy.gather(self.strategy.run(functools.partial(self._replica_logits, rows=rows),
+                                                      args=(arrays,)), axis=0)
 
-    def _replica_step(self, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-        """One update, in replica context; returns the global batch's weighted mean loss (a scalar)."""
+    def _replica_rows(self, arrays: dict[str, tf.Tensor], index: tf.Tensor | int, rows: int) -> dict[str, tf.Tensor]:
+        """In replica context: this replica's rows of batch `index` of `arrays` (each [k * rows, ...]), each
+        [rows / replicas, ...] with a static shape."""
+        replicas = self.strategy.num_replicas_in_sync
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return {key: tf.reshape(array, [-1, replicas, rows // replicas, *array.shape[1:]])[index, replica]
+                for key, array in arrays.items()}
+
+    def _replica_step(self, arrays: dict[str, tf.Tensor], index: tf.Tensor, rows: int) -> tf.Tensor:
+        """Update `index` of the call, in replica context; returns the global batch's weighted mean loss (a scalar)."""
+        batch = self._replica_rows(arrays, index, rows)
         learning_rate = batch["learning_rate"][0]
         batch = {key: batch[key] for key in TRAIN_INPUTS}
         context = tf.distribute.get_replica_context()
@@ -212,10 +218,10 @@ class Steps:
             new_exp_avg_sq.append(v)
         return new_params, new_exp_avg, new_exp_avg_sq
 
-    def _replica_logits(self, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+    def _replica_logits(self, arrays: dict[str, tf.Tensor], rows: int) -> tf.Tensor:
         # A plain Python function around the XLA one: passing the tf.function to strategy.run directly places
         # every replica's XLA launch on the first device, which cannot read the other replicas' variables.
-        return self._logits_xla(batch)
+        return self._logits_xla(self._replica_rows(arrays, 0, rows))
 
     def _logits(self, batch: dict[str, tf.Tensor]) -> tf.Tensor:
         return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
