@@ -3,14 +3,16 @@
     python benchmarks/jax_dropout_cost.py --data-dir ../shared/glue/MRPC   # in the speed-jax nox environment
 
 Builds, in one process, tpuplex-jax's train step at the fixed [32, 128] shape of `mrpc.toml` (dropout drawn with
-JAX's default threefry keys, with `rbg` and `unsafe_rbg` keys, and dropout off) and run_flax_glue's step on
-transformers 4.57's `FlaxBertForSequenceClassification` (dropout on and off); warms each up for two steps, then
+JAX's default threefry keys, with `rbg` keys, and dropout off) and run_flax_glue's step on transformers 4.57's
+`FlaxBertForSequenceClassification` (dropout on as HF ships it, on with one attention mask element per example and
+head as tpuplex draws it, and off); warms each up for two steps, then
 times three steps of each side in turn, three rounds, so machine noise hits every side alike. Prints each side's
 median ms/step and the flax-loop's time over it (> 1: this side is faster).
 
 Why it exists: HF's Flax BERT calls `dot_product_attention_weights(..., broadcast_dropout=True)`, so one
 attention-dropout mask [1, 1, L, L] is shared by every example and head, while torch's BERT, Keras' and
-tpuplex's draw one per element (B x heads x L x L). With dropout off both sides compute the same thing.
+tpuplex's draw one per element (B x heads x L x L). With dropout off both sides compute the same thing; with
+`per_element` the Flax step draws the masks tpuplex draws (the same regulariser, not the same bits).
 """
 
 from __future__ import annotations
@@ -55,10 +57,17 @@ def tpuplex_step(data_dir: str, prng: str, dropout: bool) -> tuple[Callable[[int
     return step, batches
 
 
-def flax_loop_step(train: bool, batches: list[dict]) -> Callable[[int], float]:
-    """run_flax_glue's train step (jit, donated state, clip + AdamW); `train` = False turns dropout off."""
+def flax_loop_step(train: bool, batches: list[dict], per_element: bool = False) -> Callable[[int], float]:
+    """run_flax_glue's train step (jit, donated state, clip + AdamW); `train` = False turns dropout off;
+    `per_element` draws one attention-dropout mask element per example and head instead of HF's shared mask."""
     from flax.training import train_state
     from transformers import FlaxBertForSequenceClassification
+    from transformers.models.bert import modeling_flax_bert
+
+    shared_mask_attention = modeling_flax_bert.dot_product_attention_weights
+
+    def per_element_attention(*args, **kwargs):
+        return shared_mask_attention(*args, **{**kwargs, "broadcast_dropout": False})
 
     checkpoint = params.resolve_checkpoint(config_lib.load(CONFIG).model.checkpoint)
     model = FlaxBertForSequenceClassification.from_pretrained(checkpoint, num_labels=2, from_pt=True)
@@ -66,8 +75,11 @@ def flax_loop_step(train: bool, batches: list[dict]) -> Callable[[int], float]:
     initial = train_state.TrainState.create(apply_fn=model.__call__, params=model.params, tx=tx)
 
     inputs = [{k: b[k] for k in ("input_ids", "token_type_ids", "attention_mask", "labels")} for b in batches]
+    if per_element:  # read when the step is traced, just below
+        modeling_flax_bert.dot_product_attention_weights = per_element_attention
     compiled = jax.jit(functools.partial(flax_glue_step, train=train), donate_argnums=(0,)).lower(
         initial, dict(inputs[0]), jax.random.PRNGKey(0)).compile()
+    modeling_flax_bert.dot_product_attention_weights = shared_mask_attention
     state = [initial, jax.random.PRNGKey(0)]
 
     def step(i: int) -> float:
@@ -82,9 +94,9 @@ def main() -> None:
     sides = {}
     sides["tpuplex threefry"], batches = tpuplex_step(args.data_dir, "threefry2x32", True)
     sides["tpuplex rbg"], _ = tpuplex_step(args.data_dir, "rbg", True)
-    sides["tpuplex unsafe_rbg"], _ = tpuplex_step(args.data_dir, "unsafe_rbg", True)
     sides["tpuplex no dropout"], _ = tpuplex_step(args.data_dir, "threefry2x32", False)
     sides["flax-loop"] = flax_loop_step(True, batches)
+    sides["flax-loop per-element"] = flax_loop_step(True, batches, per_element=True)
     sides["flax-loop no dropout"] = flax_loop_step(False, batches)
     times = time_in_turn(sides, args.rounds, args.steps)
     base = statistics.median(times["flax-loop"])

@@ -1,0 +1,123 @@
+"""Where tpuplex-torch's fixed-shape step stands against run_glue_no_trainer's loop: each step, split into its parts.
+
+    python benchmarks/torch_step_cost.py --data-dir ../shared/glue/MRPC   # in the speed-torch nox environment
+
+Builds, in one process, at the fixed [32, 128] shape of `mrpc.toml`:
+- tpuplex-torch's whole step (`TorchBackend.train_step`, what `tpuplex train` calls), with dropout on and off, and
+  its parts: the forward and backward pass (`tpuplex_torch.step.train_step` up to `backward`) and clip + AdamW;
+- run_glue_no_trainer.py's loop step as `benchmarks/peer_loops.py` runs it (`model(**batch).loss`, backward,
+  `clip_grad_norm_`, AdamW, the linear schedule, `zero_grad`) on the same checkpoint, with dropout on and off, and
+  the same two parts.
+Warms each side up for two calls, then times three calls of each side in turn, three rounds, so machine noise hits
+every side alike. Prints each side's median ms per call. Nothing is written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from round_robin import arguments, time_in_turn  # benchmarks/ is on sys.path when this script runs
+
+import torch
+from tpuplex import config as config_lib
+from tpuplex import params, run
+from tpuplex_torch.model import per_example_loss
+from tpuplex_torch.step import _clip_by_global_norm
+
+CONFIG = Path(__file__).resolve().parents[1] / "examples" / "glue" / "configs" / "mrpc.toml"
+LEARNING_RATE = 1e-5
+LOOP_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels")
+
+
+def tpuplex_sides(data_dir: str, dropout: bool) -> tuple[dict[str, Callable[[int], object]], list[dict]]:
+    """tpuplex-torch's step and, with dropout on, its parts; (name -> call(i), the 4 batches they cycle through)."""
+    config = config_lib.load(CONFIG, ["data.bucket_count=0", f'data.data_dir="{data_dir}"',
+                                      f"model.dropout={str(dropout).lower()}"])
+    experiment = run.prepare(config, "torch", str(CONFIG))
+    backend, state = experiment.backend, experiment.state
+    batches = list(itertools.islice(experiment.trainer.train_batcher.train_batches(epoch=0), 4))
+    suffix = "" if dropout else ", no dropout"
+    sides: dict[str, Callable[[int], object]] = {
+        f"tpuplex step{suffix}": lambda i: backend.train_step(state, batches[i % 4], LEARNING_RATE)}
+    if not dropout:
+        return sides, batches
+    placement, model = backend.placement, state.model
+
+    def forward_backward(i: int) -> None:
+        model.zero_grad(set_to_none=True)
+        inputs = placement.put(batches[i % 4])
+        model.train()
+        total_weight = inputs["weight"].sum().clamp(min=1.0)
+        logits = state.train_forward(model, inputs)
+        ((per_example_loss(logits, inputs["labels"]) * inputs["weight"]).sum() / total_weight).backward()
+
+    forward_backward(0)
+
+    def clip_adamw(i: int) -> None:
+        _clip_by_global_norm([p for p in model.parameters() if p.grad is not None], state.spec.clip_norm)
+        for group in state.optimizer.param_groups:
+            group["lr"] = LEARNING_RATE
+        state.optimizer.step()
+
+    sides.update({"tpuplex forward + backward": forward_backward, "tpuplex clip + AdamW": clip_adamw})
+    return sides, batches
+
+
+def loop_sides(batches: list[dict], dropout: bool) -> dict[str, Callable[[int], object]]:
+    """run_glue_no_trainer.py's model, optimizer and loop step and, with dropout on, its parts."""
+    from transformers import AutoModelForSequenceClassification, get_scheduler
+
+    recipe = config_lib.load(CONFIG)
+    train = recipe.train
+    rates = {} if dropout else {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    model = AutoModelForSequenceClassification.from_pretrained(params.resolve_checkpoint(recipe.model.checkpoint),
+                                                               num_labels=2, **rates)
+    no_decay = ("bias", "LayerNorm.weight")
+    groups = [{"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)],
+               "weight_decay": train.weight_decay},
+              {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)],
+               "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=LEARNING_RATE)
+    schedule = get_scheduler("linear", optimizer, 10, 1000)
+    tensors = [{key: torch.from_numpy(np.asarray(b[key], np.int64)) for key in LOOP_INPUTS} for b in batches]
+    model.train()
+
+    def forward_backward(i: int) -> None:
+        model(**tensors[i % 4]).loss.backward()
+
+    def clip_adamw(i: int) -> None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), train.clip_norm)
+        optimizer.step()
+        schedule.step()
+
+    def whole(i: int) -> None:
+        forward_backward(i)
+        clip_adamw(i)
+        optimizer.zero_grad()
+
+    suffix = "" if dropout else ", no dropout"
+    sides: dict[str, Callable[[int], object]] = {f"torch loop step{suffix}": whole}
+    if dropout:
+        forward_backward(0)
+        sides.update({"torch loop forward + backward": lambda i: (optimizer.zero_grad(), forward_backward(i)),
+                      "torch loop clip + AdamW": clip_adamw})
+    return sides
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0])
+    sides, batches = tpuplex_sides(args.data_dir, dropout=True)
+    sides.update(tpuplex_sides(args.data_dir, dropout=False)[0])
+    sides.update(loop_sides(batches, dropout=True))
+    sides.update(loop_sides(batches, dropout=False))
+    times = time_in_turn(sides, args.rounds, args.steps)
+    for name, rounds in times.items():
+        print(f"{name:34} {statistics.median(rounds):7.0f} ms  ({', '.join(f'{t:.0f}' for t in rounds)})")
+
+
+if __name__ == "__main__":
+    main()
