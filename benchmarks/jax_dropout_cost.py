@@ -21,18 +21,16 @@ import functools
 import itertools
 import statistics
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import optax
 from peer_loops import flax_glue_step  # benchmarks/ is on sys.path when this script runs
-from round_robin import arguments, time_in_turn
+from round_robin import CONFIG, arguments, time_in_turn
 
 import jax
 from tpuplex import config as config_lib
 from tpuplex import params, run
 
-CONFIG = Path(__file__).resolve().parents[1] / "examples" / "glue" / "configs" / "mrpc.toml"
 TRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "weight")
 
 

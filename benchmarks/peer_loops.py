@@ -104,23 +104,31 @@ def hf_trainer(model_dir: Path, num_labels: int, batches: Batches, recipe) -> di
             "padding_efficiency": padding_efficiency(timed), "lengths": [b["input_ids"].shape[1] for b in timed]}
 
 
-def torch_loop(model_dir: Path, num_labels: int, batches: Batches, recipe) -> dict:
-    """run_glue_no_trainer.py's loop (plus the recipe's gradient clipping): two epochs, the second timed."""
+def torch_loop_setup(model_dir: Path, num_labels: int, train, total_steps: int, **config_overrides):
+    """run_glue_no_trainer.py's (model, AdamW without decay on biases and LayerNorm weights, linear schedule);
+    `config_overrides` go to `from_pretrained` (e.g. dropout rates)."""
     from transformers import AutoModelForSequenceClassification, get_scheduler
 
     import torch
 
-    train = recipe.train
-    torch.manual_seed(train.seed)
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=num_labels)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=num_labels, **config_overrides)
     no_decay = ("bias", "LayerNorm.weight")
     groups = [{"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)],
                "weight_decay": train.weight_decay},
               {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)],
                "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=train.learning_rate)
-    total = 2 * len(batches)
-    schedule = get_scheduler("linear", optimizer, int(train.warmup_ratio * total), total)
+    schedule = get_scheduler("linear", optimizer, int(train.warmup_ratio * total_steps), total_steps)
+    return model, optimizer, schedule
+
+
+def torch_loop(model_dir: Path, num_labels: int, batches: Batches, recipe) -> dict:
+    """run_glue_no_trainer.py's loop (plus the recipe's gradient clipping): two epochs, the second timed."""
+    import torch
+
+    train = recipe.train
+    torch.manual_seed(train.seed)
+    model, optimizer, schedule = torch_loop_setup(model_dir, num_labels, train, 2 * len(batches))
     tensors = [{key: torch.from_numpy(np.asarray(value, np.int64)) for key, value in batch.items()}
                for batch in batches]
     model.train()

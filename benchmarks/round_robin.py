@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+CONFIG = Path(__file__).resolve().parents[1] / "examples" / "glue" / "configs" / "mrpc.toml"
+"""The experiment every round-robin comparison builds its sides from (MRPC, the fixed [32, 128] shape with
+`data.bucket_count=0`)."""
 
 
 def time_in_turn(sides: dict[str, Callable[[int], object]], rounds: int, steps: int,
@@ -35,3 +41,9 @@ def arguments(description: str) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="calls of each side per round")
     return parser.parse_args()
+
+
+def print_medians(times: dict[str, list[float]]) -> None:
+    """One line per side: its median ms per call over the rounds, then each round's."""
+    for name, rounds in times.items():
+        print(f"{name:34} {statistics.median(rounds):7.0f} ms  ({', '.join(f'{t:.0f}' for t in rounds)})")

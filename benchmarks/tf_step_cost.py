@@ -17,18 +17,20 @@ every side alike. Prints each side's median ms per call. Nothing is written.
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
-from round_robin import arguments, time_in_turn  # benchmarks/ is on sys.path when this script runs
+from round_robin import (  # benchmarks/ is on sys.path when this script runs
+    CONFIG,
+    arguments,
+    print_medians,
+    time_in_turn,
+)
 
 from tpuplex import config as config_lib
 from tpuplex import params, run
 
-CONFIG = Path(__file__).resolve().parents[1] / "examples" / "glue" / "configs" / "mrpc.toml"
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 LEARNING_RATE = 1e-5
 
@@ -106,8 +108,7 @@ def main() -> None:
     sides.update(keras_sides(batches, dropout=True))
     sides.update(keras_sides(batches, dropout=False))
     times = time_in_turn({name: _finished(call) for name, call in sides.items()}, args.rounds, args.steps)
-    for name, rounds in times.items():
-        print(f"{name:34} {statistics.median(rounds):7.0f} ms  ({', '.join(f'{t:.0f}' for t in rounds)})")
+    print_medians(times)
 
 
 def _finished(call: Callable[[int], object]) -> Callable[[int], None]:

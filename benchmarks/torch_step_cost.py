@@ -14,13 +14,18 @@ every side alike. Prints each side's median ms per call. Nothing is written.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import statistics
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
-from round_robin import arguments, time_in_turn  # benchmarks/ is on sys.path when this script runs
+from peer_loops import torch_loop_setup
+from round_robin import (  # benchmarks/ is on sys.path when this script runs
+    CONFIG,
+    arguments,
+    print_medians,
+    time_in_turn,
+)
 
 import torch
 from tpuplex import config as config_lib
@@ -28,7 +33,6 @@ from tpuplex import params, run
 from tpuplex_torch.model import per_example_loss
 from tpuplex_torch.step import _clip_by_global_norm
 
-CONFIG = Path(__file__).resolve().parents[1] / "examples" / "glue" / "configs" / "mrpc.toml"
 LEARNING_RATE = 1e-5
 LOOP_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels")
 
@@ -69,20 +73,11 @@ def tpuplex_sides(data_dir: str, dropout: bool) -> tuple[dict[str, Callable[[int
 
 def loop_sides(batches: list[dict], dropout: bool) -> dict[str, Callable[[int], object]]:
     """run_glue_no_trainer.py's model, optimizer and loop step and, with dropout on, its parts."""
-    from transformers import AutoModelForSequenceClassification, get_scheduler
-
     recipe = config_lib.load(CONFIG)
-    train = recipe.train
+    train = dataclasses.replace(recipe.train, learning_rate=LEARNING_RATE, warmup_ratio=0.01)
     rates = {} if dropout else {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-    model = AutoModelForSequenceClassification.from_pretrained(params.resolve_checkpoint(recipe.model.checkpoint),
-                                                               num_labels=2, **rates)
-    no_decay = ("bias", "LayerNorm.weight")
-    groups = [{"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)],
-               "weight_decay": train.weight_decay},
-              {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)],
-               "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=LEARNING_RATE)
-    schedule = get_scheduler("linear", optimizer, 10, 1000)
+    model, optimizer, schedule = torch_loop_setup(params.resolve_checkpoint(recipe.model.checkpoint), 2, train,
+                                                  1000, **rates)
     tensors = [{key: torch.from_numpy(np.asarray(b[key], np.int64)) for key in LOOP_INPUTS} for b in batches]
     model.train()
 
@@ -115,8 +110,7 @@ def main() -> None:
     sides.update(loop_sides(batches, dropout=True))
     sides.update(loop_sides(batches, dropout=False))
     times = time_in_turn(sides, args.rounds, args.steps)
-    for name, rounds in times.items():
-        print(f"{name:34} {statistics.median(rounds):7.0f} ms  ({', '.join(f'{t:.0f}' for t in rounds)})")
+    print_medians(times)
 
 
 if __name__ == "__main__":
