@@ -7,7 +7,8 @@ JAX's default threefry keys, with `rbg` keys, and dropout off) and run_flax_glue
 `FlaxBertForSequenceClassification` (dropout on as HF ships it, on with one attention mask element per example and
 head as tpuplex draws it, and off); warms each up for two steps, then
 times three steps of each side in turn, three rounds, so machine noise hits every side alike. Prints each side's
-median ms/step and the flax-loop's time over it (> 1: this side is faster).
+median ms/step, its CPU time per step (cores kept busy, the kernel's share, minor page faults) and the flax-loop's
+time over it (> 1: this side is faster).
 
 Why it exists: HF's Flax BERT calls `dot_product_attention_weights(..., broadcast_dropout=True)`, so one
 attention-dropout mask [1, 1, L, L] is shared by every example and head, while torch's BERT, Keras' and
@@ -19,13 +20,12 @@ from __future__ import annotations
 
 import functools
 import itertools
-import statistics
 from collections.abc import Callable
 
 import numpy as np
 import optax
 from peer_loops import flax_glue_step  # benchmarks/ is on sys.path when this script runs
-from round_robin import CONFIG, arguments, time_in_turn
+from round_robin import CONFIG, arguments, print_medians, time_in_turn
 
 import jax
 from tpuplex import config as config_lib
@@ -96,12 +96,7 @@ def main() -> None:
     sides["flax-loop"] = flax_loop_step(True, batches)
     sides["flax-loop per-element"] = flax_loop_step(True, batches, per_element=True)
     sides["flax-loop no dropout"] = flax_loop_step(False, batches)
-    times = time_in_turn(sides, args.rounds, args.steps)
-    base = statistics.median(times["flax-loop"])
-    for name, milliseconds in times.items():
-        median = statistics.median(milliseconds)
-        print(f"{name:24} {median:7.0f} ms/step  ({', '.join(f'{ms:.0f}' for ms in milliseconds)})  "
-              f"flax-loop/this {base / median:.3f}")
+    print_medians(time_in_turn(sides, args.rounds, args.steps), base="flax-loop")
 
 
 if __name__ == "__main__":

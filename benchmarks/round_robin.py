@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "glue" / "configs" / "mrpc.toml"
 """The experiment every round-robin comparison builds its sides from (MRPC, the fixed [32, 128] shape with
 `data.bucket_count=0`)."""
 
 
+class Rounds(NamedTuple):
+    """One side's cost per call in each round.
+
+    wall_ms: elapsed time. cpu_ms: the process's CPU time (user + system, all threads), so cpu_ms / wall_ms is
+    how many cores the side kept busy. system_ms: the kernel's share of it. minor_faults: pages the process
+    touched for the first time since the kernel handed them (memory freed back to the OS and allocated again).
+    """
+
+    wall_ms: list[float]
+    cpu_ms: list[float]
+    system_ms: list[float]
+    minor_faults: list[float]
+
+
 def time_in_turn(sides: dict[str, Callable[[int], object]], rounds: int, steps: int,
-                 warmup: int = 2) -> dict[str, list[float]]:
-    """Milliseconds per call of each side in each round.
+                 warmup: int = 2) -> dict[str, Rounds]:
+    """What each call of each side costs, round by round.
 
     Every side is first called `warmup` times (compiles, allocations, warm caches); then each of `rounds` rounds
     calls every side `steps` times in turn, with call index 0 .. steps - 1. A call must return only once its work
@@ -24,14 +40,19 @@ def time_in_turn(sides: dict[str, Callable[[int], object]], rounds: int, steps: 
     for call in sides.values():
         for i in range(warmup):
             call(i)
-    times: dict[str, list[float]] = {name: [] for name in sides}
+    costs = {name: Rounds([], [], [], []) for name in sides}
     for _ in range(rounds):
         for name, call in sides.items():
-            started = time.perf_counter()
+            usage, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             for i in range(steps):
                 call(i)
-            times[name].append(1000 * (time.perf_counter() - started) / steps)
-    return times
+            wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF)
+            system = after.ru_stime - usage.ru_stime
+            costs[name].wall_ms.append(1000 * wall / steps)
+            costs[name].cpu_ms.append(1000 * (after.ru_utime - usage.ru_utime + system) / steps)
+            costs[name].system_ms.append(1000 * system / steps)
+            costs[name].minor_faults.append((after.ru_minflt - usage.ru_minflt) / steps)
+    return costs
 
 
 def arguments(description: str) -> argparse.Namespace:
@@ -43,7 +64,13 @@ def arguments(description: str) -> argparse.Namespace:
     return parser.parse_args()
 
 
-def print_medians(times: dict[str, list[float]]) -> None:
-    """One line per side: its median ms per call over the rounds, then each round's."""
-    for name, rounds in times.items():
-        print(f"{name:34} {statistics.median(rounds):7.0f} ms  ({', '.join(f'{t:.0f}' for t in rounds)})")
+def print_medians(costs: dict[str, Rounds], base: str | None = None) -> None:
+    """One line per side: its median ms per call over the rounds, then each round's; the median CPU ms per call
+    (cores kept busy), its system share and minor page faults; with `base`, base's median wall time over this
+    side's (> 1: this side is faster)."""
+    for name, rounds in costs.items():
+        wall, cpu = statistics.median(rounds.wall_ms), statistics.median(rounds.cpu_ms)
+        ratio = f"  {base}/this {statistics.median(costs[base].wall_ms) / wall:.3f}" if base else ""
+        print(f"{name:34} {wall:7.0f} ms  ({', '.join(f'{t:.0f}' for t in rounds.wall_ms)})  "
+              f"CPU {cpu:6.0f} ms ({cpu / wall:.2f} cores, system {statistics.median(rounds.system_ms):4.0f}, "
+              f"{statistics.median(rounds.minor_faults):7.0f} faults){ratio}")
