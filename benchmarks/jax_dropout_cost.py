@@ -19,17 +19,16 @@ tpuplex's draw one per element (B x heads x L x L). With dropout off both sides 
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Callable
 
 import numpy as np
 import optax
 from peer_loops import flax_glue_step  # benchmarks/ is on sys.path when this script runs
-from round_robin import CONFIG, arguments, print_medians, time_in_turn
+from round_robin import CONFIG, arguments, fixed_shape_experiment, print_medians, time_in_turn
 
 import jax
 from tpuplex import config as config_lib
-from tpuplex import params, run
+from tpuplex import params
 
 TRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "weight")
 
@@ -37,11 +36,8 @@ TRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "weight
 def tpuplex_step(data_dir: str, prng: str, dropout: bool) -> tuple[Callable[[int], float], list[dict]]:
     """tpuplex-jax's compiled train step with dropout keys of implementation `prng`; (step(i), its 4 batches)."""
     jax.config.update("jax_default_prng_impl", prng)  # read when the step is traced, just below
-    config = config_lib.load(CONFIG, ["data.bucket_count=0", f'data.data_dir="{data_dir}"',
-                                      f"model.dropout={str(dropout).lower()}"])
-    experiment = run.prepare(config, "jax", str(CONFIG))
+    experiment, batches = fixed_shape_experiment("jax", data_dir, dropout)
     backend = experiment.backend
-    batches = list(itertools.islice(experiment.trainer.train_batcher.train_batches(epoch=0), 4))
     programs = backend._require_init()
     rows = [backend._local_rows(b, programs, per_replica_split=1, keys=TRAIN_KEYS) for b in batches]
     compiled = programs.train.lower(experiment.state, rows[0], np.float32(1e-5)).compile()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import resource
 import statistics
 import time
@@ -10,9 +11,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from tpuplex import config as config_lib
+from tpuplex import run
+
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "glue" / "configs" / "mrpc.toml"
 """The experiment every round-robin comparison builds its sides from (MRPC, the fixed [32, 128] shape with
 `data.bucket_count=0`)."""
+
+
+def fixed_shape_experiment(backend: str, data_dir: str, dropout: bool) -> tuple[run.Experiment, list[dict]]:
+    """`CONFIG` prepared on `backend` at its fixed [32, 128] shape, dropout on or off, with MRPC from `data_dir`;
+    (the experiment, the first 4 batches of its first epoch, which every side cycles through)."""
+    config = config_lib.load(CONFIG, ["data.bucket_count=0", f'data.data_dir="{data_dir}"',
+                                      f"model.dropout={str(dropout).lower()}"])
+    experiment = run.prepare(config, backend, str(CONFIG))
+    return experiment, list(itertools.islice(experiment.trainer.train_batcher.train_batches(epoch=0), 4))
 
 
 class Rounds(NamedTuple):

@@ -11,7 +11,8 @@ Builds, in one process, at the fixed [32, 128] shape of `mrpc.toml`:
   `tf.function`, embedding gradients left as IndexedSlices) and `create_optimizer`'s AdamWeightDecay with global
   clipnorm (`apply_gradients`).
 Warms each side up for two calls, then times three calls of each side in turn, three rounds, so machine noise hits
-every side alike. Prints each side's median ms per call. Nothing is written.
+every side alike. Prints each side's median ms per call and its CPU time per call (cores kept busy, the kernel's
+share, minor page faults). Nothing is written.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ import tensorflow as tf
 from round_robin import (  # benchmarks/ is on sys.path when this script runs
     CONFIG,
     arguments,
+    fixed_shape_experiment,
     print_medians,
     time_in_turn,
 )
 
 from tpuplex import config as config_lib
-from tpuplex import params, run
+from tpuplex import params
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 LEARNING_RATE = 1e-5
@@ -37,11 +39,8 @@ LEARNING_RATE = 1e-5
 
 def tpuplex_sides(data_dir: str, dropout: bool) -> tuple[dict[str, Callable[[int], object]], list[dict]]:
     """tpuplex-tf's step and, with dropout on, its parts; (name -> call(i), the 4 batches they cycle through)."""
-    config = config_lib.load(CONFIG, ["data.bucket_count=0", f'data.data_dir="{data_dir}"',
-                                      f"model.dropout={str(dropout).lower()}"])
-    experiment = run.prepare(config, "tf", str(CONFIG))
+    experiment, batches = fixed_shape_experiment("tf", data_dir, dropout)
     steps = experiment.state.steps
-    batches = list(itertools.islice(experiment.trainer.train_batcher.train_batches(epoch=0), 4))
     suffix = "" if dropout else ", no dropout"
     sides: dict[str, Callable[[int], object]] = {
         f"tpuplex step{suffix}": lambda i: steps.train([batches[i % 4]], [LEARNING_RATE])}

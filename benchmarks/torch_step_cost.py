@@ -9,13 +9,13 @@ Builds, in one process, at the fixed [32, 128] shape of `mrpc.toml`:
   `clip_grad_norm_`, AdamW, the linear schedule, `zero_grad`) on the same checkpoint, with dropout on and off, and
   the same two parts.
 Warms each side up for two calls, then times three calls of each side in turn, three rounds, so machine noise hits
-every side alike. Prints each side's median ms per call. Nothing is written.
+every side alike. Prints each side's median ms per call and its CPU time per call (cores kept busy, the kernel's
+share, minor page faults). Nothing is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -23,13 +23,14 @@ from peer_loops import torch_loop_setup
 from round_robin import (  # benchmarks/ is on sys.path when this script runs
     CONFIG,
     arguments,
+    fixed_shape_experiment,
     print_medians,
     time_in_turn,
 )
 
 import torch
 from tpuplex import config as config_lib
-from tpuplex import params, run
+from tpuplex import params
 from tpuplex_torch.model import per_example_loss
 from tpuplex_torch.step import _clip_by_global_norm
 
@@ -39,11 +40,8 @@ LOOP_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels")
 
 def tpuplex_sides(data_dir: str, dropout: bool) -> tuple[dict[str, Callable[[int], object]], list[dict]]:
     """tpuplex-torch's step and, with dropout on, its parts; (name -> call(i), the 4 batches they cycle through)."""
-    config = config_lib.load(CONFIG, ["data.bucket_count=0", f'data.data_dir="{data_dir}"',
-                                      f"model.dropout={str(dropout).lower()}"])
-    experiment = run.prepare(config, "torch", str(CONFIG))
+    experiment, batches = fixed_shape_experiment("torch", data_dir, dropout)
     backend, state = experiment.backend, experiment.state
-    batches = list(itertools.islice(experiment.trainer.train_batcher.train_batches(epoch=0), 4))
     suffix = "" if dropout else ", no dropout"
     sides: dict[str, Callable[[int], object]] = {
         f"tpuplex step{suffix}": lambda i: backend.train_step(state, batches[i % 4], LEARNING_RATE)}
