@@ -1,6 +1,6 @@
 """Where tpuplex-torch's fixed-shape step stands against run_glue_no_trainer's loop: each step, split into its parts.
 
-    python benchmarks/torch_step_cost.py --data-dir ../shared/glue/MRPC   # in the speed-torch nox environment
+    python benchmarks/investigations/torch_step_cost.py --data-dir ../shared/glue/MRPC  # in .nox/speed-torch
 
 Builds, in one process, at the fixed [32, 128] shape of `mrpc.toml`:
 - tpuplex-torch's whole step (`TorchBackend.train_step`, what `tpuplex train` calls), with dropout on and off, and
@@ -16,11 +16,14 @@ share, minor page faults). Nothing is written.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: peer_loops.py
 import numpy as np
 from peer_loops import torch_loop_setup
-from round_robin import (  # benchmarks/ is on sys.path when this script runs
+from round_robin import (  # benchmarks/investigations/ is on sys.path when this script runs
     CONFIG,
     arguments,
     fixed_shape_experiment,

@@ -1,6 +1,6 @@
 """Where tpuplex-jax's fixed-shape step loses to run_flax_glue's: the cost of each side's dropout.
 
-    python benchmarks/jax_dropout_cost.py --data-dir ../shared/glue/MRPC   # in the speed-jax nox environment
+    python benchmarks/investigations/jax_dropout_cost.py --data-dir ../shared/glue/MRPC  # in .nox/speed-jax
 
 Builds, in one process, tpuplex-jax's train step at the fixed [32, 128] shape of `mrpc.toml` (dropout drawn with
 JAX's default threefry keys, with `rbg` keys, and dropout off) and run_flax_glue's step on transformers 4.57's
@@ -19,11 +19,14 @@ tpuplex's draw one per element (B x heads x L x L). With dropout off both sides 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: peer_loops.py
 import numpy as np
 import optax
-from peer_loops import flax_glue_step  # benchmarks/ is on sys.path when this script runs
+from peer_loops import flax_glue_step
 from round_robin import CONFIG, arguments, fixed_shape_experiment, print_medians, time_in_turn
 
 import jax

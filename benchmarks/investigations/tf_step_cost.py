@@ -1,6 +1,6 @@
 """Where tpuplex-tf's fixed-shape step loses to Keras `fit`: each side's step, split into its parts.
 
-    python benchmarks/tf_step_cost.py --data-dir ../shared/glue/MRPC   # in the speed-tf nox environment
+    python benchmarks/investigations/tf_step_cost.py --data-dir ../shared/glue/MRPC  # in .nox/speed-tf
 
 Builds, in one process, at the fixed [32, 128] shape of `mrpc.toml`:
 - tpuplex-tf's whole step (`Steps.train`, what `tpuplex train` calls), with dropout on and off, and its parts:
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
-from round_robin import (  # benchmarks/ is on sys.path when this script runs
+from round_robin import (  # benchmarks/investigations/ is on sys.path when this script runs
     CONFIG,
     arguments,
     fixed_shape_experiment,
