@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_GLUE = REPO.parent / "shared" / "glue"
+SHARED = REPO.parent / "shared"
+SHARED_GLUE = SHARED / "glue"
+REQUIRE_SHARED = "TPUPLEX_REQUIRE_SHARED"
+"""Set to 1 (as .ci/run does), a test that needs a missing ../shared folder fails instead of skipping."""
 # Helpers shared by several sessions (tests/common); the TF session takes tests/ itself off the path.
 sys.path.insert(0, str(REPO / "tests" / "common"))
 
@@ -23,9 +27,30 @@ def minilm_dir() -> Path:
     return Path(spec.origin).parent / "model"
 
 
+def shared_folder(name: str, what: str) -> Path:
+    """../shared/<name> beside the repository; absent, the test skips, or fails where TPUPLEX_REQUIRE_SHARED=1."""
+    folder = SHARED / name
+    if not folder.is_dir():
+        message = f"{what} is absent ({folder} does not exist)"
+        if os.environ.get(REQUIRE_SHARED) == "1":
+            pytest.fail(f"{message}; {REQUIRE_SHARED}=1 requires it", pytrace=False)
+        pytest.skip(message)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def shared_glue() -> Path:
     """../shared/glue beside the repository, holding MRPC, SST-2, RTE and WNLI in the GLUE format."""
-    if not SHARED_GLUE.is_dir():
-        pytest.skip(f"real GLUE data is absent ({SHARED_GLUE} does not exist)")
-    return SHARED_GLUE
+    return shared_folder("glue", "real GLUE data")
+
+
+@pytest.fixture(scope="session")
+def shared_text() -> Path:
+    """../shared/text beside the repository: plain-text corpora (tinyshakespeare, wnut17; see its README.md)."""
+    return shared_folder("text", "the shared text data")
+
+
+@pytest.fixture(scope="session")
+def shared_images() -> Path:
+    """../shared/images beside the repository: image data sets (cifar10, flowers; see its README.md)."""
+    return shared_folder("images", "the shared image data")
