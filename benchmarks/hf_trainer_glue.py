@@ -22,7 +22,9 @@ from transformers import AutoModelForSequenceClassification, Trainer, TrainingAr
 import torch
 from tpuplex import config as config_lib
 from tpuplex import params
-from tpuplex.glue import compute, get_task, load_encoded
+from tpuplex.data.tokens import load_encoded
+from tpuplex.glue import get_dataset
+from tpuplex.metrics import compute
 from tpuplex.sweep import markdown
 
 BASE = Path(__file__).resolve().parents[1] / "examples" / "glue" / "configs" / "base.toml"
@@ -88,7 +90,7 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = parser.parse_args()
     recipe = config_lib.load(BASE, args.overrides)
-    task = get_task(args.task)
+    task = get_dataset(args.task)
     model_dir = params.resolve_checkpoint(recipe.model.checkpoint)
     cache = Path(recipe.data.cache_dir).expanduser()
     train, dev = (load_encoded(task, split, args.data_dir, model_dir, recipe.data.max_length, cache)

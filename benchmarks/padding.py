@@ -22,7 +22,8 @@ from side_by_side import train_flops_per_example
 
 from tpuplex import params
 from tpuplex.collate import Batcher, fit_buckets
-from tpuplex.glue import TASKS, load_encoded
+from tpuplex.data.tokens import load_encoded
+from tpuplex.glue import DATASETS
 
 GLUE = Path(__file__).resolve().parents[2] / "shared" / "glue"
 FIXED = (32, 64, 96)  # the GLUE configs' buckets before they were fitted (plus max_length)
@@ -54,7 +55,7 @@ def main() -> None:
     cache = Path(".cache/tpuplex")
     print(f"{'task':6} {'buckets':46} {'train prog':>10} {'train eff':>9} {'dev prog':>8} {'dev eff':>7} "
           f"{'GF/ex':>6} {'bound':>5}")
-    for task in TASKS.values():
+    for task in DATASETS.values():
         folder = args.glue_dir / task.folder
         if not folder.is_dir():
             continue

@@ -31,7 +31,8 @@ import numpy as np
 from tpuplex import config as config_lib
 from tpuplex import params
 from tpuplex.collate import padding_efficiency
-from tpuplex.glue import get_task, load_encoded
+from tpuplex.data.tokens import load_encoded
+from tpuplex.glue import get_dataset
 
 
 class Batches:
@@ -258,7 +259,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     recipe = config_lib.load(args.config, args.overrides)
-    task = get_task(recipe.data.task)
+    task = get_dataset(recipe.data.dataset)
     model_dir = params.resolve_checkpoint(recipe.model.checkpoint)
     encoded = load_encoded(task, "train", args.data_dir or recipe.data.data_dir or None, model_dir,
                            recipe.data.max_length, Path(recipe.data.cache_dir))

@@ -38,7 +38,7 @@ import numpy as np
 
 from tpuplex import config as config_lib
 from tpuplex import params
-from tpuplex.glue import get_task
+from tpuplex.glue import get_dataset
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE.parent / "examples" / "glue" / "configs"
@@ -125,7 +125,7 @@ def main() -> None:
         python = pythons.get(TPUPLEX[backend][0], sys.executable)
         measured: dict[str, list[dict]] = {}
         for round_ in range(args.rounds):
-            for script, side_args in sides(task, backend, fixed, args.steps, args.glue_dir / get_task(task).folder):
+            for script, side_args in sides(task, backend, fixed, args.steps, args.glue_dir / get_dataset(task).folder):
                 command = (python, str(HERE / script), *side_args)
                 if (round_, command) not in done:  # flax-loop at max_length is both a peer and the fixed baseline
                     done[round_, command] = run_side(command)

@@ -34,7 +34,7 @@ from round_robin import (  # benchmarks/investigations/ is on sys.path when this
 import torch
 from tpuplex import config as config_lib
 from tpuplex import params
-from tpuplex_torch.model import per_example_loss
+from tpuplex.tasks.sequence_classification.torch import unit_losses
 from tpuplex_torch.step import _clip_by_global_norm
 
 LEARNING_RATE = 1e-5
@@ -58,7 +58,7 @@ def tpuplex_sides(data_dir: str, dropout: bool) -> tuple[dict[str, Callable[[int
         model.train()
         total_weight = inputs["weight"].sum().clamp(min=1.0)
         logits = state.train_forward(model, inputs)
-        ((per_example_loss(logits, inputs["labels"]) * inputs["weight"]).sum() / total_weight).backward()
+        ((unit_losses(logits, inputs) * inputs["weight"]).sum() / total_weight).backward()
 
     forward_backward(0)
 

@@ -48,7 +48,7 @@ def write_roberta_checkpoint(out: Path) -> Path:
     """The tiny RoBERTa of the second scenario, its tokenizer trained on MRPC's train sentences."""
     from tpuplex_torch.testing import write_checkpoint  # the torch env only: it writes with transformers
 
-    examples = resolve_source(glue.get_task("mrpc"), "train", MRPC).read()
+    examples = resolve_source(glue.get_dataset("mrpc"), "train", MRPC).read()
     path = write_checkpoint("roberta", out / ROBERTA_CHECKPOINT, seed=0, corpus=examples.text_a + examples.text_b,
                             vocab_size=2000, max_length=128)
     print(f"wrote {path}")
@@ -64,7 +64,7 @@ def run_scenario(scenario: str, settings: list[str], backend: str, out: Path) ->
     # The output directory is a template filled in per backend, so every backend runs the same config (same hash).
     output_template = out / f"{scenario}-{{backend}}-run"
     config = config_lib.load(HERE / "configs" / "mrpc.toml", [*settings, f'runtime.output_dir="{output_template}"'])
-    scratch = run_lib.output_directory(config, glue.get_task(config.data.task), backend)
+    scratch = run_lib.output_directory(config, glue.get_dataset(config.data.dataset), backend)
     shutil.rmtree(scratch, ignore_errors=True)  # a parity run starts fresh, never from an older checkpoint
     experiment = run_lib.prepare(config, backend)
     first_dev = next(experiment.trainer.eval_batchers["dev"].eval_batches())

@@ -1,5 +1,5 @@
 """MRPC examples written as your own data: CSV, TSV, JSONL, parquet or a `datasets` folder, with the [data] fields
-that describe them (MRPC's layout, as tpuplex.glue.tasks gives it for GLUE's MRPC)."""
+that describe them (MRPC's layout, as tpuplex.glue.datasets gives it for GLUE's MRPC)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tpuplex.glue import get_task, read_split
+from tpuplex.glue import get_dataset, read_split
 from tpuplex.glue.files import Examples
 
 LABEL, FIRST, SECOND = "Quality", "#1 String", "#2 String"
 COLUMNS = (LABEL, FIRST, SECOND)
-# The MRPC layout as your own task: what tpuplex.glue.tasks says of GLUE's MRPC, written as [data] fields.
+# The MRPC layout as your own task: what tpuplex.glue.datasets says of GLUE's MRPC, written as [data] fields.
 MRPC_FIELDS = {"data__data_dir": "", "data__text_columns": [FIRST, SECOND], "data__label_column": LABEL,
                "data__labels": ["0", "1"], "data__metrics": ["accuracy", "f1"]}
 
@@ -69,7 +69,7 @@ def write_splits(folder: Path, kind: str, splits: dict[str, Examples]) -> dict[s
 
 def mrpc_splits(folder: Path) -> dict[str, Examples]:
     """train and dev of the MRPC folder `folder`, read by tpuplex's own GLUE reader."""
-    return {split: read_split(get_task("mrpc"), split, folder) for split in ("train", "dev")}
+    return {split: read_split(get_dataset("mrpc"), split, folder) for split in ("train", "dev")}
 
 
 def custom_fields(paths: dict[str, str]) -> dict:

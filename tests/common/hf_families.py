@@ -11,11 +11,12 @@ import transformers
 import torch
 from tpuplex.collate import Batcher, Encoded
 from tpuplex.config import RuntimeConfig
-from tpuplex.glue.features import encode, load_tokenizer
+from tpuplex.data.tokens import encode, load_tokenizer
 from tpuplex.glue.files import Examples
 from tpuplex.models import family_of
 from tpuplex.params import expected_shapes, initial_params, read_hf_config
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex.testing.specs import classifier_spec
 from tpuplex_torch.backend import TorchBackend
 from tpuplex_torch.testing import FAMILIES, SENTENCES, write_checkpoint
 
@@ -26,8 +27,7 @@ __all__ = ["FAMILIES", "check_logits_match_hf", "check_parameter_names", "check_
 def model_spec(directory: Path, num_labels: int = 2, seed: int = 0) -> ModelSpec:
     """The core's initial parameters for the checkpoint, dropout off."""
     hf_config = read_hf_config(directory)
-    return ModelSpec(hf_config=hf_config, params=initial_params(directory, hf_config, num_labels, seed),
-                     num_labels=num_labels, dropout=False, checkpoint_dir=directory)
+    return classifier_spec(directory, hf_config, num_labels, seed, dropout=False, checkpoint_dir=directory)
 
 
 def encoded_pairs(directory: Path, rows: int, max_length: int = 24, num_labels: int = 2, seed: int = 0) -> Encoded:
@@ -106,6 +106,6 @@ def check_parameter_names(backend, directory: Path) -> None:
     """The backend's portable parameters are exactly the family's HF names and shapes, holding the core's values."""
     spec = model_spec(directory)
     params = backend.state_to_arrays(backend.init(spec, OptimizerSpec())).params
-    shapes = expected_shapes(spec.hf_config, spec.num_labels)
+    shapes = expected_shapes(spec.hf_config, spec.head)
     assert {name: array.shape for name, array in params.items()} == shapes
     assert all(np.array_equal(params[name], spec.params[name]) for name in shapes)

@@ -41,7 +41,7 @@ def write_setup(folder: Path, minilm_dir: Path, mrpc: Path, **runtime) -> Path:
                "keep_checkpoints": 10, "host_timeout": 60, **runtime}
     sections = {
         "model": {"checkpoint": str(model)},
-        "data": {"task": "mrpc", "data_dir": str(mrpc), "max_length": 64, "buckets": [32, 64],
+        "data": {"dataset": "mrpc", "data_dir": str(mrpc), "max_length": 64, "buckets": [32, 64],
                  "cache_dir": str(folder / "cache")},
         "train": {"learning_rate": 1e-3, "max_steps": STEPS, "global_batch": 16, "eval_batch": 16,
                   "warmup_ratio": 0.1, "seed": 3},

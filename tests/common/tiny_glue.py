@@ -85,7 +85,7 @@ def write_run_config(folder: Path, model: Path, mrpc: Path, **fields) -> Path:
     keyword arguments (`section__field=value`) change fields. Returns the config path."""
     sections = {
         "model": {"checkpoint": str(model)},
-        "data": {"task": "mrpc", "data_dir": str(mrpc), "max_length": 32, "buckets": [16, 24],
+        "data": {"dataset": "mrpc", "data_dir": str(mrpc), "max_length": 32, "buckets": [16, 24],
                  "cache_dir": str(folder / "cache")},
         "train": {"learning_rate": 0.05, "epochs": 2, "global_batch": 8, "warmup_ratio": 0.1, "seed": 7},
         "runtime": {"output_dir": str(folder / "run"), "log_every": 2, "keep_checkpoints": 2},

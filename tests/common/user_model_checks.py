@@ -13,6 +13,8 @@ import numpy as np
 
 from tpuplex.collate import Batcher, Encoded
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex.testing.specs import user_classifier_spec
+from tpuplex.testing.specs import classifier_spec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_model"
 if str(EXAMPLE) not in sys.path:
@@ -23,8 +25,7 @@ VOCAB = 64
 
 
 def spec(architecture: str = TEXTCNN, num_labels: int = 2, dropout: bool = True) -> ModelSpec:
-    return ModelSpec(hf_config={}, params={}, num_labels=num_labels, dropout=dropout, architecture=architecture,
-                     vocab_size=VOCAB)
+    return user_classifier_spec(architecture, num_labels, dropout=dropout, vocab_size=VOCAB)
 
 
 def batches(count: int, global_batch: int = 8, seed: int = 0) -> list[dict[str, np.ndarray]]:

@@ -30,7 +30,7 @@ def test_a_whole_run_writes_results_logs_tensorboard_and_checkpoints(write_confi
     results = json.loads((run / "results.json").read_text())
     config = config_lib.load(path, ["train.epochs=3"])
 
-    assert (results["task"], results["backend"]) == ("mrpc", "numpy")
+    assert (results["dataset"], results["backend"]) == ("mrpc", "numpy")
     assert results["topology"].startswith("cpu x1")
     assert set(results["metrics"]) == {"dev"}
     assert {"accuracy", "f1", "score", "loss"} <= set(results["metrics"]["dev"])
@@ -67,13 +67,13 @@ def test_data_dir_flag_and_overrides(write_config, tmp_path, tiny_mrpc, capsys) 
 
 
 def test_output_dir_placeholders(write_config, tmp_path, capsys) -> None:
-    out = json.dumps(str(tmp_path / "runs" / "{task}-{backend}"))
+    out = json.dumps(str(tmp_path / "runs" / "{dataset}-{task}-{backend}"))
     path = write_config()
     assert cli.main(["train", str(path), "--backend", "numpy", "--set", "train.max_steps=2",
                      "--set", f"runtime.output_dir={out}"]) == 0
-    assert (tmp_path / "runs" / "mrpc-numpy" / "results.json").is_file()
+    assert (tmp_path / "runs" / "mrpc-sequence_classification-numpy" / "results.json").is_file()
     assert cli.main(["train", str(path), "--backend", "numpy", "--set", 'runtime.output_dir="runs/{model}"']) == 2
-    assert "only {task} and {backend}" in capsys.readouterr().err
+    assert "only {dataset}, {task} and {backend}" in capsys.readouterr().err
 
 
 def test_devices_lists_core_discovery_and_each_backend(capsys) -> None:
@@ -94,7 +94,7 @@ CASES = {
     "file missing a column": ({"data__data_dir": "missing column"}, [], "has no column 'Quality'"),
     "label outside the task's labels": ({"data__data_dir": "bad train label"}, [], "label '2' is not a mrpc label"),
     "empty split": ({"data__data_dir": "empty train"}, [], "holds no examples"),
-    "unknown task": ({}, ["--set", "data.task=glue9"], "unknown GLUE task 'glue9'"),
+    "unknown task": ({}, ["--set", "data.dataset=glue9"], "unknown GLUE dataset 'glue9'"),
     "batch not divisible by replicas": ({}, ["--set", "runtime.cpu_devices=3"],
                                         "train.global_batch = 8 does not divide by the 3 replicas"),
     "invalid config value": ({}, ["--set", "train.learning_rate=-0.1"], "train.learning_rate = -0.1 is not allowed"),

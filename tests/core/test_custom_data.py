@@ -18,10 +18,12 @@ from tpuplex import cli, run
 from tpuplex import config as config_lib
 from tpuplex.config import DataConfig
 from tpuplex.errors import TpuplexError
-from tpuplex.glue import encode_cached, get_task, load_encoded, read_split, task_data
-from tpuplex.glue.custom import custom_data, file_source
+from tpuplex.data.custom import dataset_sources
+from tpuplex.data.tokens import encode_cached, load_encoded
+from tpuplex.glue import get_dataset, read_split
+from tpuplex.data.custom import custom_data, file_source
 from tpuplex.glue.files import Examples
-from tpuplex.glue.tables import read_table, resolve_file
+from tpuplex.data.tables import read_table, resolve_file
 
 
 def data_config(paths: dict[str, str], **changes) -> DataConfig:
@@ -70,7 +72,7 @@ def test_the_real_mrpc_files_encode_as_the_glue_loader_in_every_format(shared_gl
             for name in ("input_ids", "token_type_ids", "lengths", "labels"):
                 np.testing.assert_array_equal(getattr(arrays, name), getattr(expected[split], name),
                                               err_msg=f"{kind} {split} {name}")
-        assert len(custom.test_data) == 1725 and np.all(custom.test_data.labels == -1)
+        assert len(custom.data.test) == 1725 and np.all(custom.data.test.labels == -1)
     assert len(expected["dev"]) == 408
 
 
@@ -78,7 +80,7 @@ def test_the_real_mrpc_files_encode_as_the_glue_loader_in_every_format(shared_gl
 
 
 def test_every_format_reads_the_same_columns_and_names_rows(tiny_mrpc, tmp_path) -> None:
-    splits = {"train": read_split(get_task("mrpc"), "train", tiny_mrpc)}
+    splits = {"train": read_split(get_dataset("mrpc"), "train", tiny_mrpc)}
     tables = {kind: read_table(resolve_file("data.train_file", write_splits(tmp_path / kind, kind, splits)["train"]),
                                [FIRST, SECOND, LABEL]) for kind in WRITERS}
     for table in tables.values():
@@ -97,7 +99,7 @@ def test_labels_match_as_text_and_an_unlabelled_test_file_gets_minus_one(write_c
     assert config_lib.load(path).data.labels == ("0", "1")
     expected = mrpc_splits(tiny_mrpc)["dev"].labels
     np.testing.assert_array_equal(experiment.trainer.eval_batchers["dev"].data.labels, expected)
-    assert experiment.test_data.labels.tolist() == [-1, -1] and experiment.test_data.labels.dtype == np.int32
+    assert experiment.data.test.labels.tolist() == [-1, -1] and experiment.data.test.labels.dtype == np.int32
     assert not (tmp_path / "run").exists()
 
 
@@ -110,14 +112,14 @@ def test_regression_trains_with_pearson_and_spearman_and_names_the_run(write_con
         lines = (json.dumps({"a": a, "b": b, "score": 5.0 * label + len(a.split()) / 10})
                  for a, b, label in zip(examples.text_a, examples.text_b, examples.labels, strict=True))
         (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    path = write_config(data__data_dir="", data__task="paraphrase-score", data__train_file=str(folder / "train.jsonl"),
+    path = write_config(data__data_dir="", data__dataset="paraphrase-score", data__train_file=str(folder / "train.jsonl"),
                         data__eval_files=[str(folder / "dev.jsonl")], data__text_columns=["a", "b"],
                         data__label_column="score", data__regression=True,
-                        runtime__output_dir=str(tmp_path / "runs" / "{task}"))
+                        runtime__output_dir=str(tmp_path / "runs" / "{dataset}"))
     assert cli.main(["train", str(path), "--backend", "numpy", "--set", "train.max_steps=4"]) == 0, \
         capsys.readouterr().err
     results = json.loads((tmp_path / "runs" / "paraphrase-score" / "results.json").read_text())
-    assert results["task"] == "paraphrase-score"
+    assert results["dataset"] == "paraphrase-score"
     assert set(results["metrics"]["dev"]) == {"pearson", "spearman", "score", "loss"}
 
 
@@ -164,24 +166,24 @@ def test_the_cache_key_covers_the_content_and_every_column_and_label_setting(tin
                 fingerprint(text_columns=[FIRST]), fingerprint(label_column=FIRST, labels=["word1", "word2"])]
     assert len(set(settings)) == len(settings)
     data = custom_data(data_config(paths))
-    assert file_source(data.task, data.files["dev"], labelled=False).fingerprint != data.sources()["dev"].fingerprint
+    assert file_source(data.dataset, data.files["dev"], labelled=False).fingerprint != data.sources()["dev"].fingerprint
 
     cache = tmp_path / "cache"
-    first = encode_cached(data.task, "dev", data.sources()["dev"], tiny_model, 24, cache)
-    np.testing.assert_array_equal(encode_cached(data.task, "dev", data.sources()["dev"], tiny_model, 24, cache)
+    first = encode_cached(data.dataset, "dev", data.sources()["dev"], tiny_model, 24, cache)
+    np.testing.assert_array_equal(encode_cached(data.dataset, "dev", data.sources()["dev"], tiny_model, 24, cache)
                                   .input_ids, first.input_ids)
     assert len(list(cache.iterdir())) == 1  # the second call read the cache
     with open(paths["dev"], "a", encoding="utf-8") as handle:
         handle.write("1,word1 word2,word1\n")
-    edited = encode_cached(data.task, "dev", data.sources()["dev"], tiny_model, 24, cache)
+    edited = encode_cached(data.dataset, "dev", data.sources()["dev"], tiny_model, 24, cache)
     assert len(edited) == len(first) + 1 and len(list(cache.iterdir())) == 2
-    glue = load_encoded(get_task("mrpc"), "dev", tiny_mrpc, tiny_model, 24, cache)
+    glue = load_encoded(get_dataset("mrpc"), "dev", tiny_mrpc, tiny_model, 24, cache)
     np.testing.assert_array_equal(glue.input_ids, first.input_ids)
 
 
 def test_glue_configs_resolve_as_before() -> None:
-    data = task_data(DataConfig(task="SST-2", data_dir="/glue/SST-2"))
-    assert data.task is get_task("sst2") and data.test_source() is None
+    data = dataset_sources(DataConfig(dataset="SST-2", data_dir="/glue/SST-2"))
+    assert data.dataset is get_dataset("sst2") and data.test_source() is None
 
 
 # --- bad input: one line on stderr, exit code 2, nothing half-written ------------------------------------------
@@ -250,7 +252,7 @@ BAD_FIELDS = {
     "no eval files": ({"data__eval_files": []}, "data.eval_files is empty"),
     "missing train file": ({"data__train_file": "{folder}/nope.csv"}, "nope.csv' does not exist"),
     "data_dir with train_file": ({"data__data_dir": "{folder}"}, "(--data-dir) is for GLUE tasks"),
-    "task name with a slash": ({"data__task": "my/task"}, "data.task = 'my/task' cannot name your own task"),
+    "task name with a slash": ({"data__dataset": "my/task"}, "data.dataset = 'my/task' cannot name your own task"),
     "eval_files without train_file": ({"data__train_file": ""},
                                       "data.eval_files is set but data.train_file is empty"),
 }

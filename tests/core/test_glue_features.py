@@ -10,7 +10,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from tpuplex import TpuplexError
-from tpuplex.glue import Examples, encode, features, get_task, load_encoded, load_tokenizer, read_split
+from tpuplex.data import tokens as features
+from tpuplex.data.tokens import encode, load_encoded, load_tokenizer
+from tpuplex.glue import Examples, get_dataset, read_split
 
 PAIRS = [
     ("The cat sat on the mat.", "A cat was sitting on a mat."),
@@ -156,14 +158,14 @@ def assert_same_arrays(left, right):
 
 
 def test_load_encoded_equals_reading_and_encoding(tiny_model, tiny_mrpc, tmp_path):
-    task = get_task("mrpc")
+    task = get_dataset("mrpc")
     encoded = load_encoded(task, "dev", tiny_mrpc, tiny_model, 24, tmp_path / "cache")
     expected = encode(read_split(task, "dev", tiny_mrpc), load_tokenizer(tiny_model, 24), 24)
     assert_same_arrays(encoded, expected)
 
 
 def test_second_call_reads_the_cache_without_tokenizing(tiny_model, tiny_mrpc, tmp_path, monkeypatch):
-    task, cache = get_task("mrpc"), tmp_path / "cache"
+    task, cache = get_dataset("mrpc"), tmp_path / "cache"
     first = load_encoded(task, "train", str(tiny_mrpc), tiny_model, 24, cache)
     [cache_file] = cache.iterdir()
     assert cache_file.name.startswith("mrpc-train-L24-") and cache_file.suffix == ".npz"
@@ -172,7 +174,7 @@ def test_second_call_reads_the_cache_without_tokenizing(tiny_model, tiny_mrpc, t
 
 
 def test_cache_key_follows_max_length_split_and_data(tiny_model, tiny_mrpc, tmp_path):
-    task, cache = get_task("mrpc"), tmp_path / "cache"
+    task, cache = get_dataset("mrpc"), tmp_path / "cache"
     load_encoded(task, "dev", tiny_mrpc, tiny_model, 24, cache)
     load_encoded(task, "dev", tiny_mrpc, tiny_model, 32, cache)
     load_encoded(task, "train", tiny_mrpc, tiny_model, 24, cache)
@@ -186,7 +188,7 @@ def test_cache_key_follows_max_length_split_and_data(tiny_model, tiny_mrpc, tmp_
 
 
 def test_cache_key_follows_the_tokenizer(tiny_model, tiny_mrpc, tmp_path):
-    task, cache = get_task("mrpc"), tmp_path / "cache"
+    task, cache = get_dataset("mrpc"), tmp_path / "cache"
     vocab_only = tmp_path / "vocab-only"
     vocab_only.mkdir()
     (vocab_only / "vocab.txt").write_bytes((tiny_model / "vocab.txt").read_bytes())
@@ -201,7 +203,7 @@ def test_bad_input_leaves_no_cache(tiny_model, tmp_path):
     (folder / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")
     cache = tmp_path / "cache"
     with pytest.raises(TpuplexError, match="label 'maybe'"):
-        load_encoded(get_task("rte"), "train", folder, tiny_model, 16, cache)
+        load_encoded(get_dataset("rte"), "train", folder, tiny_model, 16, cache)
     assert not cache.exists() or not any(cache.iterdir())
 
 
@@ -213,12 +215,12 @@ def test_interrupted_write_leaves_no_partial_file(tiny_model, tiny_mrpc, tmp_pat
     monkeypatch.setattr(features.np, "savez", savez_then_interrupt)
     cache = tmp_path / "cache"
     with pytest.raises(KeyboardInterrupt):
-        load_encoded(get_task("mrpc"), "dev", tiny_mrpc, tiny_model, 24, cache)
+        load_encoded(get_dataset("mrpc"), "dev", tiny_mrpc, tiny_model, 24, cache)
     assert list(cache.iterdir()) == []
 
 
 def test_unreadable_cache_file_is_rebuilt(tiny_model, tiny_mrpc, tmp_path):
-    task, cache = get_task("mrpc"), tmp_path / "cache"
+    task, cache = get_dataset("mrpc"), tmp_path / "cache"
     first = load_encoded(task, "dev", tiny_mrpc, tiny_model, 24, cache)
     [cache_file] = cache.iterdir()
     cache_file.write_bytes(b"not an npz file")
@@ -230,11 +232,11 @@ def test_cache_dir_that_cannot_be_created(tiny_model, tiny_mrpc, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     with pytest.raises(TpuplexError, match="cannot write the token cache in .*set data.cache_dir"):
-        load_encoded(get_task("mrpc"), "dev", tiny_mrpc, tiny_model, 24, blocker / "cache")
+        load_encoded(get_dataset("mrpc"), "dev", tiny_mrpc, tiny_model, 24, blocker / "cache")
 
 
 def test_real_sst2_dev_with_minilm(shared_glue, minilm_dir, tmp_path):
-    encoded = load_encoded(get_task("sst2"), "dev", shared_glue / "SST-2", minilm_dir, 64, tmp_path)
+    encoded = load_encoded(get_dataset("sst2"), "dev", shared_glue / "SST-2", minilm_dir, 64, tmp_path)
     assert encoded.input_ids.shape == (872, 64) and len(encoded.labels) == 872
     assert encoded.lengths.min() >= 3 and encoded.lengths.max() <= 64
     assert not encoded.token_type_ids.any()

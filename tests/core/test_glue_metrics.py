@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from tpuplex import TpuplexError
-from tpuplex.glue import compute, get_task
-from tpuplex.glue.metrics import accuracy, average_ranks, f1, matthews_corrcoef, pearson, spearman
+from tpuplex.glue import get_dataset
+from tpuplex.metrics import compute
+from tpuplex.metrics import accuracy, average_ranks, f1, matthews_corrcoef, pearson, spearman
 
 TOLERANCE = 1e-9
 # The same examples on every run, no example database, no time limit on a busy machine.
@@ -132,7 +133,7 @@ def random_case(num_labels: int, size: int = 50, seed: int = 0) -> tuple[np.ndar
 
 @pytest.mark.parametrize("name", ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"])
 def test_compute_returns_the_official_metrics_and_score(name):
-    task = get_task(name)
+    task = get_dataset(name)
     logits, labels = random_case(task.num_labels)
     results = compute(task, logits, labels)
     assert set(results) == {*task.metrics, "score"}
@@ -143,17 +144,17 @@ def test_compute_returns_the_official_metrics_and_score(name):
 def test_compute_classification_uses_the_argmax():
     logits, labels = random_case(2, seed=1)
     predictions = logits.argmax(axis=1)
-    results = compute(get_task("mrpc"), logits, labels)
+    results = compute(get_dataset("mrpc"), logits, labels)
     assert_same(results["accuracy"], sklearn.metrics.accuracy_score(labels, predictions))
     assert_same(results["f1"], sklearn.metrics.f1_score(labels, predictions))
     assert results["score"] == (results["accuracy"] + results["f1"]) / 2
-    assert_same(compute(get_task("cola"), logits, labels)["mcc"],
+    assert_same(compute(get_dataset("cola"), logits, labels)["mcc"],
                 sklearn.metrics.matthews_corrcoef(labels, predictions))
 
 
 def test_compute_regression_reads_the_single_output_column():
     logits, labels = random_case(1, seed=2)
-    results = compute(get_task("stsb"), logits, labels)
+    results = compute(get_dataset("stsb"), logits, labels)
     assert_same(results["pearson"], scipy.stats.pearsonr(logits[:, 0], labels).statistic)
     assert_same(results["spearman"], scipy.stats.spearmanr(logits[:, 0], labels).statistic)
     assert results["score"] == (results["pearson"] + results["spearman"]) / 2
@@ -162,9 +163,9 @@ def test_compute_regression_reads_the_single_output_column():
 @pytest.mark.parametrize(("logits_shape", "labels_shape"), [((5, 3), (5,)), ((5,), (5,)), ((5, 2), (4,))])
 def test_compute_rejects_mismatched_shapes(logits_shape, labels_shape):
     with pytest.raises(TpuplexError, match=r"rte metrics need logits \[N, 2\] and labels \[N\]"):
-        compute(get_task("rte"), np.zeros(logits_shape), np.zeros(labels_shape, dtype=int))
+        compute(get_dataset("rte"), np.zeros(logits_shape), np.zeros(labels_shape, dtype=int))
 
 
 def test_compute_rejects_no_examples():
     with pytest.raises(TpuplexError, match="at least one example"):
-        compute(get_task("rte"), np.zeros((0, 2)), np.zeros(0, dtype=int))
+        compute(get_dataset("rte"), np.zeros((0, 2)), np.zeros(0, dtype=int))

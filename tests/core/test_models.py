@@ -10,8 +10,9 @@ from safetensors.numpy import load_file, save_file
 
 from tpuplex import cli, models
 from tpuplex.errors import TpuplexError
-from tpuplex.glue.features import load_tokenizer
+from tpuplex.data.tokens import load_tokenizer
 from tpuplex.params import expected_shapes, initial_params, read_hf_config
+from tpuplex.testing.specs import classifier
 
 SIZES = {"vocab_size": 50, "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
          "intermediate_size": 16, "max_position_embeddings": 20}
@@ -49,7 +50,7 @@ ABSENT = {"roberta": "roberta.pooler.dense.weight",
 
 @pytest.mark.parametrize("model_type", list(CONFIGS))
 def test_hf_names_are_the_family_s(model_type):
-    shapes = expected_shapes(CONFIGS[model_type], num_labels=3)
+    shapes = expected_shapes(CONFIGS[model_type], classifier(CONFIGS[model_type], 3))
     assert set(HF_NAMES[model_type]) <= set(shapes)
     assert ABSENT.get(model_type) not in shapes
     assert len(set(shapes)) == len(shapes)
@@ -58,15 +59,16 @@ def test_hf_names_are_the_family_s(model_type):
 def test_family_quirks():
     family, roberta = models.architecture_of(CONFIGS["roberta"])
     assert family.name == "roberta" and roberta.position_offset == 2 and roberta.max_length == 18
-    assert not roberta.token_types and roberta.head_dropout_first
+    assert not roberta.token_types and classifier(CONFIGS["roberta"], 2).dropout_first
     distil = models.architecture_of(CONFIGS["distilbert"])[1]
-    assert distil.type_vocab_size == 0 and distil.head_activation == "relu" and distil.attention_output_dropout == 0
+    assert distil.type_vocab_size == 0 and classifier(CONFIGS["distilbert"], 2).activation == "relu"
+    assert distil.attention_output_dropout == 0
     electra = models.architecture_of(CONFIGS["electra"])[1]
-    assert electra.embedding_projection and electra.head_activation == "gelu"
+    assert electra.embedding_projection and classifier(CONFIGS["electra"], 2).activation == "gelu"
     albert = models.architecture_of(CONFIGS["albert"])[1]
     assert albert.block_schedule == (0, 1, 0, 1, 2, 3, 2, 3) and albert.num_blocks == 4
     assert albert.hidden_act == "gelu_new" and albert.ffn_output_dropout == 0
-    shapes = expected_shapes(CONFIGS["albert"], 2)
+    shapes = expected_shapes(CONFIGS["albert"], classifier(CONFIGS["albert"], 2))
     assert shapes["albert.embeddings.word_embeddings.weight"] == (50, 4)
     assert shapes["albert.encoder.embedding_hidden_mapping_in.weight"] == (8, 4)
 
@@ -74,12 +76,12 @@ def test_family_quirks():
 def write_base_checkpoint(folder, model_type, extra=None):
     """config.json and model.safetensors with base-model names (no prefix), no head, plus `extra` tensors."""
     config = CONFIGS[model_type]
-    family, arch = models.architecture_of(config)
+    family, head = models.family_of(config), classifier(config, 1)
     rng = np.random.default_rng(0)
     weights = {name.removeprefix(f"{family.prefix}."): rng.standard_normal(shape).astype(np.float32)
-               for name, shape in expected_shapes(config, 1).items()
+               for name, shape in expected_shapes(config, head).items()
                if not name.startswith(("classifier", "pre_classifier"))
-               and name not in (family.hf_name("head.dense.weight", arch), family.hf_name("head.dense.bias", arch))}
+               and name not in (head.hf_name("head.dense.weight"), head.hf_name("head.dense.bias"))}
     folder.mkdir(parents=True, exist_ok=True)
     save_file({**weights, **(extra or {})}, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config))
@@ -90,15 +92,15 @@ def write_base_checkpoint(folder, model_type, extra=None):
 def test_initial_params_add_the_prefix_drop_pretraining_heads_and_draw_the_head(tmp_path, model_type):
     folder = write_base_checkpoint(tmp_path, model_type, extra={"lm_head.bias": np.zeros(50, np.float32),
                                                                  "embeddings.position_ids": np.zeros(20, np.float32)})
-    params = initial_params(folder, read_hf_config(folder), num_labels=3, seed=5)
-    shapes = expected_shapes(CONFIGS[model_type], 3)
+    params = initial_params(folder, read_hf_config(folder), classifier(CONFIGS[model_type], 3), seed=5)
+    shapes = expected_shapes(CONFIGS[model_type], classifier(CONFIGS[model_type], 3))
     assert {name: array.shape for name, array in params.items()} == shapes
-    family, arch = models.architecture_of(CONFIGS[model_type])
-    dense, out = (family.hf_name(f"head.{m}.weight", arch) for m in ("dense", "out"))
+    head = classifier(CONFIGS[model_type], 3)
+    dense, out = (head.hf_name(f"head.{m}.weight") for m in ("dense", "out"))
     rng = np.random.default_rng(5)  # the head is drawn in a fixed order: dense, then out
     np.testing.assert_array_equal(params[dense], (rng.standard_normal(shapes[dense]) * 0.02).astype(np.float32))
     np.testing.assert_array_equal(params[out], (rng.standard_normal(shapes[out]) * 0.02).astype(np.float32))
-    assert not params[family.hf_name("head.out.bias", arch)].any()
+    assert not params[head.hf_name("head.out.bias")].any()
 
 
 def test_a_missing_encoder_weight_is_named(tmp_path):
@@ -107,7 +109,7 @@ def test_a_missing_encoder_weight_is_named(tmp_path):
     del weights["encoder.layer.1.attention.self.key.weight"]
     save_file(weights, folder / "model.safetensors")
     with pytest.raises(TpuplexError, match=r"missing: roberta\.encoder\.layer\.1\.attention\.self\.key\.weight"):
-        initial_params(folder, read_hf_config(folder), 2, 0)
+        initial_params(folder, read_hf_config(folder), classifier(read_hf_config(folder), 2), 0)
 
 
 @pytest.mark.parametrize(("config", "fragment"), [

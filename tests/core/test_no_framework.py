@@ -1,4 +1,8 @@
-"""The core never imports an ML framework: not on import, not during a whole numpy-backend run."""
+"""The core never imports an ML framework: not on import, not during a whole numpy-backend run.
+
+The one exception is by design: a task folder's per-backend modules (`tpuplex/tasks/<task>/{jax,tf,torch}.py`) hold
+that framework's head and loss, and only the backend of that framework imports them (`tpuplex.tasks.backend_module`).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ IMPORT_EVERYTHING_AND_RUN = """
 import importlib, json, pkgutil, sys
 import tpuplex
 for module in pkgutil.walk_packages(tpuplex.__path__, "tpuplex."):
+    if module.name.startswith("tpuplex.tasks.") and module.name.rsplit(".", 1)[1] in ("jax", "tf", "torch"):
+        continue  # a task's backend module: imported by that backend only
     if module.name != "tpuplex.__main__":  # running it would parse this script's arguments
         importlib.import_module(module.name)
 from tpuplex.cli import main

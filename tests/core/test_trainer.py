@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,11 +17,14 @@ from tpuplex import config as config_lib
 from tpuplex.collate import Encoded
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex.testing.specs import classifier_spec
 from tpuplex.reporting import Reporter
 from tpuplex.schedule import warmup_linear_decay, warmup_steps
 from tpuplex.testing.numpy_backend import NumpyBackend
 from tpuplex.testing.tiny_bert import TINY_CONFIG
-from tpuplex.trainer import Trainer, mean_loss
+from tpuplex.tasks.base import TaskData
+from tpuplex.tasks.sequence_classification import mean_loss
+from tpuplex.trainer import Trainer
 
 VOCAB = TINY_CONFIG["vocab_size"]
 MAX_LENGTH = 24
@@ -51,8 +55,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def model_spec(model_dir: Path, num_labels: int = 2) -> ModelSpec:
-    initial = params.initial_params(model_dir, TINY_CONFIG, num_labels, seed=1)
-    return ModelSpec(hf_config=TINY_CONFIG, params=initial, num_labels=num_labels)
+    return classifier_spec(model_dir, TINY_CONFIG, num_labels, seed=1)
 
 
 def make_config(tmp_path: Path, *overrides: str) -> config_lib.Config:
@@ -80,12 +83,25 @@ class SpyBackend(NumpyBackend):
         return super().train_steps(state, batches, learning_rates)
 
 
+@dataclasses.dataclass
+class SplitData(TaskData):
+    """Sequence-classification splits scored by `metric_fn` (and the mean loss, as the task scores them)."""
+
+    name: str
+    train: Encoded
+    eval: dict[str, Encoded]
+    metric_fn: Any
+
+    def metrics(self, outputs, labels, weight):
+        return {**self.metric_fn(outputs, labels), "loss": mean_loss(outputs, labels)}
+
+
 def fit(tmp_path: Path, model_dir: Path, *overrides: str, backend_cls=SpyBackend, train=None, dev=None,
         metric_fn=accuracy):
     config = make_config(tmp_path, *overrides)
     backend = backend_cls(config.runtime)
-    trainer = Trainer(backend, config, train or split(120, seed=1), {"dev": dev or split(37, seed=2)}, metric_fn,
-                      2, tmp_path / "run")
+    data = SplitData("tiny", train or split(120, seed=1), {"dev": dev or split(37, seed=2)}, metric_fn)
+    trainer = Trainer(backend, config, data, tmp_path / "run")
     state = backend.init(model_spec(model_dir), OptimizerSpec(seed=config.train.seed))
     with Reporter(tmp_path / "run") as reporter:
         return trainer, backend, trainer.fit(state, reporter)

@@ -98,7 +98,7 @@ def test_report_writes_a_table_row_per_run_and_a_png(trained, tmp_path) -> None:
     out = tmp_path / "report"
     assert cli.main(["report", str(trained), str(trained / "results.json"), "--out", str(out)]) == 0
     rows = (out / "report.md").read_text().splitlines()
-    assert rows[0].startswith("| run | task | backend | seed |") and len(rows) == 2 + 2
+    assert rows[0].startswith("| run | dataset | backend | seed |") and len(rows) == 2 + 2
     assert rows[2].startswith("| run | mrpc | numpy | 7 | 12 | dev accuracy ")
     png = (out / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -170,7 +170,7 @@ def test_predict_writes_submission_files_for_the_real_test_sets(task, rows, labe
                                                                 tmp_path) -> None:
     model = write_tiny_model_reading(tmp_path / "model", minilm_dir)
     config = tmp_path / "config.toml"
-    config.write_text(f'[model]\ncheckpoint = "{model}"\n[data]\ntask = "{task}"\ndata_dir = "{shared_glue / task}"\n'
+    config.write_text(f'[model]\ncheckpoint = "{model}"\n[data]\ndataset = "{task}"\ndata_dir = "{shared_glue / task}"\n'
                       f'max_length = 64\ncache_dir = "{tmp_path / "cache"}"\n[train]\nmax_steps = 1\n'
                       f'global_batch = 8\n[runtime]\noutput_dir = "{tmp_path / "run"}"\n')
     assert cli.main(["train", str(config), "--backend", "numpy"]) == 0

@@ -10,13 +10,13 @@ from tpuplex.collate import Encoded
 from tpuplex.config import RuntimeConfig
 from tpuplex.params import initial_params, read_hf_config
 from tpuplex.protocol import ModelSpec
+from tpuplex.testing.specs import classifier_spec
 from tpuplex_jax.backend import JaxBackend
 
 
 def model_spec(checkpoint_dir: Path, num_labels: int = 2, dropout: bool = False, seed: int = 0) -> ModelSpec:
     hf_config = read_hf_config(checkpoint_dir)
-    return ModelSpec(hf_config=hf_config, params=initial_params(checkpoint_dir, hf_config, num_labels, seed),
-                     num_labels=num_labels, dropout=dropout, checkpoint_dir=checkpoint_dir)
+    return classifier_spec(checkpoint_dir, hf_config, num_labels, seed, dropout=dropout, checkpoint_dir=checkpoint_dir)
 
 
 def backend(devices: int, **runtime) -> JaxBackend:

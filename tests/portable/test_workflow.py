@@ -17,7 +17,7 @@ import pytest
 from tiny_glue import write_tiny_model_reading
 
 from tpuplex import runs, workflow
-from tpuplex.glue import get_task, read_split
+from tpuplex.glue import get_dataset, read_split
 
 METRIC_TOLERANCE = 1e-6
 LOGIT_TOLERANCE = 1e-5
@@ -36,7 +36,7 @@ def setup(tmp_path_factory, minilm_dir, shared_glue) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("workflow")
     model = write_tiny_model_reading(folder / "model", minilm_dir)
     config = folder / "config.toml"
-    config.write_text(f'[model]\ncheckpoint = "{model}"\n[data]\ntask = "mrpc"\ndata_dir = "{shared_glue / "MRPC"}"\n'
+    config.write_text(f'[model]\ncheckpoint = "{model}"\n[data]\ndataset = "mrpc"\ndata_dir = "{shared_glue / "MRPC"}"\n'
                       f'max_length = 64\nbuckets = [32, 64]\ncache_dir = "{folder / "cache"}"\n'
                       '[train]\nlearning_rate = 1e-3\nmax_steps = 12\nglobal_batch = 16\n'
                       f'[runtime]\noutput_dir = "{folder / "runs" / "{backend}"}"\n')
@@ -74,7 +74,7 @@ def tpuplex_logits(trained) -> tuple[np.ndarray, dict[str, np.ndarray], list[str
     mask = (np.arange(dev.max_length)[None, :] < dev.lengths[:, None]).astype(np.int32)
     arrays = {"input_ids": dev.input_ids[:EXAMPLES], "token_type_ids": dev.token_type_ids[:EXAMPLES],
               "attention_mask": mask[:EXAMPLES]}
-    text = read_split(get_task("mrpc"), "dev", found.config.data.data_dir)
+    text = read_split(get_dataset("mrpc"), "dev", found.config.data.data_dir)
     return logits[:EXAMPLES], arrays, text.text_a[:EXAMPLES], text.text_b[:EXAMPLES]
 
 

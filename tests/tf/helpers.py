@@ -7,14 +7,14 @@ import numpy as np
 from tpuplex.collate import Encoded
 from tpuplex.params import initial_params, read_hf_config
 from tpuplex.protocol import ModelSpec
+from tpuplex.testing.specs import classifier_spec
 
 LOGICAL_CPUS = 8
 
 
 def model_spec(checkpoint_dir, num_labels: int = 2, dropout: bool = False, seed: int = 0) -> ModelSpec:
     hf_config = read_hf_config(checkpoint_dir)
-    return ModelSpec(hf_config=hf_config, params=initial_params(checkpoint_dir, hf_config, num_labels, seed),
-                     num_labels=num_labels, dropout=dropout, checkpoint_dir=checkpoint_dir)
+    return classifier_spec(checkpoint_dir, hf_config, num_labels, seed, dropout=dropout, checkpoint_dir=checkpoint_dir)
 
 
 def random_split(size: int, max_length: int, vocab: int = 128, seed: int = 0, num_labels: int = 2) -> Encoded:

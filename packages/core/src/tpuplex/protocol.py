@@ -3,18 +3,20 @@
 The core owns the loop (data order, learning rate, evaluation, checkpoints); a backend owns the step. Everything
 that crosses the boundary is numpy or plain Python, so no framework tensor ever enters the core.
 
-A host batch (`Batch`) is a dict of numpy arrays with a static shape `[B, L]`, B the global batch and L one of the
-configured bucket lengths:
+A host batch (`Batch`) is a dict of numpy arrays with a static shape, B the global batch and L one of the
+configured bucket lengths. Every text task has the model inputs
 
     input_ids       int32   [B, L]   token ids, 0-padded on the right
     token_type_ids  int32   [B, L]   segment ids (0 first sentence, 1 second)
     attention_mask  int32   [B, L]   1 for real tokens, 0 for padding
-    labels          int32   [B]      class index; float32 [B] for regression (num_labels == 1)
-    weight          float32 [B]      1 for a real example, 0 for a padding row (evaluation batches, and an
-                                     epoch's one short training batch)
+
+and the task (`tpuplex.tasks`) adds its targets: `labels` and `weight`, whose shape is that of the task's loss
+units ([B] for sequence classification, [B, L] per token for masked-LM pre-training). A unit of weight 0 (a
+padding row, an unmasked token) counts for nothing.
 
 Semantics every backend implements the same way:
-- loss = sum(weight * per_example_loss) / max(sum(weight), 1); cross-entropy, or squared error for regression.
+- loss = sum(weight * unit_loss) / max(sum(weight), 1) over the global batch, `unit_loss` the task's (its backend
+  module's `unit_losses`).
 - the gradient of that loss on the global batch, averaged over replicas (each replica gets B / replicas rows);
   with `grad_accum = k` each replica's rows are split into k equal micro-batches whose gradients are averaged.
 - clip by global norm: g *= min(1, clip_norm / global_norm(g)).
@@ -37,7 +39,8 @@ from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 
 Batch = Mapping[str, np.ndarray]
-BATCH_KEYS: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask", "labels", "weight")
+MODEL_INPUTS: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask")
+BATCH_KEYS: tuple[str, ...] = (*MODEL_INPUTS, "labels", "weight")
 
 
 def decays(name: str) -> bool:
@@ -49,26 +52,33 @@ def decays(name: str) -> bool:
 class ModelSpec:
     """The model to build, as the core resolved it.
 
+    task: the task (`tpuplex.tasks.Task`); `tpuplex.tasks.backend_module(task, backend)` gives the head and loss
+        in the backend's framework.
+    head: the task's head for this family (`tpuplex.tasks.Head`: HF names, shapes, settings).
     hf_config: the checkpoint's `config.json` (architecture sizes, layer_norm_eps, ...).
-    params: initial weights under the HF names of the family's `*ForSequenceClassification` (see
-        `tpuplex.models`) in torch layout (Linear weights are [out, in]), float32; includes the classifier head
-        (e.g. BERT's `classifier.weight` [num_labels, hidden]), initialised by the core so every backend starts
-        from the same numbers.
-    num_labels: classes; 1 means regression.
+    params: initial weights under the HF names of the family's encoder and `head`, in torch layout (Linear
+        weights are [out, in]), float32; the head's missing parts drawn by the core, so every backend starts
+        from the same numbers. A tied parameter (the MLM decoder) is not listed: it is the one it is tied to.
     dropout: False turns every dropout off (used for parity runs); True uses the rates in `hf_config`.
     checkpoint_dir: where the weights came from, for backends that build from the directory (HF torch).
     architecture: a user model's import path (`tpuplex.models.user`); then `hf_config` and `params` are empty,
-        and the backend builds `factory(vocab_size=vocab_size, num_labels=num_labels)` in its framework.
+        and the backend builds `factory(vocab_size=vocab_size, num_labels=head.num_labels)` in its framework.
     vocab_size: the tokenizer's vocabulary size (what a user model's embedding table needs).
     """
 
+    task: Any
+    head: Any
     hf_config: Mapping[str, Any]
     params: Mapping[str, np.ndarray]
-    num_labels: int
     dropout: bool = True
     checkpoint_dir: Path | None = None
     architecture: str = ""
     vocab_size: int = 0
+
+    @property
+    def num_labels(self) -> int:
+        """The classifier's outputs (tasks whose head has `num_labels`: user models are classifiers)."""
+        return self.head.num_labels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +131,8 @@ class Backend(Protocol):
         """Several updates in one call (steps_per_execution); batches share one shape. Returns each loss."""
 
     def predict(self, state: Any, batch: Batch) -> np.ndarray:
-        """Logits float32 [B, num_labels] for every row, padding rows included (the core applies the weights)."""
+        """The task's predict outputs (`predict_outputs` of its backend module: logits [B, num_labels], or per
+        token [B, L, ...]) for every row, padding rows included (the core applies the weights)."""
 
     def state_to_arrays(self, state: Any) -> PortableState:
         """Parameters and Adam moments as numpy arrays under HF names."""

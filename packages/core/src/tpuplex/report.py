@@ -2,7 +2,7 @@
 
     tpuplex report runs/glue/mrpc-* [--out DIR]
 
-    <DIR>/report.md    one row per run: run, task, backend, seed, steps, every final metric, wall time, train
+    <DIR>/report.md    one row per run: run, dataset, backend, seed, steps, every final metric, wall time, train
                        and eval examples/s, compiles, config hash (from each run's results.json)
     <DIR>/report.png   left: the training loss of every run by step; right: each run's first eval split's first
                        metric by step (from each run's log.jsonl)
@@ -21,7 +21,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.reporting import LOG_FILE
 from tpuplex.run import RESULTS_FILE
 
-COLUMNS = ("run", "task", "backend", "seed", "steps", "metrics", "wall time", "train ex/s", "eval ex/s", "compiles",
+COLUMNS = ("run", "dataset", "backend", "seed", "steps", "metrics", "wall time", "train ex/s", "eval ex/s", "compiles",
            "config hash")
 
 
@@ -44,7 +44,7 @@ def table(runs: Sequence[tuple[Path, dict[str, Any]]]) -> str:
     for folder, results in runs:
         shown = ", ".join(f"{split} {name} {value if name == 'loss' else 100 * value:.2f}"
                           for split, metrics in results["metrics"].items() for name, value in metrics.items())
-        cells = (folder.name, results["task"], results["backend"], str(results["config"]["train"]["seed"]),
+        cells = (folder.name, results.get("dataset", results["task"]), results["backend"], str(results["config"]["train"]["seed"]),
                  str(results["step"]), shown, f"{results['wall_seconds'] / 60:.1f} min",
                  f"{results['train']['examples_per_s']:.1f}", f"{results['eval']['examples_per_s']:.1f}",
                  str(results["compile_count"]), results["config_hash"])

@@ -14,7 +14,6 @@ In a multi-process run (`tpuplex.hosts`) every process runs this pipeline and pr
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -23,17 +22,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuplex import devices, hosts, models, params, registry, runs
-from tpuplex.collate import Encoded, check_divisible, check_micro_batches
+from tpuplex import devices, hosts, models, params, registry, runs, tasks
+from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.config import Config
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
-from tpuplex.glue import CustomData, compute, encode_cached, load_tokenizer, task_data
-from tpuplex.glue.sources import GlueData, Source
-from tpuplex.glue.tasks import Task
+from tpuplex.data.tokens import load_tokenizer
 from tpuplex.models import user
 from tpuplex.protocol import Backend, ModelSpec, OptimizerSpec
 from tpuplex.reporting import Reporter
+from tpuplex.tasks import Task, TaskData
 from tpuplex.trainer import Trainer, TrainResult
 
 RESULTS_FILE = "results.json"
@@ -43,7 +41,10 @@ RESULTS_FILE = "results.json"
 class Experiment:
     """A run, validated and built, before its first step: what `train` fits and tools such as parity inspect."""
 
+    config: Config
     task: Task
+    data: TaskData
+    """The task's encoded splits (`data.test`: your own data.test_file, checked, never trained on)."""
     backend_name: str
     backend: Backend
     topology: Topology
@@ -54,21 +55,23 @@ class Experiment:
     started: float
     model_dir: Path
     """The checkpoint folder the model and tokenizer came from (model.checkpoint resolved)."""
-    test_data: Encoded | None = None
-    """The tokenized data.test_file of your own data (checked, never trained on); None without one."""
 
 
 def prepare(config: Config, backend_name: str, config_path: Path | None = None) -> Experiment:
     """Check the config against the task, devices, backend, checkpoint and data, then build the model state.
 
-    A user model (`model.architecture`) imports from the current directory or the config file's folder.
+    A user model (`model.architecture`) imports from the current directory or the config file's folder, and so
+    does a task of your own (`task.name`).
 
     Creates no output directory: bad input leaves nothing behind (only the tokenization cache may be written).
     """
     started = time.perf_counter()
-    data = task_data(config.data)
-    task = data.task
-    output_dir = output_directory(config, task, backend_name)
+    if config_path is not None:
+        user.add_search_path(Path(config_path).resolve().parent)
+    task = tasks.get(config.task.name)
+    options = tasks.options(task, config.task.options)
+    task.check(config, options)
+    output_dir = output_directory(config, backend_name)
     discovered = devices.discover(config.runtime.device)
     # Joining a multi-process run waits for the others: a process that never arrives must not hang this one.
     processes = hosts.expected_processes()
@@ -80,29 +83,24 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
 
     checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint)
     user_model = config.model.architecture
-    if user_model and config_path is not None:
-        user.add_search_path(Path(config_path).resolve().parent)
     hf_config = {} if user_model else params.read_hf_config(checkpoint_dir)
     if not user_model:
         _check_max_length(config, hf_config)
-    encoded, test_data = encode_data(config, data, checkpoint_dir)
+    data = task.prepare(config, options, checkpoint_dir)
+    family, arch = (None, None) if user_model else models.architecture_of(hf_config)
     if not user_model:
-        _check_vocabulary({**encoded, "data.test_file": test_data} if test_data else encoded, hf_config,
-                          checkpoint_dir)
-    train_data, eval_data = encoded.pop("train"), encoded
-    trainer = Trainer(backend, config, train_data, eval_data, functools.partial(compute, task), task.num_labels,
-                      output_dir)
-
+        _check_vocabulary(data.splits(), arch.vocab_size, checkpoint_dir)
+    trainer = Trainer(backend, config, data, output_dir)
+    head = task.head(family, arch, hf_config, data)
     model = ModelSpec(
-        hf_config=hf_config, num_labels=task.num_labels, dropout=config.model.dropout,
-        params={} if user_model else params.initial_params(checkpoint_dir, hf_config, task.num_labels,
-                                                           config.train.seed),
+        task=task, head=head, hf_config=hf_config, dropout=config.model.dropout,
+        params={} if user_model else params.initial_params(checkpoint_dir, hf_config, head, config.train.seed),
         checkpoint_dir=checkpoint_dir, architecture=user_model,
         vocab_size=load_tokenizer(checkpoint_dir, config.data.max_length).get_vocab_size())
     with trainer.hosts.watchdog.watch("building the model"):
         state = backend.init(model, optimizer_spec(config))
-    return Experiment(task, backend_name, backend, topology, discovered, trainer, state, output_dir, started,
-                      checkpoint_dir, test_data)
+    return Experiment(config, task, data, backend_name, backend, topology, discovered, trainer, state, output_dir,
+                      started, checkpoint_dir)
 
 
 def train(config: Config, backend_name: str, config_path: Path | None = None) -> dict[str, Any]:
@@ -114,11 +112,12 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
         if trainer.hosts.writer:
             write_json_atomic(run.output_dir / runs.RUN_FILE, runs.record(config))
         reporter.say(f"{backend_name}: {run.topology.report()}")
-        reporter.record("start", 0, task=run.task.name, backend=backend_name, topology=run.topology.report(),
+        reporter.record("start", 0, task=run.task.name, dataset=run.data.name, backend=backend_name, topology=run.topology.report(),
                         config_hash=config.hash(), total_steps=trainer.total_steps)
         result = trainer.fit(run.state, reporter, resume)
         results = {
             "task": run.task.name,
+            "dataset": run.data.name,
             "backend": backend_name,
             "output_dir": str(run.output_dir),
             "topology": run.topology.report(),
@@ -152,27 +151,16 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
     return results
 
 
-def encode_data(config: Config, data: GlueData | CustomData,
-                tokenizer_dir: Path) -> tuple[dict[str, Encoded], Encoded | None]:
-    """The labelled splits ("train" first) and the test file (None without one), tokenized through the cache."""
-    cache_dir = Path(config.data.cache_dir).expanduser()
-
-    def encode(split: str, source: Source) -> Encoded:
-        return encode_cached(data.task, split, source, tokenizer_dir, config.data.max_length, cache_dir)
-
-    labelled = {split: encode(split, source) for split, source in data.sources().items()}
-    test_source = data.test_source()
-    return labelled, None if test_source is None else encode("test", test_source)
-
-
-def output_directory(config: Config, task: Task, backend_name: str) -> Path:
-    """`runtime.output_dir` with its `{task}` and `{backend}` placeholders filled in."""
+def output_directory(config: Config, backend_name: str) -> Path:
+    """`runtime.output_dir` with its `{dataset}` (data.dataset), `{task}` (task.name, its last part for an
+    import path) and `{backend}` placeholders filled in."""
     template = config.runtime.output_dir
+    task_name = config.task.name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
     try:
-        path = Path(template.format(task=task.name, backend=backend_name)).expanduser()
+        path = Path(template.format(dataset=config.data.dataset, task=task_name, backend=backend_name)).expanduser()
     except (KeyError, IndexError, ValueError):
-        raise TpuplexError(f"runtime.output_dir = {template!r} has an unknown placeholder: only {{task}} and "
-                           "{backend} are filled in (write {{ and }} for literal braces)") from None
+        raise TpuplexError(f"runtime.output_dir = {template!r} has an unknown placeholder: only {{dataset}}, "
+                           "{task} and {backend} are filled in (write {{ and }} for literal braces)") from None
     _check_writable_folder(path, "runtime.output_dir")
     return path
 
@@ -226,9 +214,8 @@ def _check_batch_sizes(config: Config, replicas: int) -> None:
         check_divisible(train.eval_batch, replicas, field="train.eval_batch")
 
 
-def _check_vocabulary(encoded: dict[str, Any], hf_config: dict[str, Any], checkpoint_dir: Path) -> None:
+def _check_vocabulary(encoded: dict[str, Any], rows: int, checkpoint_dir: Path) -> None:
     """Token ids beyond the embedding table would index out of range deep inside a framework."""
-    rows = models.architecture_of(hf_config)[1].vocab_size
     for split, data in encoded.items():
         largest = int(data.input_ids.max(initial=0))
         if largest >= rows:

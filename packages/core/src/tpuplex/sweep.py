@@ -26,7 +26,6 @@ import numpy as np
 
 from tpuplex import config as config_lib
 from tpuplex.errors import TpuplexError
-from tpuplex.glue import task_data
 from tpuplex.run import RESULTS_FILE, output_directory, write_json_atomic
 
 
@@ -47,7 +46,7 @@ def sweep(config_path: Path, backend: str, seeds: Sequence[int], overrides: Sequ
     base = config_lib.load(config_path, overrides)  # bad input stops here, before any run
     for seed in seeds:
         config_lib.load(config_path, [*overrides, f"train.seed={seed}"])
-    root = output_directory(base, task_data(base.data).task, backend)
+    root = output_directory(base, backend)
     runs = []
     for seed in seeds:
         folder = root / f"seed-{seed}"
@@ -80,7 +79,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
                                           "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
                                           "values": values.tolist()}
     first = runs[0]
-    return {"task": first["task"], "backend": first["backend"], "seeds": seeds, "metrics": metrics,
+    return {"task": first.get("dataset", first["task"]), "backend": first["backend"], "seeds": seeds, "metrics": metrics,
             "runs": [run["output_dir"] for run in runs]}
 
 

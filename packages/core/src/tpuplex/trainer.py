@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,25 +51,23 @@ from tpuplex.hosts import Hosts
 from tpuplex.preemption import Preempted, SignalWatch
 from tpuplex.protocol import Backend, Batch, PortableState
 from tpuplex.reporting import Reporter
+from tpuplex.tasks.base import TaskData
 from tpuplex.schedule import warmup_linear_decay, warmup_steps
 
 CHECKPOINTS_DIR = "checkpoints"
 PROFILE_DIR = "profile"
 
-MetricFn = Callable[[np.ndarray, np.ndarray], dict[str, float]]
-"""(logits float32 [N, num_labels], labels [N]) -> metric name -> value."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Throughput:
-    """Work done in one phase of this process: examples (real rows), tokens (real, unpadded) and seconds."""
+    """Work done in one phase of this process: examples (rows with some weight), tokens (their real, unpadded
+    tokens) and seconds."""
 
     examples: int = 0
     tokens: int = 0
     seconds: float = 0.0
 
     def add(self, batch: Batch, seconds: float = 0.0) -> Throughput:
-        real = batch["weight"] > 0
+        real = batch["weight"].reshape(len(batch["weight"]), -1).max(axis=1) > 0
         return Throughput(self.examples + int(real.sum()), self.tokens + int(batch["attention_mask"][real].sum()),
                           self.seconds + seconds)
 
@@ -83,6 +81,16 @@ class Throughput:
         rate = 1.0 / self.seconds if self.seconds > 0 else 0.0
         return {"examples": self.examples, "tokens": self.tokens, "seconds": round(self.seconds, 3),
                 "examples_per_s": round(self.examples * rate, 2), "tokens_per_s": round(self.tokens * rate, 1)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    """A split's predict outputs [N, ...], and its evaluation batches' labels and weight, in split order."""
+
+    outputs: np.ndarray
+    labels: np.ndarray
+    weight: np.ndarray
+    work: Throughput
 
 
 @dataclasses.dataclass
@@ -120,19 +128,15 @@ class Trainer:
     Args:
         backend: the framework backend.
         config: the whole run configuration (its hash guards resuming with another config).
-        train_data: the encoded training split.
-        eval_data: eval split name -> encoded split (e.g. {"dev": ...}).
-        metric_fn: official metrics of a split from its logits and labels.
-        num_labels: classes; 1 means regression (squared-error eval loss).
+        data: the task's data (`tpuplex.tasks.TaskData`): the encoded splits, the task's batches and metrics.
         output_dir: where checkpoints (and, through the Reporter, logs) go.
     """
 
-    def __init__(self, backend: Backend, config: Config, train_data: Encoded, eval_data: Mapping[str, Encoded],
-                 metric_fn: MetricFn, num_labels: int, output_dir: Path):
+    def __init__(self, backend: Backend, config: Config, data: TaskData, output_dir: Path):
         self.backend = backend
         self.config = config
-        self.metric_fn = metric_fn
-        self.num_labels = num_labels
+        self.data = data
+        train_data = data.train
         self.output_dir = Path(output_dir)
         self.checkpoint_root = self.output_dir / CHECKPOINTS_DIR
         train, runtime = config.train, config.runtime
@@ -143,7 +147,7 @@ class Trainer:
                                     data_config.bucket_multiple) if data_config.bucket_count else data_config.buckets)
         self.train_batcher = Batcher(train_data, train.global_batch, replicas, self.buckets, seed=train.seed,
                                      group_by_length=data_config.group_by_length)
-        self.eval_batchers = {split: self.batcher(data) for split, data in eval_data.items()}
+        self.eval_batchers = {split: self.batcher(encoded) for split, encoded in data.eval.items()}
         self.steps_per_epoch = self.train_batcher.steps_per_epoch
         # Recorded in every checkpoint, so that resuming on other training data is refused.
         self.train_data_fingerprint = train_data.fingerprint()
@@ -238,34 +242,45 @@ class Trainer:
         """The metrics (and "loss") of eval split `split` for `state`, and the work it took."""
         started = time.perf_counter()
         batcher = self.eval_batchers[split]
-        logits, work = self.predict(state, batcher, what)
-        labels = batcher.data.labels
-        metrics = {**self.metric_fn(logits, labels), "loss": mean_loss(logits, labels)}
-        return metrics, work.timed(time.perf_counter() - started)
+        gathered = self.gather(state, batcher, what)
+        metrics = self.data.metrics(gathered.outputs, gathered.labels, gathered.weight)
+        return metrics, gathered.work.timed(time.perf_counter() - started)
 
     def predict(self, state: Any, batcher: Batcher, what: str = "prediction") -> tuple[np.ndarray, Throughput]:
-        """float32 [N, num_labels]: the logits of every example of `batcher`'s split, in split order, each example
-        computed exactly once (checked); and the examples and tokens it took (no time)."""
-        count = len(batcher.data)
-        logits = np.zeros((count, self.num_labels), np.float32)
+        """The predict outputs of every example of `batcher`'s split ([N, ...], see `gather`), and the work."""
+        gathered = self.gather(state, batcher, what)
+        return gathered.outputs, gathered.work
+
+    def gather(self, state: Any, batcher: Batcher, what: str = "prediction") -> Gathered:
+        """Every example of `batcher`'s split through the task's evaluation batches and `backend.predict`, in split
+        order, each example computed exactly once (checked). Per-token values are padded to the split's
+        max_length (with weight 0)."""
+        count, length = len(batcher.data), batcher.data.max_length
+        gathered: dict[str, np.ndarray] = {}
         seen = np.zeros(count, np.int64)
         work = Throughput()
         for item in batcher.eval_batches():
+            real = item.index >= 0
+            batch = self.data.eval_batch(item.batch, item.index)
             with self.hosts.watchdog.watch(what):
-                output = np.asarray(self.backend.predict(state, item.batch), np.float32)
-            real = item.batch["weight"] > 0
-            if output.shape != (len(real), self.num_labels) or np.any(item.index[real] < 0) \
-                    or np.any(item.index[~real] >= 0):
-                raise RuntimeError(f"evaluation batch mismatch: logits {output.shape}, "
-                                   f"{int(real.sum())} weighted rows, indices {item.index.tolist()}")
+                output = np.asarray(self.backend.predict(state, batch))
+            if len(output) != len(real) or np.any(batch["weight"].reshape(len(real), -1)[~real] != 0):
+                raise RuntimeError(f"evaluation batch mismatch: outputs {output.shape}, {int(real.sum())} real rows, "
+                                   f"indices {item.index.tolist()}")
             np.add.at(seen, item.index[real], 1)
-            logits[item.index[real]] = output[real]
+            for key, values in (("outputs", output), ("labels", batch["labels"]), ("weight", batch["weight"])):
+                values = values[real]
+                if self.data.per_token and values.ndim > 1:
+                    values = np.pad(values, [(0, 0), (0, length - values.shape[1])] + [(0, 0)] * (values.ndim - 2))
+                if key not in gathered:
+                    gathered[key] = np.zeros((count, *values.shape[1:]), values.dtype)
+                gathered[key][item.index[real]] = values
             work = work.add(item.batch)
         if not np.all(seen == 1):
             wrong = np.flatnonzero(seen != 1)
             raise RuntimeError(f"evaluation counted examples {wrong[:5].tolist()} {seen[wrong[:5]].tolist()} "
                                "times instead of once")
-        return logits, work
+        return Gathered(gathered["outputs"], gathered["labels"], gathered["weight"], work)
 
     def batcher(self, data: Encoded) -> Batcher:
         """Evaluation batches of `data` as the run's eval splits get them (eval batch size, buckets)."""
@@ -348,7 +363,8 @@ class _Run:
             # A shape change may cut the group short; `_run_group` then runs its batches one by one.
             while len(group) < k and batches.peek() is not None and batches.peek()["input_ids"].shape == shape:
                 group.append(next(batches))
-        return group
+        task = self.trainer.data
+        return [task.train_batch(batch, self.at.step + 1 + offset) for offset, batch in enumerate(group)]
 
     def _next_boundary(self, stop: int) -> int:
         step = self.at.step
@@ -490,16 +506,6 @@ class _Run:
         self.reporter.record("checkpoint", at.step, path=str(path))
         self.last_checkpoint_step = at.step
         self._window_start = time.perf_counter()
-
-
-def mean_loss(logits: np.ndarray, labels: np.ndarray) -> float:
-    """Mean cross-entropy of logits [N, C] against class labels [N], or mean squared error when C == 1."""
-    logits = logits.astype(np.float64)
-    if logits.shape[1] == 1:
-        return float(np.mean((logits[:, 0] - labels) ** 2))
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    return float(-np.mean(log_probs[np.arange(len(labels)), labels]))
 
 
 class _Lookahead:

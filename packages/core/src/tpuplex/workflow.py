@@ -2,8 +2,8 @@
 
     evaluate(path, backend, split)   metrics of a checkpoint (written by any backend) on the run's eval splits,
                                      counted exactly as in training; written to <run>/eval/<step>-<backend>.json
-    predict(path, backend, split)    logits -> predictions of a split; for GLUE test files the leaderboard files
-                                     (`index<TAB>prediction`, label strings, floats for STS-B, MNLI-m and MNLI-mm)
+    predict(path, backend, split)    the task's prediction files of a split (sequence classification: for GLUE
+                                     test files the leaderboard files, `index<TAB>prediction`)
 
 Both rebuild the run's experiment from its run.json (`tpuplex.runs`) on the chosen backend and load the portable
 checkpoint into it, so a checkpoint trained on torch evaluates on jax or tf with the same numbers.
@@ -11,15 +11,11 @@ checkpoint into it, so a checkpoint trained on torch evaluates on jax or tf with
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from tpuplex import checkpoint, runs
+from tpuplex import checkpoint, runs, tasks
 from tpuplex.errors import TpuplexError
-from tpuplex.glue import encode_cached, task_data
 from tpuplex.run import Experiment, prepare, write_json_atomic
 
 EVAL_DIR = "eval"
@@ -48,7 +44,7 @@ def evaluate(path: str | Path, backend_name: str, split: str | None = None, data
         raise TpuplexError(f"the run has no evaluation split {split!r}: use one of {', '.join(splits)}")
     metrics = {name: trainer.evaluate_split(state, name)[0] for name in ([split] if split else splits)}
     result = {"checkpoint": str(found.checkpoint), "backend": backend_name, "topology": experiment.topology.report(),
-              "task": experiment.task.name, "config_hash": found.config_hash,
+              "task": experiment.task.name, "dataset": experiment.data.name, "config_hash": found.config_hash,
               "examples": {name: len(trainer.eval_batchers[name].data) for name in metrics}, "metrics": metrics}
     if trainer.hosts.writer:
         out = out or found.run_dir / EVAL_DIR / f"{found.checkpoint.name}-{backend_name}.json"
@@ -63,35 +59,8 @@ def predict(path: str | Path, backend_name: str, split: str = "test", data_dir: 
     `out` (default `<run>/predictions/<step>-<backend>/`): GLUE's submission files for GLUE test splits, else
     `<split>.tsv`. Returns split -> file. Files appear whole: they are written beside and renamed into place."""
     found = runs.locate(path, data_dir)
-    config = found.config
-    sources = task_data(config.data).prediction_sources(split)  # checked before any backend starts
+    task = tasks.get(found.config.task.name)
+    sources = task.prediction_sources(found.config, split)  # checked before any backend starts
     experiment, state = restore(found, backend_name)
-    task, trainer = experiment.task, experiment.trainer
     out = out or found.run_dir / PREDICTIONS_DIR / f"{found.checkpoint.name}-{backend_name}"
-    written = {}
-    for name, source in sources.items():
-        encoded = encode_cached(task, name, source, experiment.model_dir, config.data.max_length,
-                                Path(config.data.cache_dir).expanduser())
-        logits, _ = trainer.predict(state, trainer.batcher(encoded))
-        file_name = task.submission_file(name) if name in task.test_splits and task.folder else f"{name}.tsv"
-        if trainer.hosts.writer:
-            written[name] = _write_tsv(out / file_name, predictions(task, logits))
-    return written
-
-
-def predictions(task, logits: np.ndarray) -> list[str]:
-    """One prediction per example, as the GLUE server reads them: the label string of the argmax class, or the
-    regression score with three decimals."""
-    if task.is_regression:
-        return [f"{score:.3f}" for score in logits[:, 0]]
-    return [task.labels[index] for index in logits.argmax(axis=1)]
-
-
-def _write_tsv(path: Path, values: list[str]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}-", delete=False,
-                                     encoding="utf-8") as staging:
-        staging.write("index\tprediction\n")
-        staging.writelines(f"{index}\t{value}\n" for index, value in enumerate(values))
-    Path(staging.name).replace(path)
-    return path
+    return task.write_predictions(experiment, state, sources, out, experiment.trainer.hosts.writer)

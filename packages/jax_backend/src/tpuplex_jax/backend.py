@@ -18,18 +18,18 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax
-from tpuplex import models
+from tpuplex import models, tasks
 from tpuplex.collate import check_micro_batches
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows
 from tpuplex.models import user
-from tpuplex.params import check_names
-from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
+from tpuplex.params import check_names, expected_shapes
+from tpuplex.protocol import MODEL_INPUTS, BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
 from tpuplex_jax import checkpoint, step
 from tpuplex_jax.devices import select_devices
-from tpuplex_jax.model import Classifier, Naming, param_template, to_flax
+from tpuplex_jax.model import Naming, TaskModel, param_template, to_flax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,6 @@ class _Programs:
     train: Any
     predict: Any
     max_length: int
-    num_labels: int
     naming: Naming
     shapes: dict[str, tuple[int, ...]]
     grad_accum: int
@@ -60,22 +59,26 @@ class JaxBackend(BackendBase):
         return self._topology
 
     def init(self, model: ModelSpec, optimizer: OptimizerSpec) -> step.TrainState:
+        task = tasks.backend_module(model.task, "jax")
         if model.architecture:
             flax_model, params, naming, max_length = self._user_model(model, optimizer.seed)
         else:
             family, arch = models.architecture_of(model.hf_config)
-            arch = arch if model.dropout else arch.without_dropout()
-            naming, max_length = Naming(family.hf_names(arch, model.num_labels)), arch.max_length
-            check_names(family.hf_shapes(arch, model.num_labels), model.params, "model.params")
-            flax_model = Classifier(arch, model.num_labels, dtype=jnp.bfloat16 if optimizer.bf16 else jnp.float32)
-            params = to_flax(model.params, param_template(flax_model), naming)
+            arch, head = (arch, model.head) if model.dropout else (arch.without_dropout(),
+                                                                  model.head.without_dropout())
+            naming = Naming({**family.hf_names(arch), **{name: head.hf_name(name) for name in head.shapes}})
+            check_names(expected_shapes(model.hf_config, head), model.params, "model.params")
+            dtype = jnp.bfloat16 if optimizer.bf16 else jnp.float32
+            flax_model = TaskModel(arch, task.head_module(arch, head, dtype), dtype)
+            params, max_length = to_flax(model.params, param_template(flax_model), naming), arch.max_length
         tx = step.make_optimizer(optimizer, params, naming)
-        train = step.make_train_step(flax_model, tx, optimizer.grad_accum, model.dropout, optimizer.seed)
+        train = step.make_train_step(flax_model, tx, optimizer.grad_accum, model.dropout, optimizer.seed,
+                                     task.unit_losses)
         self._programs = _Programs(
             train=step.replicate_train_step(train, self.devices),
-            predict=step.replicate_predict_step(step.make_predict_step(flax_model), self.devices),
-            max_length=max_length, num_labels=model.num_labels, naming=naming, shapes=naming.shapes(params),
-            grad_accum=optimizer.grad_accum)
+            predict=step.replicate_predict_step(step.make_predict_step(flax_model, task.predict_outputs),
+                                                self.devices),
+            max_length=max_length, naming=naming, shapes=naming.shapes(params), grad_accum=optimizer.grad_accum)
         return self._place(step.TrainState(params, tx.init(params)))
 
     @staticmethod
@@ -92,22 +95,21 @@ class JaxBackend(BackendBase):
 
     def train_step(self, state: step.TrainState, batch: Batch, learning_rate: float) -> tuple[step.TrainState, float]:
         programs = self._require_init()
-        keys = (*step.MODEL_INPUTS, "labels", *(("weight",) if "weight" in batch else ()))
-        rows = self._local_rows(batch, programs, per_replica_split=programs.grad_accum, keys=keys)
-        rows.setdefault("weight", np.ones(rows["input_ids"].shape[:2], np.float32))
+        rows = self._local_rows(batch, programs, per_replica_split=programs.grad_accum, keys=_keys(batch))
+        rows.setdefault("weight", np.ones(rows["labels"].shape, np.float32))
         with self._compiles.watching():
             state, loss = programs.train(state, rows, np.float32(learning_rate))
         return state, float(np.asarray(loss.addressable_shards[0].data))
 
     def predict(self, state: step.TrainState, batch: Batch) -> np.ndarray:
         programs = self._require_init()
-        rows = self._local_rows(batch, programs, per_replica_split=1, keys=step.MODEL_INPUTS)
+        rows = self._local_rows(batch, programs, per_replica_split=1, keys=_keys(batch))
         with self._compiles.watching():
-            logits = programs.predict(state.params, rows)
-        local = np.asarray(logits).reshape(-1, programs.num_labels)
+            outputs = np.asarray(programs.predict(state.params, rows))
+        local = outputs.reshape(-1, *outputs.shape[2:])
         if jax.process_count() == 1:
             return local
-        return np.asarray(multihost_utils.process_allgather(local)).reshape(-1, programs.num_labels)
+        return np.asarray(multihost_utils.process_allgather(local)).reshape(-1, *outputs.shape[2:])
 
     def state_to_arrays(self, state: step.TrainState) -> PortableState:
         return checkpoint.to_portable(state, self._require_init().naming)
@@ -152,3 +154,8 @@ class JaxBackend(BackendBase):
                 f"data.max_length to at most {programs.max_length}")
         mine = process_rows(global_batch, jax.process_index(), jax.process_count())
         return step.split_rows({name: np.asarray(batch[name])[mine] for name in keys}, self._local_replicas)
+
+
+def _keys(batch: Batch) -> tuple[str, ...]:
+    """The batch's model inputs and the task's targets (labels, and weight when given)."""
+    return (*MODEL_INPUTS, *(key for key in ("labels", "weight") if key in batch))

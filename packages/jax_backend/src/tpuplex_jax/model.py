@@ -1,6 +1,7 @@
-"""An encoder sequence classifier in Flax linen, built from the core's `Architecture` (any supported family).
+"""An encoder in Flax linen, built from the core's `Architecture` (any supported family), with a task's head.
 
-One module per concept (`Embeddings`, `Block`, `Head`), assembled by `Classifier`. Modules are named after the
+One module per concept (`Embeddings`, `Block`), assembled with the task's head module by `TaskModel`. Modules are
+named after the
 core's *canonical* parameter names, so a parameter's tree path spells its canonical name (`block.3/query/kernel`
 is `block.3.query.weight`, transposed: Flax keeps Dense kernels [in, out], torch [out, in]); the family's table
 (`Family.hf_names`) turns those into HF names. A `Naming` holds that table; `to_flax` / `to_portable_arrays`
@@ -90,47 +91,31 @@ class Block(nn.Module):
         return norm("output_norm")(attended + out)
 
 
-class Head(nn.Module):
-    """The classifier on the first token: [dropout] -> dense -> activation -> dropout -> out."""
+class TaskModel(nn.Module):
+    """The family's encoder with a task's head: embeddings, the blocks in `arch.block_schedule` order (shared
+    blocks are one module called again), then `head` (the task's Flax module, `tpuplex.tasks`), which takes the
+    hidden states [B, L, hidden] and the word embedding table (tied decoders read it).
 
-    arch: Architecture
-    num_labels: int
-    dtype: Any
-
-    @nn.compact
-    def __call__(self, first: jax.Array, deterministic: bool) -> jax.Array:
-        """first [B, hidden] -> logits [B, num_labels]."""
-        a = self.arch
-        dropout = nn.Dropout(a.classifier_dropout)
-        if a.head_dropout_first:
-            first = dropout(first, deterministic=deterministic)
-        pooled = ACTIVATIONS[a.head_activation](nn.Dense(a.hidden_size, dtype=self.dtype, name="dense")(first))
-        return nn.Dense(self.num_labels, dtype=self.dtype, name="out")(dropout(pooled, deterministic=deterministic))
-
-
-class Classifier(nn.Module):
-    """HF `<Family>ForSequenceClassification`: embeddings, the blocks in `arch.block_schedule` order (shared
-    blocks are one module called again), the head.
-
-    dtype is the compute dtype (float32, or bfloat16 with float32 parameters); logits are always float32.
+    dtype is the compute dtype (float32, or bfloat16 with float32 parameters).
     """
 
     arch: Architecture
-    num_labels: int
+    head: nn.Module
     dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array, attention_mask: jax.Array,
-                 deterministic: bool = True) -> jax.Array:
-        """input_ids, token_type_ids, attention_mask int32 [B, L] -> logits float32 [B, num_labels]."""
+                 deterministic: bool = True) -> Any:
+        """input_ids, token_type_ids, attention_mask int32 [B, L] -> the head's outputs."""
         a = self.arch
-        x = Embeddings(a, self.dtype, name="embeddings")(input_ids, token_type_ids, deterministic)
+        embeddings = Embeddings(a, self.dtype, name="embeddings")
+        x = embeddings(input_ids, token_type_ids, deterministic)
         # HF's extended attention mask: 0 on real keys, the dtype's minimum on padding keys.
         mask_bias = (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * jnp.finfo(jnp.float32).min
         blocks = [Block(a, self.dtype, name=f"block.{index}") for index in range(a.num_blocks)]
         for index in a.block_schedule:
             x = blocks[index](x, mask_bias, deterministic)
-        return Head(a, self.num_labels, self.dtype, name="head")(x[:, 0], deterministic).astype(jnp.float32)
+        return self.head(x, embeddings.variables["params"]["word"]["embedding"], deterministic)
 
 
 def canonical_name(path: tuple[Any, ...]) -> str:

@@ -27,12 +27,11 @@ import numpy as np
 import optax
 
 import jax
-from tpuplex.protocol import OptimizerSpec, decays
+from tpuplex.protocol import MODEL_INPUTS, OptimizerSpec, decays
 from tpuplex_jax.model import Naming
 
 AXIS = "replicas"
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
-MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 
 
 class TrainState(NamedTuple):
@@ -73,18 +72,13 @@ def with_adam_state(opt_state: Any, adam: optax.ScaleByAdamState) -> Any:
     return replace(opt_state, optax.InjectStatefulHyperparamsState, lambda n: n._replace(count=adam.count))
 
 
-def example_losses(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Per-example loss [B]: cross-entropy on logits [B, C] and int labels, or squared error when C == 1."""
-    if logits.shape[-1] == 1:
-        return jnp.square(logits[:, 0] - labels.astype(jnp.float32))
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-
-
 def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, grad_accum: int,
-                    dropout: bool, seed: int) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, jax.Array]]:
+                    dropout: bool, seed: int, unit_losses: Callable[[Any, dict], jax.Array]
+                    ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, jax.Array]]:
     """The per-device train step `(state, rows, learning_rate) -> (state, global mean loss)` under axis AXIS.
 
-    rows: this replica's arrays, input_ids/token_type_ids/attention_mask [b, L], labels [b], weight [b].
+    rows: this replica's arrays, input_ids/token_type_ids/attention_mask [b, L], and the task's labels and
+    weight (weight: the shape of `unit_losses(outputs, rows)`, the task's loss units).
     Dropout draws from `key(seed)` folded with the optimizer step, the replica and the micro-batch, so a resumed
     run draws the same masks as an uninterrupted one.
     """
@@ -98,7 +92,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, g
         def scaled_loss(params, micro, key):
             logits = model.apply({"params": params}, *(micro[name] for name in MODEL_INPUTS),
                                  deterministic=not dropout, rngs={"dropout": key} if dropout else None)
-            weighted_sum = jnp.sum(micro["weight"] * example_losses(logits, micro["labels"]))
+            weighted_sum = jnp.sum(micro["weight"] * unit_losses(logits, micro))
             return weighted_sum * replicas / denominator, weighted_sum
 
         def accumulate(carry, inputs):
@@ -124,10 +118,12 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, g
     return step
 
 
-def make_predict_step(model: nn.Module) -> Callable[[Any, dict], jax.Array]:
-    """The per-device predict step `(params, rows) -> logits float32 [b, num_labels]`, dropout off."""
+def make_predict_step(model: nn.Module, predict_outputs: Callable[[Any, dict], jax.Array]
+                      ) -> Callable[[Any, dict], jax.Array]:
+    """The per-device predict step `(params, rows) -> the task's predict outputs [b, ...]`, dropout off."""
     def predict(params: Any, rows: dict) -> jax.Array:
-        return model.apply({"params": params}, *(rows[name] for name in MODEL_INPUTS), deterministic=True)
+        outputs = model.apply({"params": params}, *(rows[name] for name in MODEL_INPUTS), deterministic=True)
+        return predict_outputs(outputs, rows)
 
     return predict
 
@@ -140,7 +136,7 @@ def replicate_train_step(step: Callable, devices: list[jax.Device]) -> Callable:
 
 
 def replicate_predict_step(predict: Callable, devices: list[jax.Device]) -> Callable:
-    """`predict` on every device: params broadcast, rows [R, b, ...] in, logits [R, b, num_labels] out."""
+    """`predict` on every device: params broadcast, rows [R, b, ...] in, outputs [R, b, ...] out."""
     return jax.pmap(predict, axis_name=AXIS, in_axes=(None, 0), out_axes=0, devices=devices)
 
 

@@ -10,6 +10,7 @@ from typing import ClassVar
 import numpy as np
 import tensorflow as tf
 
+from tpuplex import tasks
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
@@ -50,12 +51,13 @@ class TfBackend(BackendBase):
         if optimizer.bf16:
             raise TpuplexError("train.bf16 = true is not supported by the tf backend yet: set train.bf16 = false "
                                "(or use the jax or torch backend for bfloat16)")
+        task = tasks.backend_module(model_spec.task, "tf")
         with self.strategy.scope():
             if model_spec.architecture:  # the user's model starts from its own initialisation
                 keras_model = model.build_user_model(model_spec, optimizer.seed)
             else:
-                keras_model = model.build(model_spec.hf_config, model_spec.num_labels, model_spec.dropout)
-            steps = Steps(self.strategy, keras_model, optimizer, model_spec.num_labels, self.jit_compile)
+                keras_model = model.build(model_spec, task)
+            steps = Steps(self.strategy, keras_model, optimizer, task, self.jit_compile)
         if not model_spec.architecture:
             checkpoint.load_params(steps, model_spec.params, "the initial parameters")
         self._steps.append(steps)
@@ -99,7 +101,7 @@ class TfBackend(BackendBase):
     def export(self, state: TfState, format: str, folder: Path) -> None:
         if format != "saved_model":
             super().export(state, format, folder)
-        export.saved_model(state.steps.model, state.steps.num_labels, folder)
+        export.saved_model(state.steps.model, state.steps.task, folder)
 
     def start_profile(self, logdir: Path) -> None:
         tf.profiler.experimental.start(str(logdir))

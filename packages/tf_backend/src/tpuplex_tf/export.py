@@ -5,27 +5,26 @@ Written with Keras 3's `keras.export.ExportArchive`. The signature `serving_defa
 runs beside the server instead):
 
     input_ids, token_type_ids, attention_mask   int32 [batch, length], any batch and length up to the model's
-    -> logits          float32 [batch, num_labels]
-       probabilities   float32 [batch, num_labels] (softmax; for regression, the score itself)
+    -> the task's serving outputs (`serving_outputs` of its tf module; sequence classification: logits and
+       probabilities [batch, num_labels])
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 import keras
 import tensorflow as tf
 
-from tpuplex_tf.step import MODEL_INPUTS
+from tpuplex.protocol import MODEL_INPUTS
 
 
-def saved_model(model: keras.Model, num_labels: int, folder: Path) -> None:
+def saved_model(model: keras.Model, task: ModuleType, folder: Path) -> None:
     """Write the SavedModel of `model` (its forward pass without dropout) into `folder`."""
 
     def serve(input_ids: tf.Tensor, token_type_ids: tf.Tensor, attention_mask: tf.Tensor) -> dict[str, tf.Tensor]:
-        logits = model(input_ids, token_type_ids, attention_mask)
-        probabilities = logits if num_labels == 1 else tf.nn.softmax(logits, axis=-1)
-        return {"logits": logits, "probabilities": probabilities}
+        return task.serving_outputs(model(input_ids, token_type_ids, attention_mask))
 
     archive = keras.export.ExportArchive()
     archive.track(model)

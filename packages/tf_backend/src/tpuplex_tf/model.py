@@ -1,9 +1,9 @@
-"""An encoder sequence classifier in Keras 3 layers (TensorFlow backend), built from the core's `Architecture`.
+"""An encoder in Keras 3 layers (TensorFlow backend), built from the core's `Architecture`, with a task's head.
 
-One layer per concept (`_Embeddings`, `_Block`, `_Head`), assembled by `Classifier` for any supported family
-(see `tpuplex.models`): embeddings (+ projection), post-LayerNorm blocks applied in `arch.block_schedule` order
-(ALBERT calls one block several times), and the head on the first token. Each layer names its variables
-canonically; `Classifier.hf_variables` maps them to the family's HF names.
+One layer per concept (`_Embeddings`, `_Block`), assembled with the task's head layer (`tpuplex.tasks`) by
+`TaskModel` for any supported family (see `tpuplex.models`): embeddings (+ projection), post-LayerNorm blocks
+applied in `arch.block_schedule` order (ALBERT calls one block several times), then the head. Each layer names
+its variables canonically; `TaskModel.hf_variables` maps them to HF names.
 
 Dropout is stateless: every dropout site draws its mask from `tf.random.stateless_uniform` with a seed derived from
 the `seed` argument, so a step is a pure function of (variables, batch, seed). That keeps XLA compilation, replicas
@@ -13,7 +13,7 @@ and exact resume simple (the train step derives the seed from the optimizer step
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from types import ModuleType
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
@@ -24,6 +24,7 @@ import tensorflow as tf  # noqa: E402
 from tpuplex import models  # noqa: E402
 from tpuplex.errors import TpuplexError  # noqa: E402
 from tpuplex.models import Architecture, Family, user  # noqa: E402
+from tpuplex.tasks import Head  # noqa: E402
 from tpuplex.protocol import ModelSpec  # noqa: E402
 
 if keras.backend.backend() != "tensorflow":
@@ -35,7 +36,7 @@ if keras.backend.backend() != "tensorflow":
 Variables = dict[str, tuple[keras.Variable, bool]]
 """Canonical (or HF) name -> (variable, whether it is the transpose of the torch-layout tensor)."""
 
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "gelu": lambda x: tf.nn.gelu(x, approximate=False),  # HF "gelu" is the exact erf form
     "gelu_new": lambda x: tf.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: tf.nn.gelu(x, approximate=True),
@@ -44,7 +45,7 @@ _ACTIVATIONS = {
 }
 
 
-def _dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.Tensor:
+def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.Tensor:
     """Inverted dropout with a stateless mask; identity when `seed` is None or the rate is 0.
 
     seed: int32 [2]; `site` makes each dropout location draw an independent mask.
@@ -58,11 +59,11 @@ def _dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf
     return x * (tf.cast(keep, x.dtype) * (1.0 / (1.0 - rate)))
 
 
-def _dense(module: str, layer: keras.layers.Dense) -> Variables:
+def dense_variables(module: str, layer: keras.layers.Dense) -> Variables:
     return {f"{module}.weight": (layer.kernel, True), f"{module}.bias": (layer.bias, False)}
 
 
-def _norm(module: str, layer: keras.layers.LayerNormalization) -> Variables:
+def norm_variables(module: str, layer: keras.layers.LayerNormalization) -> Variables:
     return {f"{module}.weight": (layer.gamma, False), f"{module}.bias": (layer.beta, False)}
 
 
@@ -79,6 +80,10 @@ class _Embeddings(keras.layers.Layer):
         self.projection = keras.layers.Dense(arch.hidden_size, name="projection") if arch.embedding_projection \
             else None
 
+    def build_word_table(self) -> None:
+        """Create the word embedding table now, so a tied head can hold it before the first call."""
+        self.word.build((None, None))
+
     def call(self, input_ids: tf.Tensor, token_type_ids: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
         positions = tf.range(tf.shape(input_ids)[1])[None, :] + self.arch.position_offset
         hidden = self.word(input_ids) + self.position(positions)
@@ -86,17 +91,17 @@ class _Embeddings(keras.layers.Layer):
             # Families without segments (RoBERTa) add type 0 everywhere, as HF's default token_type_ids do.
             segments = token_type_ids if self.arch.token_types else tf.zeros_like(input_ids)
             hidden += self.token_type(segments)
-        hidden = _dropout(self.norm(hidden), self.arch.embedding_dropout, seed, 0)
+        hidden = dropout(self.norm(hidden), self.arch.embedding_dropout, seed, 0)
         return hidden if self.projection is None else self.projection(hidden)
 
     def canonical_variables(self) -> Variables:
         found = {"embeddings.word.weight": (self.word.embeddings, False),
                  "embeddings.position.weight": (self.position.embeddings, False),
-                 **_norm("embeddings.norm", self.norm)}
+                 **norm_variables("embeddings.norm", self.norm)}
         if self.token_type is not None:
             found["embeddings.token_type.weight"] = (self.token_type.embeddings, False)
         if self.projection is not None:
-            found |= _dense("embeddings.projection", self.projection)
+            found |= dense_variables("embeddings.projection", self.projection)
         return found
 
 
@@ -109,7 +114,7 @@ class _Block(keras.layers.Layer):
         super().__init__(**kwargs)
         self.arch = arch
         self.head_size = arch.hidden_size // arch.num_heads
-        self.activation = _ACTIVATIONS[arch.hidden_act]
+        self.activation = ACTIVATIONS[arch.hidden_act]
         dense = lambda units, name: keras.layers.Dense(units, name=name)  # noqa: E731
         norm = lambda name: keras.layers.LayerNormalization(epsilon=arch.layer_norm_eps, name=name)  # noqa: E731
         self.query, self.key, self.value = dense(arch.hidden_size, "query"), dense(arch.hidden_size, "key"), \
@@ -130,79 +135,64 @@ class _Block(keras.layers.Layer):
         a = self.arch
         query, key, value = (self._split_heads(f(hidden)) for f in (self.query, self.key, self.value))
         scores = tf.matmul(query, key, transpose_b=True) / np.sqrt(self.head_size).astype(np.float32)
-        probs = _dropout(tf.nn.softmax(scores + mask_bias, axis=-1), a.attention_dropout, seed, site)
+        probs = dropout(tf.nn.softmax(scores + mask_bias, axis=-1), a.attention_dropout, seed, site)
         context = tf.reshape(tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3]), tf.shape(hidden))
-        attended = _dropout(self.attention_output(context), a.attention_output_dropout, seed, site + 1)
+        attended = dropout(self.attention_output(context), a.attention_output_dropout, seed, site + 1)
         hidden = self.attention_norm(hidden + attended)
         inner = self.activation(self.intermediate(hidden))
-        out = _dropout(self.output_dense(inner), a.ffn_output_dropout, seed, site + 2)
+        out = dropout(self.output_dense(inner), a.ffn_output_dropout, seed, site + 2)
         return self.output_norm(hidden + out)
 
     def canonical_variables(self, index: int) -> Variables:
         prefix = f"block.{index}"
-        return {**_dense(f"{prefix}.query", self.query), **_dense(f"{prefix}.key", self.key),
-                **_dense(f"{prefix}.value", self.value),
-                **_dense(f"{prefix}.attention_output", self.attention_output),
-                **_norm(f"{prefix}.attention_norm", self.attention_norm),
-                **_dense(f"{prefix}.intermediate", self.intermediate), **_dense(f"{prefix}.output", self.output_dense),
-                **_norm(f"{prefix}.output_norm", self.output_norm)}
+        return {**dense_variables(f"{prefix}.query", self.query), **dense_variables(f"{prefix}.key", self.key),
+                **dense_variables(f"{prefix}.value", self.value),
+                **dense_variables(f"{prefix}.attention_output", self.attention_output),
+                **norm_variables(f"{prefix}.attention_norm", self.attention_norm),
+                **dense_variables(f"{prefix}.intermediate", self.intermediate), **dense_variables(f"{prefix}.output", self.output_dense),
+                **norm_variables(f"{prefix}.output_norm", self.output_norm)}
 
 
-class _Head(keras.layers.Layer):
-    """The classifier on the first token [B, H] -> [B, num_labels]: [dropout] dense, activation, dropout, out."""
+class TaskModel(keras.Model):
+    """The family's encoder in Keras layers with the task's head (`tpuplex.tasks`): (input_ids, token_type_ids,
+    attention_mask) int32 [B, L] -> the head's outputs. `head_layer(word_embeddings)` builds the head, given the
+    word embedding table (tied decoders read it)."""
 
-    def __init__(self, arch: Architecture, num_labels: int, **kwargs):
+    def __init__(self, family: Family, arch: Architecture, head: Head, head_layer, **kwargs):
         super().__init__(**kwargs)
-        self.arch = arch
-        self.dense = keras.layers.Dense(arch.hidden_size, name="dense")
-        self.out = keras.layers.Dense(num_labels, name="out")
-
-    def call(self, first: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
-        a = self.arch
-        if a.head_dropout_first:
-            first = _dropout(first, a.classifier_dropout, seed, -2)
-        pooled = _ACTIVATIONS[a.head_activation](self.dense(first))
-        return self.out(_dropout(pooled, a.classifier_dropout, seed, -1))
-
-    def canonical_variables(self) -> Variables:
-        return {**_dense("head.dense", self.dense), **_dense("head.out", self.out)}
-
-
-class Classifier(keras.Model):
-    """HF `<Family>ForSequenceClassification` in Keras layers: (input_ids, token_type_ids, attention_mask) ->
-    logits. Inputs are int32 [B, L]; the output is float32 [B, num_labels]."""
-
-    def __init__(self, family: Family, arch: Architecture, num_labels: int, **kwargs):
-        super().__init__(**kwargs)
-        self.family, self.arch = family, arch
+        self.family, self.arch, self.head_spec = family, arch, head
         self.embeddings = _Embeddings(arch, name="embeddings")
         self.blocks = [_Block(arch, name=f"block_{index}") for index in range(arch.num_blocks)]
-        self.head = _Head(arch, num_labels, name="head")
+        self.embeddings.build_word_table()
+        self.head = head_layer(self.embeddings.word.embeddings)
 
     def call(self, input_ids, token_type_ids, attention_mask, seed: tf.Tensor | None = None) -> tf.Tensor:
-        """Logits [B, num_labels]; `seed` (int32 [2]) turns dropout on (rates are 0 when built without it)."""
+        """The head's outputs; `seed` (int32 [2]) turns dropout on (rates are 0 when built without it)."""
         hidden = self.embeddings(input_ids, token_type_ids, seed)
         # HF's extended attention mask: 0 where attended, the dtype's minimum on padded keys.
         mask_bias = (1.0 - tf.cast(attention_mask, hidden.dtype))[:, None, None, :] * hidden.dtype.min
         for applied, index in enumerate(self.arch.block_schedule):
             hidden = self.blocks[index](hidden, mask_bias, seed=seed, site=1 + _Block.DROPOUT_SITES * applied)
-        return self.head(hidden[:, 0], seed)
+        return self.head(hidden, seed)
 
     def hf_variables(self) -> Variables:
         """HF parameter name -> (Keras variable, whether it is the transpose of the HF tensor).
 
         Dense kernels are [in, out] where torch Linear weights are [out, in]; everything else has the same layout.
+        A tied variable (the MLM decoder) is listed once, under the name of the parameter it is.
         """
-        canonical = {**self.embeddings.canonical_variables(), **self.head.canonical_variables()}
+        canonical = self.embeddings.canonical_variables()
         for index, block in enumerate(self.blocks):
             canonical |= block.canonical_variables(index)
-        return {self.family.hf_name(name, self.arch): found for name, found in canonical.items()}
+        named = {self.family.hf_name(name, self.arch): found for name, found in canonical.items()}
+        return named | {self.head_spec.hf_name(name): found for name, found in self.head.canonical_variables().items()}
 
 
-def build(hf_config: Mapping, num_labels: int, dropout: bool) -> Classifier:
-    """Create the classifier and its variables (call under the strategy's scope so they are distributed)."""
-    family, arch = models.architecture_of(hf_config)
-    model = Classifier(family, arch if dropout else arch.without_dropout(), num_labels)
+def build(spec: ModelSpec, task: ModuleType) -> TaskModel:
+    """Create the model and its variables (call under the strategy's scope so they are distributed)."""
+    family, arch = models.architecture_of(spec.hf_config)
+    arch, head = (arch, spec.head) if spec.dropout else (arch.without_dropout(), spec.head.without_dropout())
+    model = TaskModel(family, arch, head, lambda word: task.head_layer(arch, head, word, name="head"))
     ones = tf.ones([1, 2], tf.int32)
     model(ones, ones * 0, ones)  # creates every variable
     return model

@@ -32,16 +32,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 import numpy as np
 import tensorflow as tf
 
 from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.errors import TpuplexError
-from tpuplex.protocol import Batch, OptimizerSpec, decays
-from tpuplex_tf.model import Classifier, UserClassifier
+from tpuplex.protocol import MODEL_INPUTS, Batch, OptimizerSpec, decays
+from tpuplex_tf.model import TaskModel, UserClassifier
 
-MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 TRAIN_INPUTS = (*MODEL_INPUTS, "labels", "weight")
 
 
@@ -57,12 +57,12 @@ class Steps:
         traces: Python traces of the top-level tf.functions (training and prediction programs).
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, model: Classifier | UserClassifier, optimizer: OptimizerSpec,
-                 num_labels: int, jit_compile: bool):
+    def __init__(self, strategy: tf.distribute.Strategy, model: TaskModel | UserClassifier, optimizer: OptimizerSpec,
+                 task: ModuleType, jit_compile: bool):
         self.strategy = strategy
         self.model = model
         self.optimizer = optimizer
-        self.num_labels = num_labels
+        self.task = task
         hf_variables = model.hf_variables()
         self.names = list(hf_variables)
         self.variables = [hf_variables[name][0].value for name in self.names]
@@ -94,10 +94,10 @@ class Steps:
         return [float(loss) for loss in self._program(self._train_loop, arrays, rows)(arrays).numpy()]
 
     def predict(self, batch: Batch) -> np.ndarray:
-        """Logits float32 [B, num_labels] for every row of `batch`."""
+        """The task's predict outputs [B, ...] for every row of `batch`."""
         rows = batch["input_ids"].shape[0]
         check_divisible(rows, self.strategy.num_replicas_in_sync, "the evaluation batch size")
-        arrays = {key: np.asarray(batch[key], np.int32) for key in MODEL_INPUTS}
+        arrays = {key: _train_array(batch, key) for key in (*MODEL_INPUTS, "labels") if key in batch}
         return self._program(self._predict, arrays, rows)(arrays).numpy()
 
     def _program(self, body: Callable, arrays: dict[str, np.ndarray], rows: int) -> Callable:
@@ -126,7 +126,7 @@ class Steps:
         return losses.stack()
 
     def _predict(self, arrays: dict[str, tf.Tensor], rows: int) -> tf.Tensor:
-        """Logits [rows, num_labels] of the one batch in `arrays`, gathered from the replicas in row order."""
+        """The predict outputs [rows, ...] of the one batch in `arrays`, gathered from the replicas in row order."""
         self.traces += 1
         return self.strategy.gather(self.strategy.run(functools.partial(self._replica_logits, rows=rows),
                                                       args=(arrays,)), axis=0)
@@ -181,19 +181,13 @@ class Steps:
             with tf.GradientTape() as tape:
                 logits = self.model(rows["input_ids"], rows["token_type_ids"], rows["attention_mask"],
                                     seed=tf.random.experimental.stateless_fold_in(seed, index))
-                weighted_sum = tf.reduce_sum(rows["weight"] * self._per_example_loss(logits, rows["labels"]))
+                weighted_sum = tf.reduce_sum(rows["weight"] * self.task.unit_losses(logits, rows))
             step_gradients = tape.gradient(weighted_sum, self.variables)
             # Embedding gradients come as IndexedSlices; dense tensors are what the all-reduce and AdamW take.
             gradients = [g + tf.convert_to_tensor(s) for g, s in zip(gradients, step_gradients, strict=True)]
             loss_sum += weighted_sum
             weight_sum += tf.reduce_sum(rows["weight"])
         return gradients, loss_sum, weight_sum
-
-    def _per_example_loss(self, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        """[B] cross-entropy, or squared error when num_labels == 1 (logits [B, 1] vs float labels [B])."""
-        if self.num_labels == 1:
-            return tf.square(logits[:, 0] - tf.cast(labels, logits.dtype))
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32), logits=logits)
 
     def _adamw(self, params, exp_avg, exp_avg_sq, gradients, learning_rate, step):
         """Clip by global norm, then AdamW with bias correction and decoupled decay (the protocol's formula).
@@ -224,13 +218,14 @@ class Steps:
         return self._logits_xla(self._replica_rows(arrays, 0, rows))
 
     def _logits(self, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-        return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        return self.task.predict_outputs(self.model(batch["input_ids"], batch["token_type_ids"],
+                                                    batch["attention_mask"]), batch)
 
 
 def _train_array(batch: Batch, key: str) -> np.ndarray:
     """One training input as the dtype the program takes; a batch without `weight` counts every row."""
     if key == "weight":
-        return np.asarray(batch.get("weight", np.ones(len(batch["input_ids"]))), np.float32)
+        return np.asarray(batch.get("weight", np.ones(np.shape(batch["labels"]))), np.float32)
     if key == "labels":
         return np.asarray(batch["labels"])
     return np.asarray(batch[key], np.int32)

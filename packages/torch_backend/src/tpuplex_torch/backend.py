@@ -8,6 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 import torch
+from tpuplex import tasks
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
@@ -33,7 +34,7 @@ class TorchBackend(BackendBase):
         built = model.build(model_spec, optimizer.seed)
         module = built.module.to(self.placement.device)
         state = TorchState(module, step.make_optimizer(module, optimizer), optimizer, built.forward,
-                           self.placement.compiled(built.forward))
+                           self.placement.compiled(built.forward), tasks.backend_module(model_spec.task, "torch"))
         return self.state_from_arrays(state, checkpoint.initial(built.params))
 
     def train_step(self, state: TorchState, batch: Batch, learning_rate: float) -> tuple[TorchState, float]:

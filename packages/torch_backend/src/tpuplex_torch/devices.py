@@ -61,15 +61,15 @@ def claim(runtime: RuntimeConfig) -> Placement:
 
 
 def host_tensors(batch: Batch) -> dict[str, torch.Tensor]:
-    """A host batch as CPU tensors: ids and mask int64 [B, L], labels int64 (float32 for regression) [B],
-    weight float32 [B] (ones when the batch has none, as training batches may)."""
+    """A host batch as CPU tensors: ids and mask int64 [B, L], the task's labels int64 (float32 for regression)
+    and weight float32 of the labels' shape ([B], or [B, L] per token; ones when the batch has none)."""
     tensors = {key: torch.from_numpy(np.asarray(batch[key], dtype=np.int64))
                for key in ("input_ids", "token_type_ids", "attention_mask")}
     labels = np.asarray(batch["labels"])
     tensors["labels"] = torch.from_numpy(labels.astype(np.float32 if labels.dtype.kind == "f" else np.int64))
     weight = batch.get("weight")
     tensors["weight"] = torch.from_numpy(
-        np.ones(len(labels), np.float32) if weight is None else np.asarray(weight, dtype=np.float32))
+        np.ones(labels.shape, np.float32) if weight is None else np.asarray(weight, dtype=np.float32))
     return tensors
 
 

@@ -1,6 +1,7 @@
-"""The classifier: HF transformers `AutoModelForSequenceClassification` from the checkpoint's config, with the
-core's initial weights (HF names) loaded strictly, so any HF encoder classifier family builds the same way; or the
-user's own `torch.nn.Module` (`model.architecture`, see `tpuplex.models.user`) with its own initial weights."""
+"""The model: HF transformers' `AutoModelFor<Task>` (the task's `auto_class`) from the checkpoint's config, with
+the core's initial weights (HF names) loaded strictly, so every HF encoder family builds the same way for every
+task; or the user's own `torch.nn.Module` (`model.architecture`, see `tpuplex.models.user`) with its own initial
+weights."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ import functools
 from collections.abc import Callable, Mapping
 
 import numpy as np
-import torch.nn.functional as F
 import transformers  # a lazy module: the model classes (and accelerate behind them) load on first use
 
 import torch
-from tpuplex import models
+from tpuplex import models, tasks
 from tpuplex.models import user
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec
@@ -23,7 +23,7 @@ Forward = Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-    """A classifier on the CPU in float32, how to call it, and its initial parameters (numpy, by state-dict name)."""
+    """A model on the CPU in float32, how to call it, and its initial parameters (numpy, by parameter name)."""
 
     module: torch.nn.Module
     forward: Forward
@@ -31,24 +31,28 @@ class Built:
 
 
 def build(spec: ModelSpec, seed: int) -> Built:
-    """The HF family's classifier from `spec.params`, or the user's module initialised under `torch.manual_seed(
-    seed)`; every dropout off unless `spec.dropout`. Mismatched parameters raise TpuplexError naming them."""
+    """The HF family's model for the task from `spec.params`, or the user's module initialised under
+    `torch.manual_seed(seed)`; every dropout off unless `spec.dropout`. Mismatched parameters raise TpuplexError
+    naming them."""
     if spec.architecture:
         return _build_user_model(spec, seed)
     settings = dict(spec.hf_config)
-    config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings, num_labels=spec.num_labels)
+    task = tasks.backend_module(spec.task, "torch")
+    config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings, **task.head_config(spec.head))
     if not spec.dropout:
         for key, value in config.to_dict().items():
             # hidden_dropout_prob, attention_probs_dropout_prob, classifier_dropout (None: falls back to hidden)...
             if "dropout" in key and (value is None or isinstance(value, float)):
                 setattr(config, key, 0.0)
-    model = transformers.AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
-    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    model = getattr(transformers, spec.task.auto_class).from_config(config, dtype=torch.float32)
+    expected = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
     check_names(expected, spec.params, "the initial parameters")
-    model.load_state_dict({name: torch.from_numpy(np.asarray(array, dtype=np.float32))
-                           for name, array in spec.params.items()}, strict=True)
+    # Tied parameters (the MLM decoder) appear once in named_parameters, under both names in the state dict.
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    state = {name: torch.from_numpy(np.asarray(array, dtype=np.float32)) for name, array in spec.params.items()}
+    model.load_state_dict(state | {alias: state[target] for alias, target in tied.items()}, strict=True)
     token_types = models.architecture_of(spec.hf_config)[1].token_types
-    return Built(model, functools.partial(forward_logits, token_types=token_types), spec.params)
+    return Built(model, functools.partial(forward_outputs, token_types=token_types), spec.params)
 
 
 def _build_user_model(spec: ModelSpec, seed: int) -> Built:
@@ -65,8 +69,9 @@ def _build_user_model(spec: ModelSpec, seed: int) -> Built:
                                                   num_labels=spec.num_labels), params)
 
 
-def forward_logits(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], token_types: bool) -> torch.Tensor:
-    """An HF classifier's logits [b, num_labels] for int64 `input_ids`, `attention_mask` [b, L], and
+def forward_outputs(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], token_types: bool) -> torch.Tensor:
+    """An HF model's logits (its task's: [b, num_labels], [b, L, vocab], ...) for int64 `input_ids`,
+    `attention_mask` [b, L], and
     `token_type_ids` [b, L] when the family takes them (`Architecture.token_types`).
 
     The padding mask goes in already additive ([b, 1, 1, L]: 0 on real keys, float32's min on padding, as HF builds
@@ -87,11 +92,3 @@ def user_logits(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], arch
     user.check_logits(architecture, shape, inputs["input_ids"].shape[0], num_labels)
     return logits
 
-
-def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Loss per row [b] in float32: cross-entropy for class labels, squared error for float (regression) labels
-    against logits [b, 1]."""
-    logits = logits.float()
-    if labels.is_floating_point():
-        return (logits[:, 0] - labels) ** 2
-    return F.cross_entropy(logits, labels, reduction="none")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from types import ModuleType
 
 import numpy as np
 
@@ -19,20 +20,21 @@ import torch
 from tpuplex.collate import check_micro_batches
 from tpuplex.protocol import Batch, OptimizerSpec, decays
 from tpuplex_torch.devices import Placement
-from tpuplex_torch.model import Forward, per_example_loss
+from tpuplex_torch.model import Forward
 
 
 @dataclasses.dataclass
 class TorchState:
     """The training state, updated in place. forward: how to call the model (`tpuplex_torch.model.Built`);
-    train_forward: the same, as the train step calls it (compiled under torch_mode = "compile"); step: optimizer
-    updates applied so far."""
+    train_forward: the same, as the train step calls it (compiled under torch_mode = "compile"); task: the task's
+    torch module (`unit_losses`, `predict_outputs`); step: optimizer updates applied so far."""
 
     model: torch.nn.Module
     optimizer: torch.optim.AdamW
     spec: OptimizerSpec
     forward: Forward
     train_forward: Forward
+    task: ModuleType
     step: int = 0
 
 
@@ -66,7 +68,7 @@ def train_step(state: TorchState, placement: Placement, batch: Batch, learning_r
     for micro in micro_batches(inputs, placement.replicas_in_view, spec.grad_accum):
         with placement.autocast(spec.bf16):
             logits = state.train_forward(model, micro)
-        micro_loss = (per_example_loss(logits, micro["labels"]) * micro["weight"]).sum() / total_weight
+        micro_loss = (state.task.unit_losses(logits, micro) * micro["weight"]).sum() / total_weight
         micro_loss.backward()
         loss = loss + micro_loss.detach()
     parameters = [p for p in model.parameters() if p.grad is not None]
@@ -113,13 +115,13 @@ def adamw_on_xla(optimizer: torch.optim.AdamW, placement: Placement, learning_ra
 
 
 def predict(state: TorchState, placement: Placement, batch: Batch) -> np.ndarray:
-    """Logits float32 [B, num_labels] for every row of `batch`, padding rows included."""
+    """The task's predict outputs [B, ...] for every row of `batch`, padding rows included."""
     inputs = placement.put(batch)
     state.model.eval()
     with torch.no_grad(), placement.autocast(state.spec.bf16):
-        logits = state.forward(state.model, inputs).float()
+        outputs = state.task.predict_outputs(state.forward(state.model, inputs), inputs).float()
     placement.sync()
-    return placement.gather_rows(logits).cpu().numpy()
+    return placement.gather_rows(outputs).cpu().numpy()
 
 
 def micro_batches(inputs: dict[str, torch.Tensor], replicas: int, count: int) -> Iterator[dict[str, torch.Tensor]]:

@@ -29,6 +29,12 @@ SENTENCES = (
 )
 
 
+SPECIAL = {"bert": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+           "albert": ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
+           "roberta": ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]}
+"""Each tokenizer kind's special tokens, first in its vocabulary (the mask token included, for masked-LM tests)."""
+
+
 def tiny_config(family: str, vocab_size: int = 120, max_length: int = 64) -> transformers.PretrainedConfig:
     """Hidden 32, 4 heads, feed-forward 64, two layers (ALBERT: four layers over two groups of two, so blocks run
     0 1 0 1 2 3 2 3; ELECTRA and ALBERT: embeddings of 16, projected)."""
@@ -77,14 +83,15 @@ def tokenizer(family: str, corpus: Sequence[str], vocab_size: int) -> Tokenizer:
         # The whole byte alphabet when the vocabulary has room for it, so no character of unseen text is lost.
         alphabet = pre_tokenizers.ByteLevel.alphabet() if vocab_size > 300 else []
         bpe.train_from_iterator(corpus, trainers.BpeTrainer(
-            vocab_size=vocab_size, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], initial_alphabet=alphabet))
+            vocab_size=vocab_size, special_tokens=SPECIAL["roberta"], initial_alphabet=alphabet))
         bpe.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+        bpe.add_special_tokens(SPECIAL["roberta"])
         return bpe
     words = Counter(word for text in corpus for word in re.findall(r"\w+|[^\w\s]", text.lower()))
     characters = sorted({character for word in words for character in word})
     frequent = [word for word, _ in sorted(words.items(), key=lambda item: (-item[1], item[0]))]
     if family == "albert":
-        pieces = ["<pad>", "<unk>", "[CLS]", "[SEP]", "\u2581", *characters,
+        pieces = [*SPECIAL["albert"], "\u2581", *characters,
                   *(f"\u2581{word}" for word in frequent)][:vocab_size]
         total = sum(words.values()) + len(pieces)
         result = Tokenizer(models.Unigram([(piece, math.log((words.get(piece.lstrip("\u2581"), 0) + 1) / total))
@@ -92,11 +99,12 @@ def tokenizer(family: str, corpus: Sequence[str], vocab_size: int) -> Tokenizer:
         result.normalizer = normalizers.Lowercase()
         result.pre_tokenizer = pre_tokenizers.Metaspace()
     else:
-        pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *characters, *(f"##{c}" for c in characters), *frequent]
+        pieces = [*SPECIAL["bert"], *characters, *(f"##{c}" for c in characters), *frequent]
         result = Tokenizer(models.WordPiece({piece: index for index, piece in enumerate(pieces[:vocab_size])},
                                             unk_token="[UNK]"))
         result.normalizer = normalizers.BertNormalizer(lowercase=True)
         result.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    result.add_special_tokens(SPECIAL["albert" if family == "albert" else "bert"])
     cls, sep = result.token_to_id("[CLS]"), result.token_to_id("[SEP]")
     result.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])

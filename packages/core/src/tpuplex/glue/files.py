@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from tpuplex.errors import TpuplexError
-from tpuplex.glue.tasks import Task
+from tpuplex.glue.datasets import Dataset
 from tpuplex.text import read_utf8
 
 
@@ -38,14 +38,14 @@ class Examples:
         return len(self.text_a)
 
 
-def check_split(task: Task, split: str) -> None:
+def check_split(task: Dataset, split: str) -> None:
     """Raise a TpuplexError naming the task's splits when `split` is not one of them (nor a test split)."""
     if split not in (*task.splits, *task.test_splits):
         raise TpuplexError(f"GLUE task {task.name} has no split {split!r}: use one of "
                            f"{', '.join((*task.splits, *task.test_splits))}")
 
 
-def split_file(task: Task, split: str, data_dir: str | Path) -> Path:
+def split_file(task: Dataset, split: str, data_dir: str | Path) -> Path:
     """The existing TSV file of `split` in the task folder `data_dir`; a TpuplexError names what is missing."""
     check_split(task, split)
     folder = Path(data_dir)
@@ -59,7 +59,7 @@ def split_file(task: Task, split: str, data_dir: str | Path) -> Path:
     return path
 
 
-def read_split(task: Task, split: str, data_dir: str | Path) -> Examples:
+def read_split(task: Dataset, split: str, data_dir: str | Path) -> Examples:
     """Read `split` ("train", "dev", MNLI's "dev_matched"/"dev_mismatched", or a test split) from the task folder
     `data_dir`. Test files carry no labels: their examples get label -1 (0.0 for regression), in file order.
 
@@ -99,7 +99,7 @@ def read_split(task: Task, split: str, data_dir: str | Path) -> Examples:
     return Examples(texts[0], texts[1] if task.is_pair else None, labels)
 
 
-def _empty(task: Task, path: Path) -> TpuplexError:
+def _empty(task: Dataset, path: Path) -> TpuplexError:
     return TpuplexError(f"{path} holds no examples: restore the original GLUE {task.folder} file")
 
 
@@ -110,7 +110,7 @@ def _column(header: tuple[str, ...], name: str, path: Path) -> int:
     return header.index(name)
 
 
-def _parse_labels(task: Task, raw: list[str], lines: list[int], path: Path) -> np.ndarray:
+def _parse_labels(task: Dataset, raw: list[str], lines: list[int], path: Path) -> np.ndarray:
     """int32 [N] class indices, or float32 [N] finite scores for regression."""
     if task.is_regression:
         scores = np.empty(len(raw), dtype=np.float32)

@@ -1,6 +1,6 @@
 """GLUE splits from the HF hub (`nyu-mll/glue`) through the optional `datasets` library.
 
-The hub's class ids follow the same label order as `Task.labels`, so they are used as they come.
+The hub's class ids follow the same label order as `Dataset.labels`, so they are used as they come.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 
 from tpuplex.errors import TpuplexError
 from tpuplex.glue.files import Examples, check_split
-from tpuplex.glue.tasks import Task
+from tpuplex.glue.datasets import Dataset
 
 HUB_DATASET = "nyu-mll/glue"
 
@@ -22,13 +22,13 @@ class HubUnavailableError(TpuplexError):
         self.reason = reason
 
 
-def hub_split_name(task: Task, split: str) -> str:
+def hub_split_name(task: Dataset, split: str) -> str:
     """The hub's name for a tpuplex split: "dev" is "validation", MNLI's "dev_matched" is "validation_matched"."""
     check_split(task, split)
     return split.replace("dev", "validation")
 
 
-def read_hub_split(task: Task, split: str) -> Examples:
+def read_hub_split(task: Dataset, split: str) -> Examples:
     """Download (or read from the `datasets` cache) one labelled split of `task`."""
     hub_split = hub_split_name(task, split)
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 from tpuplex.errors import TpuplexError
 from tpuplex.glue.files import Examples, check_split, read_split, split_file
 from tpuplex.glue.hub import HubUnavailableError, read_hub_split
-from tpuplex.glue.tasks import Task
+from tpuplex.glue.datasets import Dataset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,12 +30,12 @@ class Source:
 class GlueData:
     """A GLUE task and where its splits come from (`data_dir`, may be empty: see `resolve_source`)."""
 
-    task: Task
+    dataset: Dataset
     data_dir: str
 
     def sources(self) -> dict[str, Source]:
         """Every labelled split, "train" first."""
-        return {split: resolve_source(self.task, split, self.data_dir or None) for split in self.task.splits}
+        return {split: resolve_source(self.dataset, split, self.data_dir or None) for split in self.dataset.splits}
 
     def test_source(self) -> None:
         """Training reads no GLUE test file (prediction does: `prediction_sources`)."""
@@ -43,12 +43,12 @@ class GlueData:
 
     def prediction_sources(self, split: str) -> dict[str, Source]:
         """The splits `tpuplex predict --split split` writes: "test" means every test file (both of MNLI's)."""
-        task = self.task
+        task = self.dataset
         wanted = task.test_splits if split == "test" else (split,)
         return {name: resolve_source(task, name, self.data_dir or None) for name in wanted}
 
 
-def resolve_source(task: Task, split: str, data_dir: str | Path | None) -> Source:
+def resolve_source(task: Dataset, split: str, data_dir: str | Path | None) -> Source:
     """The first source that has the split, in the order data_dir, GLUE_DIR, HF hub.
 
     `data_dir` is the task folder (holding train.tsv, dev.tsv) or a GLUE folder holding it; when given it must
@@ -81,13 +81,13 @@ def resolve_source(task: Task, split: str, data_dir: str | Path | None) -> Sourc
     )
 
 
-def file_source(task: Task, split: str, folder: Path) -> Source:
+def file_source(task: Dataset, split: str, folder: Path) -> Source:
     """The split's TSV file in the task folder. Missing folders and files raise here, before any cache lookup."""
     digest = hashlib.sha256(split_file(task, split, folder).read_bytes()).hexdigest()
     return Source(f"sha256:{digest}", lambda: read_split(task, split, folder))
 
 
-def hub_source(task: Task, split: str) -> Source:
+def hub_source(task: Dataset, split: str) -> Source:
     """The split from the HF hub, downloaded (or read from the `datasets` cache) now to fingerprint it."""
     examples = read_hub_split(task, split)
     digest = hashlib.sha256()

@@ -2,7 +2,7 @@
 
     family = family_of(hf_config)                # Family: names, config reader
     arch = family.architecture(hf_config)        # Architecture: sizes and switches, framework-free
-    family.hf_shapes(arch, num_labels)           # HF name -> shape of every classifier parameter
+    family.hf_shapes(arch)                       # HF name -> shape of every encoder parameter
 """
 
 from __future__ import annotations

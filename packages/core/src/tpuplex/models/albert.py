@@ -1,11 +1,10 @@
-"""ALBERT (`AlbertForSequenceClassification`): factorised embeddings and shared layers.
+"""ALBERT: factorised embeddings and shared layers.
 
 - embeddings of `embedding_size` (128), always projected to the hidden size by
   `albert.encoder.embedding_hidden_mapping_in`;
 - `num_hidden_groups` groups of `inner_group_num` layers; applied layer i runs group
   `int(i / (num_hidden_layers / num_hidden_groups))`, all its inner layers in order (HF's rule, kept exactly);
-- dropout after the attention output, none after the feed-forward block;
-- the pooler is `albert.pooler` (tanh), dropout `classifier_dropout_prob`, then `classifier`.
+- dropout after the attention output, none after the feed-forward block.
 """
 
 from tpuplex.models.architecture import Architecture
@@ -28,17 +27,15 @@ def _read(config: ConfigReader) -> Architecture:
         type_vocab_size=config.positive("type_vocab_size", 2), token_types=True, position_offset=0,
         layer_norm_eps=config.get("layer_norm_eps", float, 1e-12),
         hidden_act=config.activation("hidden_act", "gelu_new"), embedding_projection=True,
-        block_schedule=schedule, blocks_per_group=inner, head_activation="tanh", head_dropout_first=False,
+        block_schedule=schedule, blocks_per_group=inner,
         embedding_dropout=hidden_dropout, attention_dropout=config.get("attention_probs_dropout_prob", float, 0.0),
         attention_output_dropout=hidden_dropout, ffn_output_dropout=0.0,
-        classifier_dropout=config.get("classifier_dropout_prob", float, 0.1),
         initializer_range=config.get("initializer_range", float, 0.02),
     )
 
 
 ALBERT = Family(
     model_types=("albert",),
-    classifiers=("AlbertForSequenceClassification",),
     prefix="albert",
     modules={
         "embeddings.word": "albert.embeddings.word_embeddings",
@@ -54,8 +51,6 @@ ALBERT = Family(
         "block.intermediate": f"{_LAYER}.ffn",
         "block.output": f"{_LAYER}.ffn_output",
         "block.output_norm": f"{_LAYER}.full_layer_layer_norm",
-        "head.dense": "albert.pooler",
-        "head.out": "classifier",
     },
     read=_read,
 )

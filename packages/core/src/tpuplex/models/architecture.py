@@ -1,11 +1,11 @@
-"""An encoder classifier's architecture in one framework-free form, shared by every family and backend.
+"""An encoder's architecture in one framework-free form, shared by every family and backend.
 
 Every supported family is the same network up to names and a few switches:
 
     embeddings   word [+ position (offset)] [+ token type] -> LayerNorm -> dropout [-> projection E->H]
     blocks       post-LayerNorm transformer blocks, applied in `block_schedule` order (ALBERT reuses blocks)
-    head         [dropout] -> dense H->H -> activation -> dropout -> out H->num_labels, on the first token
 
+The head on top belongs to the task (`tpuplex.tasks`): a classifier, a masked-LM head, ...
 Parameters have *canonical* names (`embeddings.word.weight`, `block.3.query.bias`, `head.out.weight`, ...) in torch
 layout (Linear weights are [out, in]); a `Family` maps them to the HF names its checkpoints use. Backends build
 their modules under canonical names and never spell an HF name themselves.
@@ -25,7 +25,7 @@ BLOCK_MODULES = ("query", "key", "value", "attention_output", "attention_norm", 
 
 @dataclasses.dataclass(frozen=True)
 class Architecture:
-    """Sizes and switches of one encoder classifier, read from an HF `config.json` by its `Family`.
+    """Sizes and switches of one encoder, read from an HF `config.json` by its `Family`.
 
     type_vocab_size: rows of the token type table (0: the family has none).
     token_types: whether the batch's token_type_ids are fed; False uses type 0 everywhere (RoBERTa) or, without a
@@ -34,7 +34,6 @@ class Architecture:
     embedding_projection: a Linear embedding_size -> hidden_size after the embeddings (ELECTRA, ALBERT).
     block_schedule: the parameter block each applied layer uses; BERT (0, 1, ..., n-1), ALBERT shares them.
     blocks_per_group: ALBERT's inner_group_num (the HF names of block b are group b // k, layer b % k); else 1.
-    head_dropout_first: dropout before the head's dense layer (RoBERTa, ELECTRA), not only after it.
     *_dropout: rates where each family applies dropout (0 where it applies none).
     """
 
@@ -53,13 +52,10 @@ class Architecture:
     embedding_projection: bool
     block_schedule: tuple[int, ...]
     blocks_per_group: int
-    head_activation: str
-    head_dropout_first: bool
     embedding_dropout: float
     attention_dropout: float
     attention_output_dropout: float
     ffn_output_dropout: float
-    classifier_dropout: float
     initializer_range: float
 
     @property
@@ -75,11 +71,11 @@ class Architecture:
     def without_dropout(self) -> Architecture:
         """The same network with every dropout rate 0."""
         return dataclasses.replace(self, embedding_dropout=0.0, attention_dropout=0.0, attention_output_dropout=0.0,
-                                   ffn_output_dropout=0.0, classifier_dropout=0.0)
+                                   ffn_output_dropout=0.0)
 
 
-def canonical_shapes(arch: Architecture, num_labels: int) -> dict[str, tuple[int, ...]]:
-    """Every parameter's canonical name and torch-layout shape, in a fixed order (embeddings, blocks, head)."""
+def canonical_shapes(arch: Architecture) -> dict[str, tuple[int, ...]]:
+    """Every encoder parameter's canonical name and torch-layout shape, in a fixed order (embeddings, blocks)."""
     embed, hidden, inner = arch.embedding_size, arch.hidden_size, arch.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
         "embeddings.word.weight": (arch.vocab_size, embed),
@@ -96,8 +92,6 @@ def canonical_shapes(arch: Architecture, num_labels: int) -> dict[str, tuple[int
     for block in range(arch.num_blocks):
         for module in BLOCK_MODULES:
             shapes |= _linear(f"block.{block}.{module}", *block_shapes[module])
-    shapes |= _linear("head.dense", hidden, hidden)
-    shapes |= _linear("head.out", num_labels, hidden)
     return shapes
 
 

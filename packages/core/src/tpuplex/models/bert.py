@@ -1,11 +1,10 @@
-"""BERT (`BertForSequenceClassification`): the pooler `tanh(dense(h[CLS]))`, dropout, `classifier`."""
+"""BERT: the encoder that defined the names the others kept (its heads are the tasks', `tpuplex.tasks`)."""
 
 from tpuplex.models.family import Family, bert_style_modules, read_bert_style
 
 BERT = Family(
     model_types=("bert",),
-    classifiers=("BertForSequenceClassification",),
     prefix="bert",
-    modules={**bert_style_modules("bert"), "head.dense": "bert.pooler.dense", "head.out": "classifier"},
+    modules=bert_style_modules("bert"),
     read=lambda config: read_bert_style(config, "bert"),
 )

@@ -1,6 +1,6 @@
-"""DistilBERT (`DistilBertForSequenceClassification`): its own config keys and names, no token types, no pooler.
+"""DistilBERT: its own config keys and names, no token types, no pooler.
 
-The head is `pre_classifier` -> ReLU -> dropout (seq_classif_dropout) -> `classifier` on `[CLS]`. Dropout follows
+Dropout follows
 the embeddings and the feed-forward block, not the attention output. Sinusoidal position tables are refused: HF
 keeps them frozen, which the shared update rule has no notion of.
 """
@@ -23,16 +23,15 @@ def _read(config: ConfigReader) -> Architecture:
         max_positions=config.positive("max_position_embeddings"), type_vocab_size=0, token_types=False,
         position_offset=0, layer_norm_eps=1e-12, hidden_act=config.activation("activation", "gelu"),
         embedding_projection=False, block_schedule=tuple(range(config.positive("n_layers"))), blocks_per_group=1,
-        head_activation="relu", head_dropout_first=False, embedding_dropout=dropout,
+        embedding_dropout=dropout,
         attention_dropout=config.get("attention_dropout", float, 0.1), attention_output_dropout=0.0,
-        ffn_output_dropout=dropout, classifier_dropout=config.get("seq_classif_dropout", float, 0.2),
+        ffn_output_dropout=dropout,
         initializer_range=config.get("initializer_range", float, 0.02),
     )
 
 
 DISTILBERT = Family(
     model_types=("distilbert",),
-    classifiers=("DistilBertForSequenceClassification",),
     prefix="distilbert",
     modules={
         "embeddings.word": "distilbert.embeddings.word_embeddings",
@@ -46,8 +45,6 @@ DISTILBERT = Family(
         "block.intermediate": f"{_LAYER}.ffn.lin1",
         "block.output": f"{_LAYER}.ffn.lin2",
         "block.output_norm": f"{_LAYER}.output_layer_norm",
-        "head.dense": "pre_classifier",
-        "head.out": "classifier",
     },
     read=_read,
 )

@@ -66,19 +66,12 @@ class Family:
     modules: canonical module -> HF module. Block modules are templates over `block` (the canonical index) or,
         for shared-layer families, `group` and `inner` (see `Architecture.blocks_per_group`).
     read: config.json -> Architecture.
-    classifiers: HF's *ForSequenceClassification class of each model type, in the order of `model_types` (what
-        an exported config.json names in "architectures").
     """
 
     model_types: tuple[str, ...]
     prefix: str
     modules: Mapping[str, str]
     read: Callable[[ConfigReader], Architecture]
-    classifiers: tuple[str, ...]
-
-    def classifier(self, model_type: str) -> str:
-        """`BertForSequenceClassification` for "bert", `XLMRobertaForSequenceClassification` for "xlm-roberta"."""
-        return self.classifiers[self.model_types.index(model_type)]
 
     @property
     def name(self) -> str:
@@ -101,13 +94,13 @@ class Family:
             return f"{template.format(block=index, group=group, inner=inner)}.{leaf}"
         return f"{self.modules[module]}.{leaf}"
 
-    def hf_names(self, arch: Architecture, num_labels: int) -> dict[str, str]:
-        """Canonical name -> HF name for every parameter of the classifier."""
-        return {name: self.hf_name(name, arch) for name in canonical_shapes(arch, num_labels)}
+    def hf_names(self, arch: Architecture) -> dict[str, str]:
+        """Canonical name -> HF name for every encoder parameter."""
+        return {name: self.hf_name(name, arch) for name in canonical_shapes(arch)}
 
-    def hf_shapes(self, arch: Architecture, num_labels: int) -> dict[str, tuple[int, ...]]:
-        """HF name -> torch-layout shape for every parameter of `<Family>ForSequenceClassification`."""
-        return {self.hf_name(name, arch): shape for name, shape in canonical_shapes(arch, num_labels).items()}
+    def hf_shapes(self, arch: Architecture) -> dict[str, tuple[int, ...]]:
+        """HF name -> torch-layout shape for every encoder parameter."""
+        return {self.hf_name(name, arch): shape for name, shape in canonical_shapes(arch).items()}
 
 
 def bert_style_modules(prefix: str, embeddings: str = "embeddings") -> dict[str, str]:
@@ -129,13 +122,12 @@ def bert_style_modules(prefix: str, embeddings: str = "embeddings") -> dict[str,
     }
 
 
-def read_bert_style(config: ConfigReader, family: str, *, token_types: bool = True, position_offset: int = 0,
-                    head_activation: str = "tanh", head_dropout_first: bool = False) -> Architecture:
+def read_bert_style(config: ConfigReader, family: str, *, token_types: bool = True,
+                    position_offset: int = 0) -> Architecture:
     """The Architecture of a config.json with BERT's keys (BERT, RoBERTa, ELECTRA)."""
     config.absolute_positions()
     hidden = config.positive("hidden_size")
     hidden_dropout = config.get("hidden_dropout_prob", float, 0.1)
-    classifier_dropout = config.get("classifier_dropout", float, None)
     embedding_size = config.positive("embedding_size", hidden)
     return Architecture(
         family=family, vocab_size=config.positive("vocab_size"), embedding_size=embedding_size,
@@ -146,10 +138,8 @@ def read_bert_style(config: ConfigReader, family: str, *, token_types: bool = Tr
         position_offset=position_offset, layer_norm_eps=config.get("layer_norm_eps", float, 1e-12),
         hidden_act=config.activation("hidden_act", "gelu"), embedding_projection=embedding_size != hidden,
         block_schedule=tuple(range(config.positive("num_hidden_layers"))), blocks_per_group=1,
-        head_activation=head_activation, head_dropout_first=head_dropout_first,
         embedding_dropout=hidden_dropout,
         attention_dropout=config.get("attention_probs_dropout_prob", float, 0.1),
         attention_output_dropout=hidden_dropout, ffn_output_dropout=hidden_dropout,
-        classifier_dropout=hidden_dropout if classifier_dropout is None else classifier_dropout,
         initializer_range=config.get("initializer_range", float, 0.02),
     )

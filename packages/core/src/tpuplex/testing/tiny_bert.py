@@ -9,6 +9,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from tpuplex.params import expected_shapes
+from tpuplex.testing.specs import classifier
 
 TINY_CONFIG = {
     "model_type": "bert",
@@ -39,7 +40,7 @@ def write_tiny_bert(directory: str | Path, seed: int = 0, **overrides) -> Path:
     config = {**TINY_CONFIG, **overrides}
     rng = np.random.default_rng(seed)
     weights = {}
-    for name, shape in expected_shapes(config, num_labels=1).items():
+    for name, shape in expected_shapes(config, classifier(config, 1)).items():
         if name.startswith("classifier."):
             continue
         scale = 0.02 if name.endswith("weight") and "LayerNorm" not in name else 0.1

@@ -2,7 +2,7 @@
 
     [data]
     task = "reviews"                      # only a name here: cache files and runtime.output_dir's {task}
-    train_file = "data/train.csv"         # formats: see tpuplex.glue.tables
+    train_file = "data/train.csv"         # formats: see tpuplex.data.tables
     eval_files = ["data/dev.csv"]         # split names = file stems ("dev"); each evaluated and scored
     test_file = "data/test.jsonl"         # optional; labels optional; checked and tokenized, never trained on
     text_columns = ["review"]             # one column, or two for sentence pairs
@@ -10,8 +10,8 @@
     labels = ["neg", "pos"]               # class index = position; or regression = true for float labels
     metrics = ["accuracy", "f1"]          # default: accuracy, or pearson and spearman for regression
 
-`task_data(config.data)` is what the pipeline asks for: the task and the sources of its splits, your own files
-when `data.train_file` is set and the GLUE task `data.task` otherwise. Your task is a `Task` as GLUE's are (no
+`dataset_sources(config.data)` is what the pipeline asks for: the task and the sources of its splits, your own files
+when `data.train_file` is set and the GLUE task `data.dataset` otherwise. Your task is a `Dataset` as GLUE's are (no
 GLUE folder, no hub columns), so batching, training and the metrics treat both alike.
 
 Labels are matched as text: a string as written, any other value as its JSON text, so `labels = [0, 1]` (kept as
@@ -33,10 +33,10 @@ import numpy as np
 from tpuplex.config import DataConfig
 from tpuplex.errors import TpuplexError
 from tpuplex.glue.files import Examples
-from tpuplex.glue.metrics import CLASSIFICATION_METRICS, REGRESSION_METRICS
+from tpuplex.metrics import CLASSIFICATION_METRICS, REGRESSION_METRICS
 from tpuplex.glue.sources import GlueData, Source
-from tpuplex.glue.tables import DataFile, Table, read_table, resolve_file
-from tpuplex.glue.tasks import Task, get_task
+from tpuplex.data.tables import DataFile, Table, read_table, resolve_file
+from tpuplex.glue.datasets import Dataset, get_dataset
 
 # The fields that describe your own data: set without train_file they would be silently ignored.
 CUSTOM_FIELDS = ("eval_files", "test_file", "text_columns", "label_column", "labels", "regression", "metrics")
@@ -48,30 +48,30 @@ class CustomData:
     """Your own task and its files: `files` maps "train" and each evaluation split to its file; `test` is the
     optional test file."""
 
-    task: Task
+    dataset: Dataset
     files: dict[str, DataFile]
     test: DataFile | None
 
     def sources(self) -> dict[str, Source]:
         """The labelled splits, "train" first."""
-        return {split: file_source(self.task, file, labelled=True) for split, file in self.files.items()}
+        return {split: file_source(self.dataset, file, labelled=True) for split, file in self.files.items()}
 
     def test_source(self) -> Source | None:
-        return None if self.test is None else file_source(self.task, self.test, labelled=False)
+        return None if self.test is None else file_source(self.dataset, self.test, labelled=False)
 
     def prediction_sources(self, split: str) -> dict[str, Source]:
         """The split `tpuplex predict --split split` writes: "test" (data.test_file) or an evaluation split."""
         if split == "test" and self.test is not None:
             return {"test": self.test_source()}
         if split in self.files and split != "train":
-            return {split: file_source(self.task, self.files[split], labelled=True)}
+            return {split: file_source(self.dataset, self.files[split], labelled=True)}
         choices = [name for name in self.files if name != "train"] + (["test"] if self.test else [])
         raise TpuplexError(f"your data has no split {split!r} to predict: use one of {', '.join(choices)} "
                            "(set data.test_file to predict on a file without labels)")
 
 
-def task_data(data: DataConfig) -> GlueData | CustomData:
-    """Your own task when `data.train_file` is set, else the GLUE task `data.task`; checks every [data] field
+def dataset_sources(data: DataConfig) -> GlueData | CustomData:
+    """Your own task when `data.train_file` is set, else the GLUE task `data.dataset`; checks every [data] field
     and that every file exists, reading none of them."""
     if data.train_file:
         return custom_data(data)
@@ -79,14 +79,14 @@ def task_data(data: DataConfig) -> GlueData | CustomData:
     for name in CUSTOM_FIELDS:
         if getattr(data, name) != getattr(defaults, name):
             raise TpuplexError(f"data.{name} is set but data.train_file is empty: set data.train_file to train on "
-                               f"your own data, or remove data.{name} to use the GLUE task {data.task!r}")
-    return GlueData(get_task(data.task), data.data_dir)
+                               f"your own data, or remove data.{name} to use the GLUE task {data.dataset!r}")
+    return GlueData(get_dataset(data.dataset), data.data_dir)
 
 
 def custom_data(data: DataConfig) -> CustomData:
     """Your own task from `data` (data.train_file set), its fields checked before its files are looked up."""
-    if not TASK_NAME.fullmatch(data.task):
-        raise TpuplexError(f"data.task = {data.task!r} cannot name your own task: use letters, digits, '.', '-' "
+    if not TASK_NAME.fullmatch(data.dataset):
+        raise TpuplexError(f"data.dataset = {data.dataset!r} cannot name your own task: use letters, digits, '.', '-' "
                            "and '_' (it names cache files and fills {task} in runtime.output_dir)")
     if data.data_dir:
         raise TpuplexError(f"data.data_dir = {data.data_dir!r} (--data-dir) is for GLUE tasks, but data.train_file "
@@ -101,7 +101,7 @@ def custom_data(data: DataConfig) -> CustomData:
     train = resolve_file("data.train_file", data.train_file)
     evaluation = _eval_files(data.eval_files)
     test = resolve_file("data.test_file", data.test_file) if data.test_file else None
-    task = Task(data.task, folder="", labels=labels, metrics=metrics, text_columns=text_columns,
+    task = Dataset(data.dataset, folder="", labels=labels, metrics=metrics, text_columns=text_columns,
                 label_column=data.label_column, hub_text_columns=(), eval_splits=tuple(evaluation))
     return CustomData(task, {"train": train, **evaluation}, test)
 
@@ -167,7 +167,7 @@ def _eval_files(specs: tuple[str, ...]) -> dict[str, DataFile]:
     return files
 
 
-def file_source(task: Task, file: DataFile, labelled: bool) -> Source:
+def file_source(task: Dataset, file: DataFile, labelled: bool) -> Source:
     """The examples of `file`; the fingerprint covers its content and every setting that shapes the arrays."""
     settings = {"kind": file.kind, "text_columns": task.text_columns, "label_column": task.label_column,
                 "labels": task.labels, "regression": task.is_regression, "labelled": labelled}
@@ -176,7 +176,7 @@ def file_source(task: Task, file: DataFile, labelled: bool) -> Source:
                   lambda: read_examples(task, file, labelled))
 
 
-def read_examples(task: Task, file: DataFile, labelled: bool) -> Examples:
+def read_examples(task: Dataset, file: DataFile, labelled: bool) -> Examples:
     """The examples of `file`: text columns checked row by row, labels parsed (when `labelled`, or when an
     unlabelled file has the label column anyway)."""
     label = [task.label_column]
@@ -207,7 +207,7 @@ def label_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _label_indices(table: Table, task: Task) -> np.ndarray:
+def _label_indices(table: Table, task: Dataset) -> np.ndarray:
     """int32 [N]: each row's position in task.labels."""
     index = {label: position for position, label in enumerate(task.labels)}
     values = table.columns[task.label_column]

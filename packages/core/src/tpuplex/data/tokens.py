@@ -31,7 +31,7 @@ from tpuplex.collate import Encoded
 from tpuplex.errors import TpuplexError
 from tpuplex.glue.files import Examples
 from tpuplex.glue.sources import Source, resolve_source
-from tpuplex.glue.tasks import Task
+from tpuplex.glue.datasets import Dataset
 
 PAD_ID = 0
 # Bump when the arrays written for the same inputs change, so old cache files are not reused.
@@ -122,7 +122,7 @@ def _pad(ids: np.ndarray, type_ids: np.ndarray, lengths: np.ndarray, labels: np.
     return Encoded(input_ids, token_type_ids, lengths, labels)
 
 
-def cache_path(cache_dir: Path, task: Task, split: str, max_length: int, tokenizer_dir: Path,
+def cache_path(cache_dir: Path, task: Dataset, split: str, max_length: int, tokenizer_dir: Path,
                source: Source) -> Path:
     """The cache file for these inputs: `<task>-<split>-L<max_length>-<hash>.npz` in `cache_dir`."""
     tokenizer_file, lowercase = _tokenizer_files(tokenizer_dir)
@@ -163,7 +163,7 @@ def write_cache(path: Path, encoded: Encoded) -> None:
         raise
 
 
-def load_encoded(task: Task, split: str, data_dir: str | Path | None, tokenizer_dir: Path, max_length: int,
+def load_encoded(task: Dataset, split: str, data_dir: str | Path | None, tokenizer_dir: Path, max_length: int,
                  cache_dir: Path) -> Encoded:
     """The tokenized split, from the cache when these exact inputs were tokenized before.
 
@@ -174,7 +174,7 @@ def load_encoded(task: Task, split: str, data_dir: str | Path | None, tokenizer_
     return encode_cached(task, split, resolve_source(task, split, data_dir), tokenizer_dir, max_length, cache_dir)
 
 
-def encode_cached(task: Task, split: str, source: Source, tokenizer_dir: Path, max_length: int,
+def encode_cached(task: Dataset, split: str, source: Source, tokenizer_dir: Path, max_length: int,
                   cache_dir: Path) -> Encoded:
     """The tokenized `source`, from the cache when its fingerprint was tokenized before with these settings; read,
     tokenized and cached otherwise. Arrays as `load_encoded`'s."""

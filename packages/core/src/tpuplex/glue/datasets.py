@@ -13,14 +13,14 @@ from tpuplex.errors import TpuplexError
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
-    """One GLUE task, or your own (`tpuplex.glue.custom`: folder empty, no hub columns, eval splits named after
+class Dataset:
+    """One GLUE task, or your own (`tpuplex.data.custom`: folder empty, no hub columns, eval splits named after
     its files).
 
     name: canonical lowercase name, also the HF dataset config ("sst2").
     folder: the folder of the GLUE distribution ("SST-2").
     labels: label strings as written in the TSV files, index = class id; empty for regression (stsb).
-    metrics: the official metrics, keys of `tpuplex.glue.metrics.compute`.
+    metrics: the official metrics, keys of `tpuplex.metrics.compute`.
     eval_splits: the labelled evaluation splits; a split named s is read from `<folder>/<s>.tsv`.
     text_columns: TSV header names of the one or two text columns.
     label_column: TSV header name of the label (or score) column.
@@ -71,28 +71,28 @@ _BINARY = ("0", "1")
 _ENTAILMENT = ("entailment", "not_entailment")
 _PAIR = ("sentence1", "sentence2")
 
-TASKS: dict[str, Task] = {
+DATASETS: dict[str, Dataset] = {
     task.name: task
     for task in (
-        Task("cola", "CoLA", _BINARY, ("mcc",), ("sentence",), "label", ("sentence",),
+        Dataset("cola", "CoLA", _BINARY, ("mcc",), ("sentence",), "label", ("sentence",),
              headerless_columns=("source", "label", "original_label", "sentence")),
-        Task("sst2", "SST-2", _BINARY, ("accuracy",), ("sentence",), "label", ("sentence",)),
-        Task("mrpc", "MRPC", _BINARY, ("accuracy", "f1"), ("#1 String", "#2 String"), "Quality", _PAIR),
-        Task("stsb", "STS-B", (), ("pearson", "spearman"), _PAIR, "score", _PAIR),
-        Task("qqp", "QQP", _BINARY, ("accuracy", "f1"), ("question1", "question2"), "is_duplicate",
+        Dataset("sst2", "SST-2", _BINARY, ("accuracy",), ("sentence",), "label", ("sentence",)),
+        Dataset("mrpc", "MRPC", _BINARY, ("accuracy", "f1"), ("#1 String", "#2 String"), "Quality", _PAIR),
+        Dataset("stsb", "STS-B", (), ("pearson", "spearman"), _PAIR, "score", _PAIR),
+        Dataset("qqp", "QQP", _BINARY, ("accuracy", "f1"), ("question1", "question2"), "is_duplicate",
              ("question1", "question2")),
-        Task("mnli", "MNLI", ("entailment", "neutral", "contradiction"), ("accuracy",), _PAIR, "gold_label",
+        Dataset("mnli", "MNLI", ("entailment", "neutral", "contradiction"), ("accuracy",), _PAIR, "gold_label",
              ("premise", "hypothesis"), eval_splits=("dev_matched", "dev_mismatched")),
-        Task("qnli", "QNLI", _ENTAILMENT, ("accuracy",), ("question", "sentence"), "label", ("question", "sentence")),
-        Task("rte", "RTE", _ENTAILMENT, ("accuracy",), _PAIR, "label", _PAIR),
-        Task("wnli", "WNLI", _BINARY, ("accuracy",), _PAIR, "label", _PAIR),
+        Dataset("qnli", "QNLI", _ENTAILMENT, ("accuracy",), ("question", "sentence"), "label", ("question", "sentence")),
+        Dataset("rte", "RTE", _ENTAILMENT, ("accuracy",), _PAIR, "label", _PAIR),
+        Dataset("wnli", "WNLI", _BINARY, ("accuracy",), _PAIR, "label", _PAIR),
     )
 }
 
 
-def get_task(name: str) -> Task:
+def get_dataset(name: str) -> Dataset:
     """The task called `name`, in any case and with or without its dash ("SST-2", "sst-2", "sst2", "STS-B")."""
     key = name.strip().lower().replace("-", "").replace("_", "")
-    if key not in TASKS:
-        raise TpuplexError(f"unknown GLUE task {name!r}: use one of {', '.join(TASKS)}")
-    return TASKS[key]
+    if key not in DATASETS:
+        raise TpuplexError(f"unknown GLUE dataset {name!r}: use one of {', '.join(DATASETS)}")
+    return DATASETS[key]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from tpuplex.errors import TpuplexError
-from tpuplex.glue.tasks import Task
+from tpuplex.glue.datasets import Dataset
 
 
 def accuracy(labels: np.ndarray, predictions: np.ndarray) -> float:
@@ -94,7 +94,7 @@ REGRESSION_METRICS = ("pearson", "spearman")
 """Metrics of predicted scores."""
 
 
-def compute(task: Task, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def compute(task: Dataset, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """The task's official metrics and its GLUE leaderboard `score`.
 
     logits: [N, task.num_labels] (class logits; the prediction is the argmax), or [N, 1] predicted scores for

@@ -1,0 +1,136 @@
+"""What a task is: the kind of problem a run trains (sequence classification, masked-language modelling, ...).
+
+A task is one folder (`tpuplex/tasks/<name>/`, or a module of your own named by import path) that owns everything
+specific to its problem, in two halves:
+
+- framework-free (this module's `Task`): which data it reads and how raw examples become static-shape host
+  batches, its options (`[task]` fields), the head each model family gets under HF names, its metrics, its
+  prediction files and what an HF export says about it;
+- one small module per backend (`Task.backends["jax" | "tf" | "torch"]`) with that framework's head and the loss
+  of each unit the task weighs (an example, a token, a masked position).
+
+The core's Trainer, batching, checkpoints and CLI, and the backends' devices, steps and optimizer, know no task:
+a batch is a dict of arrays whose "weight" has the shape of the task's loss units, and every backend minimises
+sum(weight * unit_loss) / max(sum(weight), 1) over the global batch.
+
+A backend module provides (the same names in every framework):
+
+    Head(arch, head, dtype...)            the head as a module of that framework (torch: `build_model`)
+    unit_losses(outputs, batch)           float32, the shape of batch["weight"]
+    predict_outputs(outputs, batch)       what `Backend.predict` returns per row (logits, or per-token values)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tpuplex.collate import Encoded
+from tpuplex.errors import TpuplexError
+from tpuplex.models import Architecture, Family
+from tpuplex.protocol import Batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+    """A task's head for one model family, described as data (the backends' task modules build it).
+
+    modules: canonical head module (`head.dense`) -> HF module name (`bert.pooler.dense`).
+    shapes: canonical parameter name -> torch-layout shape, in the order the core initialises them.
+    drawn: the canonical modules the core draws when the checkpoint lacks them (`tpuplex.params.initial_params`),
+        in order, each "linear" (weight N(0, initializer_range), bias 0), "norm" (weight 1, bias 0) or "bias" (0).
+    tied: canonical parameter -> the encoder parameter it is (the MLM decoder is the word embeddings).
+    """
+
+    modules: Mapping[str, str]
+    shapes: Mapping[str, tuple[int, ...]]
+    drawn: tuple[tuple[str, str], ...]
+    tied: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def hf_name(self, canonical: str) -> str:
+        module, leaf = canonical.rsplit(".", 1)
+        return f"{self.modules[module]}.{leaf}"
+
+    def without_dropout(self) -> Head:
+        """The same head with every dropout rate 0 (heads without dropout return themselves)."""
+        return self
+
+
+class TaskData:
+    """A task's data for one run, as the Trainer uses it: encoded splits, and the task's hooks on host batches.
+
+    train: the training split; eval: evaluation split name -> split; test: a split to check but never train or
+    evaluate on (None without one). `name` fills `{dataset}` in runtime.output_dir.
+    per_token: whether `Backend.predict` returns one value per token ([B, L, ...]) rather than per row.
+    """
+
+    name: str
+    train: Encoded
+    eval: dict[str, Encoded]
+    test: Encoded | None = None
+    per_token: ClassVar[bool] = False
+
+    def train_batch(self, batch: Batch, step: int) -> Batch:
+        """The batch optimizer step `step` (1-based) trains on, from the Batcher's rows (input_ids,
+        token_type_ids, attention_mask [B, L], labels and row weight [B]). Drawn randomness depends on
+        (seed, step) only, so every backend and a resumed run see the same batch."""
+        return batch
+
+    def eval_batch(self, batch: Batch, index: np.ndarray) -> Batch:
+        """An evaluation batch from the Batcher's rows; `index` [B] is each row's example (-1 for padding)."""
+        return batch
+
+    def metrics(self, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
+        """The split's metrics from every example's predict outputs [N, ...] and its evaluation batch's labels
+        and weight (per row [N], or per token [N, max_length])."""
+        raise NotImplementedError
+
+    def splits(self) -> dict[str, Encoded]:
+        """Every split to check (train, eval, test)."""
+        return {"train": self.train, **self.eval, **({"data.test_file": self.test} if self.test else {})}
+
+
+class Task:
+    """A task's framework-free half; subclasses set the class attributes and implement `prepare` and `head`.
+
+    name: the task's name in `[task] name`; Options: the dataclass of its other `[task]` fields; backends:
+    backend name -> import path of that framework's module; auto_class: transformers' `AutoModelFor...`.
+    """
+
+    name: ClassVar[str]
+    Options: ClassVar[type]
+    backends: ClassVar[Mapping[str, str]]
+    auto_class: ClassVar[str]
+
+    def check(self, config: Any, options: Any) -> None:
+        """Cheap checks of the run's data settings (fields, files exist), before any backend starts."""
+
+    def prepare(self, config: Any, options: Any, tokenizer_dir: Path) -> TaskData:
+        """Read and encode the run's data (`config.data`), checking it first."""
+        raise NotImplementedError
+
+    def head(self, family: Family, arch: Architecture, hf_config: Mapping[str, Any], data: TaskData) -> Head:
+        """The head `family` gets for `data` (its sizes may depend on the data: classes, tags)."""
+        raise NotImplementedError
+
+    def hf_class(self, family: Family, model_type: str) -> str:
+        """HF's class for this task and `model_type` (`BertForMaskedLM`): an HF export's "architectures"."""
+        raise NotImplementedError
+
+    def export_config(self, data_config: Any) -> dict[str, Any]:
+        """Entries an exported HF config.json gets besides the family's own (labels, problem type)."""
+        return {}
+
+    def prediction_sources(self, config: Any, split: str) -> dict[str, Any]:
+        """`tpuplex predict --split split`: what to predict, checked before any backend starts."""
+        raise TpuplexError(f"the {self.name} task writes no predictions: use tpuplex eval for its metrics")
+
+    def write_predictions(self, experiment: Any, state: Any, sources: dict[str, Any], out: Path,
+                          write: bool) -> dict[str, Path]:
+        """Predict `sources` with `state` and, when `write` (process 0), write one file per split into the folder
+        `out`; returns split -> file."""
+        raise TpuplexError(f"the {self.name} task writes no predictions")

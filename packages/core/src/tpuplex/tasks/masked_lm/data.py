@@ -1,0 +1,134 @@
+"""Raw text for masked-LM pre-training: read, tokenized once, packed into full rows, and masked per step.
+
+Documents: every non-blank line of a `.txt` file, or every value of the text column (`[task] text_column`) of a
+`.jsonl`, `.csv`, `.tsv` or `.parquet` file (`tpuplex.data.tables`). Each is tokenized with the checkpoint's
+tokenizer with its special tokens ([CLS] text [SEP]) and no truncation; the documents' tokens are concatenated and
+cut into rows of `data.max_length` (HF `run_mlm`'s `group_texts`), so every row but the last is full and there is
+one static shape. The last, shorter row is kept (padded, as any short row is), not dropped.
+
+Masking (`mask_tokens`) follows HF's `DataCollatorForLanguageModeling`: each real token that is not a special token
+is chosen with probability p; a chosen token becomes the mask token (80%), a random token (10%) or stays (10%);
+the loss weighs the chosen positions only. The draw is numpy's, from the seed and the optimizer step (training)
+or the example's index (evaluation), so every backend, replica count and resumed run trains on the same masks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from pathlib import Path
+
+import numpy as np
+import tokenizers
+from tokenizers import Tokenizer
+
+from tpuplex.collate import Encoded
+from tpuplex.data.tables import DataFile, read_table, resolve_file
+from tpuplex.data.tokens import load_tokenizer, read_cache, write_cache
+from tpuplex.errors import TpuplexError
+from tpuplex.text import read_utf8
+
+PAD_ID = 0
+CACHE_FORMAT = 1
+MASK_TOKENS = ("[MASK]", "<mask>")
+"""The mask token's spelling in BERT-style (WordPiece, Unigram) and RoBERTa-style (BPE) vocabularies."""
+
+
+def documents(file: DataFile, text_column: str) -> list[str]:
+    """The non-blank documents of `file`: its lines (.txt) or its text column."""
+    if file.path.suffix == ".txt":
+        texts = read_utf8(file.path).splitlines()
+    else:
+        table = read_table(file, [text_column])
+        texts = ["" if value is None else str(value) for value in table.columns[text_column]]
+    found = [text.strip() for text in texts if text.strip()]
+    if not found:
+        raise TpuplexError(f"{file.path} has no text ({file.field}): give a file with at least one non-blank line")
+    return found
+
+
+def text_file(field: str, spec: str) -> DataFile:
+    """`spec` as a DataFile; `.txt` files are read as lines, the other formats as tables."""
+    path = Path(spec).expanduser()
+    if path.suffix == ".txt":
+        if not path.is_file():
+            raise TpuplexError(f"{field} = {spec!r} does not exist: give the path of a UTF-8 text file")
+        return DataFile(field, spec, path, ".txt", path.stem)
+    return resolve_file(field, spec)
+
+
+def pack(ids: list[list[int]], max_length: int) -> Encoded:
+    """Documents' token ids, concatenated and cut into rows of `max_length` (the last row may be shorter)."""
+    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=sum(map(len, ids)))
+    rows = -(-len(flat) // max_length)
+    lengths = np.full(rows, max_length, np.int32)
+    lengths[-1] = len(flat) - (rows - 1) * max_length
+    input_ids = np.full(rows * max_length, PAD_ID, np.int32)
+    input_ids[: len(flat)] = flat
+    input_ids = input_ids.reshape(rows, max_length)
+    return Encoded(input_ids, np.zeros_like(input_ids), lengths, np.zeros(rows, np.int32))
+
+
+def encode_packed(texts: list[str], tokenizer: Tokenizer, max_length: int, what: str) -> Encoded:
+    """`texts` tokenized (special tokens included, no truncation) and packed into rows of `max_length`."""
+    ids = [encoding.ids for encoding in tokenizer.encode_batch(texts)]
+    total = sum(map(len, ids))
+    if total < max_length:
+        raise TpuplexError(f"{what} gives {total} tokens, fewer than one row of data.max_length = {max_length}: "
+                           "give more text or lower data.max_length")
+    return pack(ids, max_length)
+
+
+def packed_cached(texts: list[str], tokenizer_dir: Path, max_length: int, cache_dir: Path, what: str) -> Encoded:
+    """`encode_packed` through the token cache, keyed by the text, the tokenizer files and max_length."""
+    key = hashlib.sha256()
+    for part in (CACHE_FORMAT, tokenizers.__version__, max_length, *texts):
+        key.update(repr(part).encode() + b"\0")
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        if (tokenizer_dir / name).is_file():
+            key.update((tokenizer_dir / name).read_bytes())
+    path = Path(cache_dir) / f"masked_lm-L{max_length}-{key.hexdigest()[:20]}.npz"
+    cached = read_cache(path)
+    if cached is not None:
+        return cached
+    encoded = encode_packed(texts, untruncated_tokenizer(tokenizer_dir, max_length), max_length, what)
+    write_cache(path, encoded)
+    return encoded
+
+
+def untruncated_tokenizer(tokenizer_dir: Path, max_length: int) -> Tokenizer:
+    tokenizer = load_tokenizer(tokenizer_dir, max_length)
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def special_ids(tokenizer: Tokenizer) -> np.ndarray:
+    """int32 ids of the tokenizer's special tokens (never masked)."""
+    return np.array(sorted(token_id for token_id, token in tokenizer.get_added_tokens_decoder().items()
+                           if token.special), np.int32)
+
+
+def mask_id(tokenizer: Tokenizer, tokenizer_dir: Path) -> int:
+    """The id of the mask token; one clear error when the tokenizer has none."""
+    for token in MASK_TOKENS:
+        found = tokenizer.token_to_id(token)
+        if found is not None:
+            return found
+    raise TpuplexError(f"the tokenizer in {tokenizer_dir} has no mask token ({' or '.join(MASK_TOKENS)}): "
+                       "masked-LM training needs a checkpoint whose tokenizer defines one")
+
+
+def mask_tokens(input_ids: np.ndarray, attention_mask: np.ndarray, row_weight: np.ndarray,
+                rng: np.random.Generator, probability: float, mask: int, vocab_size: int,
+                special: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """HF's masking of `input_ids` int32 [B, L] -> (masked ids [B, L], labels = the original ids [B, L],
+    weight float32 [B, L]: `row_weight` [B] on the chosen positions, 0 elsewhere)."""
+    shape = input_ids.shape
+    maskable = (attention_mask > 0) & ~np.isin(input_ids, special)
+    chosen = (rng.random(shape) < probability) & maskable
+    replaced = chosen & (rng.random(shape) < 0.8)
+    randomized = chosen & ~replaced & (rng.random(shape) < 0.5)
+    random_ids = rng.integers(0, vocab_size, size=shape, dtype=np.int32)
+    masked = np.where(replaced, mask, np.where(randomized, random_ids, input_ids)).astype(np.int32)
+    weight = chosen.astype(np.float32) * np.asarray(row_weight, np.float32)[:, None]
+    return masked, input_ids.astype(np.int32), weight

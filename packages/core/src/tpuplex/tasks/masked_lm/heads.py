@@ -1,0 +1,66 @@
+"""Each family's masked-LM head (`AutoModelForMaskedLM`), under its HF names.
+
+    dense H->E -> activation -> LayerNorm(E) -> decoder E->V tied to the word embeddings, + bias[V]
+
+on every position (E the embedding size: the hidden size for BERT, RoBERTa and DistilBERT). The decoder's weight
+is the word embedding table itself, as in HF: one parameter in the portable checkpoint and in the optimizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tpuplex.errors import TpuplexError
+from tpuplex.models import Architecture, Family
+from tpuplex.tasks.base import Head
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedLMHead(Head):
+    """activation: after the dense layer (HF's spelling); embedding_size, vocab_size: the decoder's [V, E];
+    layer_norm_eps: the head's LayerNorm."""
+
+    activation: str = "gelu"
+    embedding_size: int = 0
+    vocab_size: int = 0
+    layer_norm_eps: float = 1e-12
+
+
+@dataclasses.dataclass(frozen=True)
+class _FamilyHead:
+    hf_classes: tuple[str, ...]
+    transform: str
+    norm: str
+    bias: str
+    activation: str | None  # None: the encoder's hidden_act
+
+
+FAMILY_HEADS: dict[str, _FamilyHead] = {
+    "bert": _FamilyHead(("BertForMaskedLM",), "cls.predictions.transform.dense",
+                        "cls.predictions.transform.LayerNorm", "cls.predictions", None),
+    "roberta": _FamilyHead(("RobertaForMaskedLM", "XLMRobertaForMaskedLM"), "lm_head.dense", "lm_head.layer_norm",
+                           "lm_head", "gelu"),
+    "distilbert": _FamilyHead(("DistilBertForMaskedLM",), "vocab_transform", "vocab_layer_norm", "vocab_projector",
+                              None),
+    "electra": _FamilyHead(("ElectraForMaskedLM",), "generator_predictions.dense", "generator_predictions.LayerNorm",
+                           "generator_lm_head", "gelu"),
+    "albert": _FamilyHead(("AlbertForMaskedLM",), "predictions.dense", "predictions.LayerNorm", "predictions", None),
+}
+
+
+def masked_lm_head(family: Family | None, arch: Architecture | None) -> MaskedLMHead:
+    """`family`'s masked-LM head; transform, norm and bias are drawn when the checkpoint lacks them."""
+    if family is None or family.name not in FAMILY_HEADS:
+        what = "your own model (model.architecture)" if family is None else f"the {family.name} family"
+        raise TpuplexError(f"the masked_lm task has no head for {what}: use a checkpoint of one of the families "
+                           f"{', '.join(FAMILY_HEADS)} (model.checkpoint) and leave model.architecture empty")
+    found = FAMILY_HEADS[family.name]
+    embed, hidden = arch.embedding_size, arch.hidden_size
+    return MaskedLMHead(
+        modules={"head.transform": found.transform, "head.norm": found.norm, "head": found.bias},
+        shapes={"head.transform.weight": (embed, hidden), "head.transform.bias": (embed,),
+                "head.norm.weight": (embed,), "head.norm.bias": (embed,), "head.bias": (arch.vocab_size,)},
+        drawn=(("head.transform", "linear"), ("head.norm", "norm"), ("head", "bias")),
+        tied={"head.decoder.weight": "embeddings.word.weight"},
+        activation=found.activation or arch.hidden_act, embedding_size=embed, vocab_size=arch.vocab_size,
+        layer_norm_eps=arch.layer_norm_eps)

@@ -1,0 +1,48 @@
+"""Masked-LM pre-training in Flax: the MLM head on every position (decoder tied to the word embeddings) and the
+per-token cross-entropy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+import optax
+
+import jax
+from tpuplex.models import Architecture
+from tpuplex.tasks.masked_lm.heads import MaskedLMHead
+from tpuplex_jax.model import ACTIVATIONS
+
+
+class Head(nn.Module):
+    """dense H->E -> activation -> LayerNorm -> word embeddings^T + bias: [B, L, H] -> logits float32 [B, L, V]."""
+
+    embedding_size: int
+    vocab_size: int
+    activation: str
+    layer_norm_eps: float
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, hidden: jax.Array, word_embeddings: jax.Array, deterministic: bool) -> jax.Array:
+        x = ACTIVATIONS[self.activation](nn.Dense(self.embedding_size, dtype=self.dtype, name="transform")(hidden))
+        x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm")(x)
+        bias = self.param("bias", nn.initializers.zeros, (self.vocab_size,), jnp.float32)
+        logits = jnp.einsum("ble,ve->blv", x, word_embeddings.astype(self.dtype)) + bias.astype(self.dtype)
+        return logits.astype(jnp.float32)
+
+
+def head_module(arch: Architecture, head: MaskedLMHead, dtype: Any) -> nn.Module:
+    return Head(head.embedding_size, head.vocab_size, head.activation, head.layer_norm_eps, dtype)
+
+
+def unit_losses(outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
+    """Per-token cross-entropy [B, L] of logits [B, L, V] against the original ids."""
+    return optax.softmax_cross_entropy_with_integer_labels(outputs, batch["labels"])
+
+
+def predict_outputs(outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
+    """float32 [B, L, 2]: each token's cross-entropy and 1.0 where the most likely token is the label."""
+    correct = (jnp.argmax(outputs, axis=-1) == batch["labels"]).astype(jnp.float32)
+    return jnp.stack([unit_losses(outputs, batch), correct], axis=-1)

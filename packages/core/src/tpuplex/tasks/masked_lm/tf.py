@@ -1,0 +1,51 @@
+"""Masked-LM pre-training in Keras (TensorFlow): the MLM head on every position (decoder tied to the word
+embeddings), the per-token cross-entropy, and the SavedModel's serving outputs."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from tpuplex.models import Architecture
+from tpuplex.tasks.masked_lm.heads import MaskedLMHead
+from tpuplex_tf.model import ACTIVATIONS, Variables, dense_variables, norm_variables
+
+
+class Head(keras.layers.Layer):
+    """dense H->E -> activation -> LayerNorm -> word embeddings^T + bias: [B, L, H] -> logits [B, L, V]."""
+
+    def __init__(self, head: MaskedLMHead, word_embeddings: keras.Variable, **kwargs):
+        super().__init__(**kwargs)
+        self.spec, self.word = head, word_embeddings
+        self.transform = keras.layers.Dense(head.embedding_size, name="transform")
+        self.norm = keras.layers.LayerNormalization(epsilon=head.layer_norm_eps, name="norm")
+        self.bias = self.add_weight(shape=(head.vocab_size,), initializer="zeros", name="bias")
+
+    def call(self, hidden: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
+        x = self.norm(ACTIVATIONS[self.spec.activation](self.transform(hidden)))
+        return tf.einsum("ble,ve->blv", x, self.word) + self.bias
+
+    def canonical_variables(self) -> Variables:
+        return {**dense_variables("head.transform", self.transform), **norm_variables("head.norm", self.norm),
+                "head.bias": (self.bias, False)}
+
+
+def head_layer(arch: Architecture, head: MaskedLMHead, word_embeddings: keras.Variable, name: str) -> Head:
+    return Head(head, word_embeddings, name=name)
+
+
+def unit_losses(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+    """Per-token cross-entropy [B, L] of logits [B, L, V] against the original ids."""
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32), logits=outputs)
+
+
+def predict_outputs(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+    """float32 [B, L, 2]: each token's cross-entropy and 1.0 where the most likely token is the label."""
+    labels = tf.cast(batch["labels"], tf.int32)
+    correct = tf.cast(tf.equal(tf.argmax(outputs, axis=-1, output_type=tf.int32), labels), tf.float32)
+    return tf.stack([unit_losses(outputs, batch), correct], axis=-1)
+
+
+def serving_outputs(outputs: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The SavedModel's outputs: logits [batch, length, vocab]."""
+    return {"logits": outputs}

@@ -1,0 +1,134 @@
+"""Sequence classification (`AutoModelForSequenceClassification`): one label (or score) per text or text pair.
+
+Data: a GLUE dataset (`data.dataset = "mrpc"`, `tpuplex.glue`) or your own table (`data.train_file`,
+`tpuplex.data.custom`), tokenized once through the cache. Batches are the Batcher's rows as they are: labels
+int32 [B] (float32 for regression) and weight [B]. Loss: cross-entropy, or squared error when the dataset is a
+regression (one output). Metrics: the dataset's official ones, its leaderboard `score` and the mean `loss`.
+Predictions: one TSV per split (GLUE's submission files for GLUE test splits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tpuplex.collate import Encoded
+from tpuplex.data.custom import CustomData, dataset_sources
+from tpuplex.data.tokens import encode_cached
+from tpuplex.glue import Dataset, GlueData, Source
+from tpuplex.metrics import compute
+from tpuplex.models import Architecture, Family
+from tpuplex.tasks.base import Task, TaskData
+from tpuplex.tasks.sequence_classification.heads import FAMILY_HEADS, ClassifierHead, classifier_head
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Sequence classification has no options of its own: the dataset says labels and metrics."""
+
+
+@dataclasses.dataclass
+class ClassificationData(TaskData):
+    name: str
+    train: Encoded
+    eval: dict[str, Encoded]
+    dataset: Dataset
+    sources: GlueData | CustomData
+    test: Encoded | None = None
+
+    @property
+    def num_labels(self) -> int:
+        return self.dataset.num_labels
+
+    def metrics(self, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
+        return {**compute(self.dataset, outputs, labels), "loss": mean_loss(outputs, labels)}
+
+
+class SequenceClassification(Task):
+    name: ClassVar[str] = "sequence_classification"
+    Options: ClassVar[type] = Options
+    backends: ClassVar[Mapping[str, str]] = {backend: f"{__name__}.{backend}" for backend in ("jax", "tf", "torch")}
+    auto_class: ClassVar[str] = "AutoModelForSequenceClassification"
+
+    def check(self, config: Any, options: Options) -> None:
+        dataset_sources(config.data)
+
+    def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> ClassificationData:
+        sources = dataset_sources(config.data)
+        dataset = sources.dataset
+
+        def encode(split: str, source: Source) -> Encoded:
+            return encode_cached(dataset, split, source, tokenizer_dir, config.data.max_length,
+                                 Path(config.data.cache_dir).expanduser())
+
+        labelled = {split: encode(split, source) for split, source in sources.sources().items()}
+        test_source = sources.test_source()
+        return ClassificationData(dataset.name, labelled.pop("train"), labelled, dataset, sources,
+                                  None if test_source is None else encode("test", test_source))
+
+    def head(self, family: Family, arch: Architecture, hf_config: Mapping[str, Any],
+             data: ClassificationData) -> ClassifierHead:
+        return classifier_head(family, arch, hf_config, data.num_labels)
+
+    def hf_class(self, family: Family, model_type: str) -> str:
+        return FAMILY_HEADS[family.name].hf_classes[family.model_types.index(model_type)]
+
+    def export_config(self, data_config: Any) -> dict[str, Any]:
+        dataset = dataset_sources(data_config).dataset
+        labels = dataset.labels or ("score",)
+        return {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)},
+                "problem_type": "regression" if dataset.is_regression else "single_label_classification"}
+
+    def prediction_sources(self, config: Any, split: str) -> dict[str, Source]:
+        """The splits `tpuplex predict --split split` writes, checked before any backend starts."""
+        return dataset_sources(config.data).prediction_sources(split)
+
+    def write_predictions(self, experiment: Any, state: Any, sources: dict[str, Source], out: Path,
+                          write: bool) -> dict[str, Path]:
+        data, trainer, config = experiment.data, experiment.trainer, experiment.config
+        dataset, written = data.dataset, {}
+        for name, source in sources.items():
+            encoded = encode_cached(dataset, name, source, experiment.model_dir, config.data.max_length,
+                                    Path(config.data.cache_dir).expanduser())
+            logits, _ = trainer.predict(state, trainer.batcher(encoded))
+            in_glue = name in dataset.test_splits and dataset.folder
+            if write:
+                path = out / (dataset.submission_file(name) if in_glue else f"{name}.tsv")
+                written[name] = _write_tsv(path, predictions(dataset, logits))
+        return written
+
+
+def mean_loss(logits: np.ndarray, labels: np.ndarray) -> float:
+    """Mean cross-entropy of logits [N, C] against class labels [N], or mean squared error when C == 1."""
+    logits = logits.astype(np.float64)
+    if logits.shape[1] == 1:
+        return float(np.mean((logits[:, 0] - labels) ** 2))
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return float(-np.mean(log_probs[np.arange(len(labels)), labels]))
+
+
+def predictions(dataset: Dataset, logits: np.ndarray) -> list[str]:
+    """One prediction per example, as the GLUE server reads them: the label string of the argmax class, or the
+    regression score with three decimals."""
+    if dataset.is_regression:
+        return [f"{score:.3f}" for score in logits[:, 0]]
+    return [dataset.labels[index] for index in logits.argmax(axis=1)]
+
+
+def _write_tsv(path: Path, values: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}-", delete=False,
+                                     encoding="utf-8") as staging:
+        staging.write("index\tprediction\n")
+        staging.writelines(f"{index}\t{value}\n" for index, value in enumerate(values))
+    Path(staging.name).replace(path)
+    return path
+
+
+TASK = SequenceClassification()

@@ -1,0 +1,44 @@
+"""ModelSpecs for tests: a checkpoint's model with the sequence-classification or the masked-LM head, as
+`tpuplex.run.prepare` builds them (heads and initial parameters from the core)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tpuplex import models
+from tpuplex.params import initial_params
+from tpuplex.protocol import ModelSpec
+from tpuplex.tasks.base import Head
+from tpuplex.tasks.masked_lm import TASK as MASKED_LM
+from tpuplex.tasks.masked_lm.heads import masked_lm_head
+from tpuplex.tasks.sequence_classification import TASK as SEQUENCE_CLASSIFICATION
+from tpuplex.tasks.sequence_classification.heads import classifier_head
+
+
+def classifier(hf_config: Mapping[str, Any], num_labels: int) -> Head:
+    """The family's classifier head for `num_labels` outputs."""
+    family, arch = models.architecture_of(hf_config)
+    return classifier_head(family, arch, hf_config, num_labels)
+
+
+def classifier_spec(checkpoint_dir: Path, hf_config: Mapping[str, Any], num_labels: int = 2, seed: int = 0,
+                    **fields: Any) -> ModelSpec:
+    """The checkpoint as a sequence classifier, its head drawn with `seed`."""
+    head = classifier(hf_config, num_labels)
+    return ModelSpec(task=SEQUENCE_CLASSIFICATION, head=head, hf_config=hf_config,
+                     params=initial_params(checkpoint_dir, hf_config, head, seed), **fields)
+
+
+def user_classifier_spec(architecture: str, num_labels: int, **fields: Any) -> ModelSpec:
+    """Your own model (`model.architecture`) as a sequence classifier."""
+    return ModelSpec(task=SEQUENCE_CLASSIFICATION, head=classifier_head(None, None, {}, num_labels), hf_config={},
+                     params={}, architecture=architecture, **fields)
+
+
+def masked_lm_spec(checkpoint_dir: Path, hf_config: Mapping[str, Any], seed: int = 0, **fields: Any) -> ModelSpec:
+    """The checkpoint with its family's masked-LM head (missing parts drawn with `seed`)."""
+    head = masked_lm_head(*models.architecture_of(hf_config))
+    return ModelSpec(task=MASKED_LM, head=head, hf_config=hf_config,
+                     params=initial_params(checkpoint_dir, hf_config, head, seed), **fields)
