@@ -14,7 +14,6 @@ import numpy as np
 from tpuplex.collate import Batcher, Encoded
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.testing.specs import user_classifier_spec
-from tpuplex.testing.specs import classifier_spec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_model"
 if str(EXAMPLE) not in sys.path:

@@ -17,13 +17,12 @@ from tiny_glue import train_losses
 from tpuplex import cli, run
 from tpuplex import config as config_lib
 from tpuplex.config import DataConfig
-from tpuplex.errors import TpuplexError
-from tpuplex.data.custom import dataset_sources
-from tpuplex.data.tokens import encode_cached, load_encoded
-from tpuplex.glue import get_dataset, read_split
-from tpuplex.data.custom import custom_data, file_source
-from tpuplex.glue.files import Examples
+from tpuplex.data.custom import custom_data, dataset_sources, file_source
 from tpuplex.data.tables import read_table, resolve_file
+from tpuplex.data.tokens import encode_cached, load_encoded
+from tpuplex.errors import TpuplexError
+from tpuplex.glue import get_dataset, read_split
+from tpuplex.glue.files import Examples
 
 
 def data_config(paths: dict[str, str], **changes) -> DataConfig:
@@ -112,7 +111,8 @@ def test_regression_trains_with_pearson_and_spearman_and_names_the_run(write_con
         lines = (json.dumps({"a": a, "b": b, "score": 5.0 * label + len(a.split()) / 10})
                  for a, b, label in zip(examples.text_a, examples.text_b, examples.labels, strict=True))
         (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    path = write_config(data__data_dir="", data__dataset="paraphrase-score", data__train_file=str(folder / "train.jsonl"),
+    path = write_config(data__data_dir="", data__dataset="paraphrase-score",
+                        data__train_file=str(folder / "train.jsonl"),
                         data__eval_files=[str(folder / "dev.jsonl")], data__text_columns=["a", "b"],
                         data__label_column="score", data__regression=True,
                         runtime__output_dir=str(tmp_path / "runs" / "{dataset}"))

@@ -15,8 +15,7 @@ from hypothesis.extra.numpy import arrays
 
 from tpuplex import TpuplexError
 from tpuplex.glue import get_dataset
-from tpuplex.metrics import compute
-from tpuplex.metrics import accuracy, average_ranks, f1, matthews_corrcoef, pearson, spearman
+from tpuplex.metrics import accuracy, average_ranks, compute, f1, matthews_corrcoef, pearson, spearman
 
 TOLERANCE = 1e-9
 # The same examples on every run, no example database, no time limit on a busy machine.

@@ -9,8 +9,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from tpuplex import cli, models
-from tpuplex.errors import TpuplexError
 from tpuplex.data.tokens import load_tokenizer
+from tpuplex.errors import TpuplexError
 from tpuplex.params import expected_shapes, initial_params, read_hf_config
 from tpuplex.testing.specs import classifier
 

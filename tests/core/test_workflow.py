@@ -170,7 +170,8 @@ def test_predict_writes_submission_files_for_the_real_test_sets(task, rows, labe
                                                                 tmp_path) -> None:
     model = write_tiny_model_reading(tmp_path / "model", minilm_dir)
     config = tmp_path / "config.toml"
-    config.write_text(f'[model]\ncheckpoint = "{model}"\n[data]\ndataset = "{task}"\ndata_dir = "{shared_glue / task}"\n'
+    config.write_text(f'[model]\ncheckpoint = "{model}"\n[data]\ndataset = "{task}"\n'
+                      f'data_dir = "{shared_glue / task}"\n'
                       f'max_length = 64\ncache_dir = "{tmp_path / "cache"}"\n[train]\nmax_steps = 1\n'
                       f'global_batch = 8\n[runtime]\noutput_dir = "{tmp_path / "run"}"\n')
     assert cli.main(["train", str(config), "--backend", "numpy"]) == 0

@@ -8,7 +8,7 @@ import numpy as np
 
 from tpuplex.collate import Encoded
 from tpuplex.config import RuntimeConfig
-from tpuplex.params import initial_params, read_hf_config
+from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec
 from tpuplex.testing.specs import classifier_spec
 from tpuplex_jax.backend import JaxBackend

@@ -36,7 +36,8 @@ def setup(tmp_path_factory, minilm_dir, shared_glue) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("workflow")
     model = write_tiny_model_reading(folder / "model", minilm_dir)
     config = folder / "config.toml"
-    config.write_text(f'[model]\ncheckpoint = "{model}"\n[data]\ndataset = "mrpc"\ndata_dir = "{shared_glue / "MRPC"}"\n'
+    config.write_text(f'[model]\ncheckpoint = "{model}"\n[data]\ndataset = "mrpc"\n'
+                      f'data_dir = "{shared_glue / "MRPC"}"\n'
                       f'max_length = 64\nbuckets = [32, 64]\ncache_dir = "{folder / "cache"}"\n'
                       '[train]\nlearning_rate = 1e-3\nmax_steps = 12\nglobal_batch = 16\n'
                       f'[runtime]\noutput_dir = "{folder / "runs" / "{backend}"}"\n')

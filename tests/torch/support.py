@@ -8,7 +8,7 @@ import numpy as np
 
 from tpuplex.collate import Batcher, Encoded
 from tpuplex.config import RuntimeConfig
-from tpuplex.params import initial_params, read_hf_config
+from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.testing.specs import classifier_spec
 from tpuplex.testing.tiny_bert import write_tiny_bert

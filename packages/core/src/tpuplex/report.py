@@ -44,7 +44,8 @@ def table(runs: Sequence[tuple[Path, dict[str, Any]]]) -> str:
     for folder, results in runs:
         shown = ", ".join(f"{split} {name} {value if name == 'loss' else 100 * value:.2f}"
                           for split, metrics in results["metrics"].items() for name, value in metrics.items())
-        cells = (folder.name, results.get("dataset", results["task"]), results["backend"], str(results["config"]["train"]["seed"]),
+        cells = (folder.name, results.get("dataset", results["task"]), results["backend"],
+                 str(results["config"]["train"]["seed"]),
                  str(results["step"]), shown, f"{results['wall_seconds'] / 60:.1f} min",
                  f"{results['train']['examples_per_s']:.1f}", f"{results['eval']['examples_per_s']:.1f}",
                  str(results["compile_count"]), results["config_hash"])

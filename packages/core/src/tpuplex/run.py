@@ -25,9 +25,9 @@ from typing import Any
 from tpuplex import devices, hosts, models, params, registry, runs, tasks
 from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.config import Config
+from tpuplex.data.tokens import load_tokenizer
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
-from tpuplex.data.tokens import load_tokenizer
 from tpuplex.models import user
 from tpuplex.protocol import Backend, ModelSpec, OptimizerSpec
 from tpuplex.reporting import Reporter
@@ -112,7 +112,8 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
         if trainer.hosts.writer:
             write_json_atomic(run.output_dir / runs.RUN_FILE, runs.record(config))
         reporter.say(f"{backend_name}: {run.topology.report()}")
-        reporter.record("start", 0, task=run.task.name, dataset=run.data.name, backend=backend_name, topology=run.topology.report(),
+        reporter.record("start", 0, task=run.task.name, dataset=run.data.name, backend=backend_name,
+                        topology=run.topology.report(),
                         config_hash=config.hash(), total_steps=trainer.total_steps)
         result = trainer.fit(run.state, reporter, resume)
         results = {

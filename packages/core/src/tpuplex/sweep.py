@@ -79,7 +79,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
                                           "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
                                           "values": values.tolist()}
     first = runs[0]
-    return {"task": first.get("dataset", first["task"]), "backend": first["backend"], "seeds": seeds, "metrics": metrics,
+    return {"task": first.get("dataset", first["task"]), "backend": first["backend"], "seeds": seeds,
+            "metrics": metrics,
             "runs": [run["output_dir"] for run in runs]}
 
 

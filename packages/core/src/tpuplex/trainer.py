@@ -51,8 +51,8 @@ from tpuplex.hosts import Hosts
 from tpuplex.preemption import Preempted, SignalWatch
 from tpuplex.protocol import Backend, Batch, PortableState
 from tpuplex.reporting import Reporter
-from tpuplex.tasks.base import TaskData
 from tpuplex.schedule import warmup_linear_decay, warmup_steps
+from tpuplex.tasks.base import TaskData
 
 CHECKPOINTS_DIR = "checkpoints"
 PROFILE_DIR = "profile"

@@ -24,8 +24,8 @@ import tensorflow as tf  # noqa: E402
 from tpuplex import models  # noqa: E402
 from tpuplex.errors import TpuplexError  # noqa: E402
 from tpuplex.models import Architecture, Family, user  # noqa: E402
-from tpuplex.tasks import Head  # noqa: E402
 from tpuplex.protocol import ModelSpec  # noqa: E402
+from tpuplex.tasks import Head  # noqa: E402
 
 if keras.backend.backend() != "tensorflow":
     raise TpuplexError(
@@ -149,7 +149,8 @@ class _Block(keras.layers.Layer):
                 **dense_variables(f"{prefix}.value", self.value),
                 **dense_variables(f"{prefix}.attention_output", self.attention_output),
                 **norm_variables(f"{prefix}.attention_norm", self.attention_norm),
-                **dense_variables(f"{prefix}.intermediate", self.intermediate), **dense_variables(f"{prefix}.output", self.output_dense),
+                **dense_variables(f"{prefix}.intermediate", self.intermediate),
+                **dense_variables(f"{prefix}.output", self.output_dense),
                 **norm_variables(f"{prefix}.output_norm", self.output_norm)}
 
 

@@ -29,9 +29,9 @@ from tokenizers.implementations import BertWordPieceTokenizer
 
 from tpuplex.collate import Encoded
 from tpuplex.errors import TpuplexError
+from tpuplex.glue.datasets import Dataset
 from tpuplex.glue.files import Examples
 from tpuplex.glue.sources import Source, resolve_source
-from tpuplex.glue.datasets import Dataset
 
 PAD_ID = 0
 # Bump when the arrays written for the same inputs change, so old cache files are not reused.

@@ -83,7 +83,8 @@ DATASETS: dict[str, Dataset] = {
              ("question1", "question2")),
         Dataset("mnli", "MNLI", ("entailment", "neutral", "contradiction"), ("accuracy",), _PAIR, "gold_label",
              ("premise", "hypothesis"), eval_splits=("dev_matched", "dev_mismatched")),
-        Dataset("qnli", "QNLI", _ENTAILMENT, ("accuracy",), ("question", "sentence"), "label", ("question", "sentence")),
+        Dataset("qnli", "QNLI", _ENTAILMENT, ("accuracy",), ("question", "sentence"), "label",
+                ("question", "sentence")),
         Dataset("rte", "RTE", _ENTAILMENT, ("accuracy",), _PAIR, "label", _PAIR),
         Dataset("wnli", "WNLI", _BINARY, ("accuracy",), _PAIR, "label", _PAIR),
     )

@@ -23,12 +23,12 @@ def classifier(hf_config: Mapping[str, Any], num_labels: int) -> Head:
     return classifier_head(family, arch, hf_config, num_labels)
 
 
-def classifier_spec(checkpoint_dir: Path, hf_config: Mapping[str, Any], num_labels: int = 2, seed: int = 0,
+def classifier_spec(directory: Path, hf_config: Mapping[str, Any], num_labels: int = 2, seed: int = 0,
                     **fields: Any) -> ModelSpec:
     """The checkpoint as a sequence classifier, its head drawn with `seed`."""
     head = classifier(hf_config, num_labels)
     return ModelSpec(task=SEQUENCE_CLASSIFICATION, head=head, hf_config=hf_config,
-                     params=initial_params(checkpoint_dir, hf_config, head, seed), **fields)
+                     params=initial_params(directory, hf_config, head, seed), **fields)
 
 
 def user_classifier_spec(architecture: str, num_labels: int, **fields: Any) -> ModelSpec:
@@ -37,8 +37,8 @@ def user_classifier_spec(architecture: str, num_labels: int, **fields: Any) -> M
                      params={}, architecture=architecture, **fields)
 
 
-def masked_lm_spec(checkpoint_dir: Path, hf_config: Mapping[str, Any], seed: int = 0, **fields: Any) -> ModelSpec:
+def masked_lm_spec(directory: Path, hf_config: Mapping[str, Any], seed: int = 0, **fields: Any) -> ModelSpec:
     """The checkpoint with its family's masked-LM head (missing parts drawn with `seed`)."""
     head = masked_lm_head(*models.architecture_of(hf_config))
     return ModelSpec(task=MASKED_LM, head=head, hf_config=hf_config,
-                     params=initial_params(checkpoint_dir, hf_config, head, seed), **fields)
+                     params=initial_params(directory, hf_config, head, seed), **fields)

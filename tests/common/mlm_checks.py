@@ -1,0 +1,100 @@
+"""The masked-LM checks every backend session runs on every family: per-token losses equal HF transformers'
+`*ForMaskedLM` (torch), training with the core's masks follows the torch backend, and the decoder stays tied to the
+word embeddings (one parameter, under the family's HF names)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch.nn.functional as F
+import transformers
+
+import torch
+from tpuplex.collate import Batcher
+from tpuplex.config import RuntimeConfig
+from tpuplex.data.tokens import load_tokenizer
+from tpuplex.params import expected_shapes, read_hf_config
+from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex.tasks.masked_lm import data as text
+from tpuplex.testing.specs import masked_lm_spec
+from tpuplex_torch.backend import TorchBackend
+from tpuplex_torch.testing import SENTENCES
+
+MAX_LENGTH = 16
+
+
+def spec(directory: Path) -> ModelSpec:
+    return masked_lm_spec(directory, read_hf_config(directory), dropout=False, checkpoint_dir=directory)
+
+
+def batches(directory: Path, global_batch: int, count: int, probability: float = 0.3) -> list[dict[str, np.ndarray]]:
+    """`count` masked batches of the tiny corpus packed into rows of MAX_LENGTH, masks drawn per step."""
+    tokenizer = text.untruncated_tokenizer(directory, MAX_LENGTH)
+    packed = text.encode_packed(list(SENTENCES) * 8, tokenizer, MAX_LENGTH, "the tiny corpus")
+    mask, special = text.mask_id(tokenizer, directory), text.special_ids(tokenizer)
+    vocab = load_tokenizer(directory, MAX_LENGTH).get_vocab_size(with_added_tokens=True)
+    raw, epoch = [], 0
+    while len(raw) < count:
+        raw += Batcher(packed, global_batch, 1, seed=0).train_batches(epoch)
+        epoch += 1
+    masked = []
+    for step, batch in enumerate(raw[:count], start=1):
+        ids, labels, weight = text.mask_tokens(batch["input_ids"], batch["attention_mask"], batch["weight"],
+                                               np.random.default_rng([0, step]), probability, mask, vocab, special)
+        masked.append({**batch, "input_ids": ids, "labels": labels, "weight": weight})
+    return masked
+
+
+def hf_token_losses(model_spec: ModelSpec, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """HF's own `*ForMaskedLM` with the core's parameters (tied decoder): per-token cross-entropy [B, L] and
+    argmax [B, L], in eval mode."""
+    settings = {k: v for k, v in model_spec.hf_config.items() if k not in ("architectures", "transformers_version")}
+    config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings)
+    reference = transformers.AutoModelForMaskedLM.from_config(config).eval()
+    state = {name: torch.from_numpy(array) for name, array in model_spec.params.items()}
+    tied = reference._tied_weights_keys or {}
+    reference.load_state_dict(state | {alias: state[target] for alias, target in tied.items()}, strict=True)
+    inputs = {key: torch.from_numpy(np.asarray(batch[key])).long() for key in ("input_ids", "attention_mask")}
+    if model_spec.hf_config.get("model_type") in ("bert", "albert", "electra"):
+        inputs["token_type_ids"] = torch.from_numpy(batch["token_type_ids"]).long()
+    with torch.no_grad():
+        logits = reference(**inputs).logits
+    labels = torch.from_numpy(batch["labels"]).long()
+    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    return losses.view(labels.shape).numpy(), logits.argmax(-1).numpy()
+
+
+def check_token_losses_match_hf(backend, directory: Path) -> None:
+    """Per-token cross-entropy (every position, a function of all V logits) equals HF's to 1e-4, and the most
+    likely token is HF's."""
+    model_spec, batch = spec(directory), batches(directory, 4, 1)[0]
+    outputs = backend.predict(backend.init(model_spec, OptimizerSpec()), batch)
+    losses, best = hf_token_losses(model_spec, batch)
+    assert outputs.shape == (*batch["input_ids"].shape, 2)
+    np.testing.assert_allclose(outputs[..., 0], losses, atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(outputs[..., 1], (best == batch["labels"]).astype(np.float32))
+
+
+def train_losses(backend, model_spec: ModelSpec, steps: list[dict[str, np.ndarray]]) -> tuple[list[float], object]:
+    state = backend.init(model_spec, OptimizerSpec())
+    losses = []
+    for index, batch in enumerate(steps):
+        state, loss = backend.train_step(state, batch, 1e-3 * min(1.0, (index + 1) / 5))
+        losses.append(loss)
+    return losses, state
+
+
+def check_training_follows_torch(backend, directory: Path) -> None:
+    """20 steps on the same masks, dropout off: the torch backend's losses to 1e-3 (relative); the model learns;
+    the decoder stays the word embeddings (no decoder parameter of its own)."""
+    model_spec, steps = spec(directory), batches(directory, 8, 20)
+    expected, _ = train_losses(TorchBackend(RuntimeConfig()), model_spec, steps)
+    losses, state = train_losses(backend, model_spec, steps)
+    np.testing.assert_allclose(losses, expected, rtol=1e-3)
+    assert np.mean(expected[-5:]) < np.mean(expected[:5])
+    params = backend.state_to_arrays(state).params
+    assert {name: array.shape for name, array in params.items()} == expected_shapes(model_spec.hf_config,
+                                                                                     model_spec.head)
+    assert not any("decoder.weight" in name or name.endswith(("lm_head.weight", "vocab_projector.weight"))
+                   for name in params)
