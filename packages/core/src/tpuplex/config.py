@@ -151,13 +151,14 @@ class Config:
         identity of an existing experiment."""
         defaults = Config().to_dict()
         computed = {section: {name: value for name, value in fields.items()
-                              if (section, name) not in OUTPUT_FIELDS and value != defaults[section][name]}
+                              if (section, name) not in OUTPUT_FIELDS and value != defaults[section].get(name, _UNSET)}
                     for section, fields in self.to_dict().items()}
         if not computed["task"]:  # the section came after the others: at its default it leaves hashes as they were
             del computed["task"]
         return hashlib.sha256(json.dumps(computed, sort_keys=True).encode()).hexdigest()[:16]
 
 
+_UNSET = object()  # a task option has no default in Config(): any value given counts
 OUTPUT_FIELDS = (("data", "cache_dir"), ("runtime", "output_dir"), ("runtime", "eval_every"),
                  ("runtime", "checkpoint_every"), ("runtime", "keep_checkpoints"), ("runtime", "log_every"),
                  ("runtime", "profile_steps"), ("runtime", "on_preempt"), ("runtime", "host_timeout"))

@@ -93,7 +93,7 @@ def _tf_config_tasks() -> list[tuple[str, int]]:
         return [(job, index) for job in ("chief", "worker") for index in range(len(cluster.get(job, [])))]
     except (ValueError, KeyError, TypeError, AttributeError):
         raise TpuplexError("TF_CONFIG is not a JSON object with a \"cluster\" of \"worker\" addresses: fix it "
-                           "(see the README's multi-host section), or unset it for a single-process run") from None
+                           "(see docs/multihost.md), or unset it for a single-process run") from None
 
 
 def _multi_worker(runtime: RuntimeConfig, found: Topology,

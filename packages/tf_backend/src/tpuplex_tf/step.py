@@ -22,7 +22,7 @@ per bucket length. Prediction uses the same path with k = 1 and gathers the repl
 replica order, which is row order.
 No `tf.data` pipeline: the rows are already in host memory, and a pipeline built inside every call costs its
 iterator's set-up and tear-down each step (measured at [32, 128] on a 2-core CPU: some calls end with a ~500 ms wait
-with no op running, see README "Why the fixed tf step was slower than Keras `fit`").
+with no op running, see docs/investigations/tf-step.md).
 
 The learning rates arrive as a float32 tensor [k], so a new value never retraces. Dropout seeds are derived from
 (optimizer seed, optimizer step, replica, micro-batch), so a resumed run draws the same masks.
