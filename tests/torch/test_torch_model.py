@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from support import backend, encoded, model_spec, tiny_spec
@@ -53,4 +55,4 @@ def test_initial_parameters_that_do_not_fit_the_model_are_named(tmp_path):
     params["classifier.weight"] = np.zeros((5, 32), np.float32)
     del params["bert.pooler.dense.bias"]
     with pytest.raises(TpuplexError, match=r"missing: bert.pooler.dense.bias.*wrong shape: classifier.weight"):
-        backend().init(type(spec)(spec.hf_config, params, spec.num_labels, dropout=False), OptimizerSpec())
+        backend().init(dataclasses.replace(spec, params=params, dropout=False), OptimizerSpec())
