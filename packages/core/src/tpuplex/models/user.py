@@ -47,19 +47,25 @@ def add_search_path(folder: Path) -> None:
         sys.path.append(str(folder))
 
 
-def resolve(architecture: str, backend: str) -> Any:
-    """The object `module:attribute` names for `backend`, imported now; one clear error naming it on failure."""
-    check_import_path(architecture)
-    module_name, attribute = architecture.replace("{backend}", backend).split(":")
-    add_search_path(Path.cwd())
+def import_object(path: str, field: str) -> Any:
+    """The object `package.module:attribute` names, imported now; `field` (e.g. "task.name = 'x'") starts the one
+    clear error when it cannot be."""
+    module_name, attribute = path.split(":")
     try:
         found: Any = importlib.import_module(module_name)
         for part in attribute.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as error:
-        raise TpuplexError(f"model.architecture = {architecture!r} cannot be imported ({type(error).__name__}: "
-                           f"{error}): make {module_name} importable (pip install -e your package, or add its "
-                           "folder to PYTHONPATH)") from None
+        raise TpuplexError(f"{field} cannot be imported ({type(error).__name__}: {error}): make {module_name} "
+                           "importable (pip install -e your package, or add its folder to PYTHONPATH)") from None
+    return found
+
+
+def resolve(architecture: str, backend: str) -> Any:
+    """The object `module:attribute` names for `backend`, imported now; one clear error naming it on failure."""
+    check_import_path(architecture)
+    add_search_path(Path.cwd())
+    found = import_object(architecture.replace("{backend}", backend), f"model.architecture = {architecture!r}")
     if not callable(found):
         raise TpuplexError(f"model.architecture = {architecture!r} is a {type(found).__name__}, not a class or "
                            "function: name the model's class")

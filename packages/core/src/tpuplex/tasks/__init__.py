@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpuplex.errors import TpuplexError
+from tpuplex.models.user import import_object
 from tpuplex.tasks.base import Head, Task, TaskData
 
 BUILTIN: dict[str, str] = {
@@ -32,15 +33,7 @@ def get(name: str) -> Task:
     if not _IMPORT_PATH.match(path):
         raise TpuplexError(f"task.name = {name!r} is not a task: use one of {', '.join(BUILTIN)} or the import path "
                            "of your own, \"package.module:TASK\"")
-    module_name, attribute = path.split(":")
-    try:
-        found: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as error:
-        raise TpuplexError(f"task.name = {name!r} cannot be imported ({type(error).__name__}: {error}): make "
-                           f"{module_name} importable (pip install -e your package, or add its folder to "
-                           "PYTHONPATH)") from None
+    found = import_object(path, f"task.name = {name!r}")
     if not isinstance(found, Task):
         raise TpuplexError(f"task.name = {name!r} is a {type(found).__name__}, not a tpuplex.tasks.Task instance")
     return found

@@ -109,7 +109,6 @@ class MaskedLM(Task):
             text.text_file(f"data.eval_files[{index}]", spec)
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> MaskedLMData:
-        self.check(config, options)
         data = config.data
         tokenizer = text.untruncated_tokenizer(tokenizer_dir, data.max_length)
         mask = text.mask_id(tokenizer, tokenizer_dir)
@@ -127,9 +126,9 @@ class MaskedLM(Task):
                                    f"task.validation_fraction = {options.validation_fraction} and train on the rest")
             held_out["validation"], documents = documents[:count], documents[count:]
         cache = Path(data.cache_dir).expanduser()
-        train = text.packed_cached(documents, tokenizer_dir, data.max_length, cache, f"{train_file.path}")
-        evaluation = {split: text.packed_cached(texts, tokenizer_dir, data.max_length, cache, f"held-out {split}")
-                      for split, texts in held_out.items()}
+        train = text.packed_cached(documents, tokenizer, tokenizer_dir, data.max_length, cache, f"{train_file.path}")
+        evaluation = {split: text.packed_cached(texts, tokenizer, tokenizer_dir, data.max_length, cache,
+                                                f"held-out {split}") for split, texts in held_out.items()}
         return MaskedLMData(data.dataset, train, evaluation, seed=config.train.seed,
                             probability=options.mask_probability, mask=mask,
                             vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),

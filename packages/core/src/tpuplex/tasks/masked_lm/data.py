@@ -79,8 +79,10 @@ def encode_packed(texts: list[str], tokenizer: Tokenizer, max_length: int, what:
     return pack(ids, max_length)
 
 
-def packed_cached(texts: list[str], tokenizer_dir: Path, max_length: int, cache_dir: Path, what: str) -> Encoded:
-    """`encode_packed` through the token cache, keyed by the text, the tokenizer files and max_length."""
+def packed_cached(texts: list[str], tokenizer: Tokenizer, tokenizer_dir: Path, max_length: int, cache_dir: Path,
+                  what: str) -> Encoded:
+    """`encode_packed` with `tokenizer` (untruncated, loaded from `tokenizer_dir`) through the token cache, keyed
+    by the text, the tokenizer files and max_length."""
     key = hashlib.sha256()
     for part in (CACHE_FORMAT, tokenizers.__version__, max_length, *texts):
         key.update(repr(part).encode() + b"\0")
@@ -91,7 +93,7 @@ def packed_cached(texts: list[str], tokenizer_dir: Path, max_length: int, cache_
     cached = read_cache(path)
     if cached is not None:
         return cached
-    encoded = encode_packed(texts, untruncated_tokenizer(tokenizer_dir, max_length), max_length, what)
+    encoded = encode_packed(texts, tokenizer, max_length, what)
     write_cache(path, encoded)
     return encoded
 
