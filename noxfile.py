@@ -72,7 +72,7 @@ def _pytest(session: nox.Session, folder: str, **env: str) -> None:
 
 @nox.session(name="tests-core", python="3.11")
 def tests_core(session: nox.Session) -> None:
-    _install(session, f"{CORE}[data,report]", *TEST_DEPS, "scikit-learn", "scipy", MINILM)
+    _install(session, f"{CORE}[data,report]", *TEST_DEPS, "scikit-learn", "scipy", "seqeval", MINILM)
     _pytest(session, "core")
 
 

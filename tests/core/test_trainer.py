@@ -92,7 +92,7 @@ class SplitData(TaskData):
     eval: dict[str, Encoded]
     metric_fn: Any
 
-    def metrics(self, outputs, labels, weight):
+    def metrics(self, split, outputs, labels, weight):
         return {**self.metric_fn(outputs, labels), "loss": mean_loss(outputs, labels)}
 
 

@@ -29,7 +29,7 @@ class Encoded:
     """A tokenized split, right-padded to the tokenizer's max length.
 
     input_ids, token_type_ids: int32 [N, max_length]; lengths: int32 [N] real tokens per row (>= 1);
-    labels: int32 [N] (class index) or float32 [N] (regression).
+    labels: int32 [N] (class index), float32 [N] (regression), or int32 [N, max_length] (one per token).
     """
 
     input_ids: np.ndarray
@@ -229,6 +229,6 @@ class Batcher:
             "input_ids": np.ascontiguousarray(data.input_ids[rows, :length], dtype=np.int32),
             "token_type_ids": np.ascontiguousarray(data.token_type_ids[rows, :length], dtype=np.int32),
             "attention_mask": (positions[None, :] < data.lengths[rows, None]).astype(np.int32),
-            "labels": data.labels[rows],
+            "labels": data.labels[rows, :length] if data.labels.ndim == 2 else data.labels[rows],
             "weight": weight,
         }

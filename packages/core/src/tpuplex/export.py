@@ -59,7 +59,7 @@ def write_hf(found: runs.Found, folder: Path) -> None:
     family = models.family_of(hf_config)
     task = tasks.get(config.task.name)
     exported = {**hf_config, "architectures": [task.hf_class(family, hf_config["model_type"])],
-                **task.export_config(config.data)}
+                **task.export_config(config)}
     (folder / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
     weights = load_file(found.checkpoint / "model.safetensors")
     # transformers reads the "format" metadata to know the tensors are in torch layout.

@@ -110,7 +110,7 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
     resume = trainer.find_resume_point()  # before the Reporter: a refused resume writes nothing
     with Reporter(run.output_dir, write=trainer.hosts.writer) as reporter:
         if trainer.hosts.writer:
-            write_json_atomic(run.output_dir / runs.RUN_FILE, runs.record(config))
+            write_json_atomic(run.output_dir / runs.RUN_FILE, runs.record(config, run.data.pinned_options()))
         reporter.say(f"{backend_name}: {run.topology.report()}")
         reporter.record("start", 0, task=run.task.name, dataset=run.data.name, backend=backend_name,
                         topology=run.topology.report(),
@@ -129,6 +129,7 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
             "steps_per_epoch": trainer.steps_per_epoch,
             "train": result.train.summary(),
             "eval": result.eval.summary(),
+            "data": run.data.report(),
             "buckets": list(trainer.train_batcher.lengths),
             "padding_efficiency": {
                 "train": round(trainer.train_batcher.padding_efficiency(train=True), 4),

@@ -37,9 +37,10 @@ class Found:
     config_hash: str
 
 
-def record(config: Config) -> dict[str, Any]:
-    """The content of `<output_dir>/run.json`, which `tpuplex train` writes before its first step."""
-    return {"config": config.to_dict(), "directory": os.getcwd()}
+def record(config: Config, pinned_options: dict[str, Any]) -> dict[str, Any]:
+    """The content of `<output_dir>/run.json`, which `tpuplex train` writes before its first step: the config,
+    the directory, and the task options the data decided (`TaskData.pinned_options`)."""
+    return {"config": config.to_dict(), "directory": os.getcwd(), "task_options": pinned_options}
 
 
 def locate(path: str | Path, data_dir: str | None = None) -> Found:
@@ -71,6 +72,9 @@ def locate(path: str | Path, data_dir: str | None = None) -> Found:
     except (ValueError, KeyError, TypeError) as error:
         raise TpuplexError(f"{recorded} is unreadable ({type(error).__name__}): restore it from the run") from None
     config = _rebased(given, Path(written.get("directory", ".")))
+    pinned = written.get("task_options") or {}
+    config = dataclasses.replace(config, task=dataclasses.replace(config.task, options={**config.task.options,
+                                                                                        **pinned}))
     if data_dir is not None:
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, data_dir=data_dir))
     return Found(run_dir, step_dir, config, given.hash())

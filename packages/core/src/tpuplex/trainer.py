@@ -243,7 +243,7 @@ class Trainer:
         started = time.perf_counter()
         batcher = self.eval_batchers[split]
         gathered = self.gather(state, batcher, what)
-        metrics = self.data.metrics(gathered.outputs, gathered.labels, gathered.weight)
+        metrics = self.data.metrics(split, gathered.outputs, gathered.labels, gathered.weight)
         return metrics, gathered.work.timed(time.perf_counter() - started)
 
     def predict(self, state: Any, batcher: Batcher, what: str = "prediction") -> tuple[np.ndarray, Throughput]:

@@ -84,10 +84,19 @@ class TaskData:
         """An evaluation batch from the Batcher's rows; `index` [B] is each row's example (-1 for padding)."""
         return batch
 
-    def metrics(self, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
-        """The split's metrics from every example's predict outputs [N, ...] and its evaluation batch's labels
-        and weight (per row [N], or per token [N, max_length])."""
+    def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
+        """The metrics of eval split `split` from every example's predict outputs [N, ...] and its evaluation
+        batch's labels and weight (per row [N], or per token [N, max_length])."""
         raise NotImplementedError
+
+    def pinned_options(self) -> dict[str, Any]:
+        """Task options the data decided (the tag set), recorded in run.json: eval, predict and export of the run
+        use them, whatever the files hold by then."""
+        return {}
+
+    def report(self) -> dict[str, Any]:
+        """What results.json says about the data beyond its splits' sizes (e.g. words cut at max_length)."""
+        return {}
 
     def splits(self) -> dict[str, Encoded]:
         """Every split to check (train, eval, test)."""
@@ -121,7 +130,7 @@ class Task:
         """HF's class for this task and `model_type` (`BertForMaskedLM`): an HF export's "architectures"."""
         raise NotImplementedError
 
-    def export_config(self, data_config: Any) -> dict[str, Any]:
+    def export_config(self, config: Any) -> dict[str, Any]:
         """Entries an exported HF config.json gets besides the family's own (labels, problem type)."""
         return {}
 

@@ -1,5 +1,5 @@
-"""ModelSpecs for tests: a checkpoint's model with the sequence-classification or the masked-LM head, as
-`tpuplex.run.prepare` builds them (heads and initial parameters from the core)."""
+"""ModelSpecs for tests: a checkpoint's model with a task's head (sequence classification, masked LM, token
+classification), as `tpuplex.run.prepare` builds them (heads and initial parameters from the core)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from tpuplex.tasks.masked_lm import TASK as MASKED_LM
 from tpuplex.tasks.masked_lm.heads import masked_lm_head
 from tpuplex.tasks.sequence_classification import TASK as SEQUENCE_CLASSIFICATION
 from tpuplex.tasks.sequence_classification.heads import classifier_head
+from tpuplex.tasks.token_classification import TASK as TOKEN_CLASSIFICATION
+from tpuplex.tasks.token_classification.heads import token_classifier_head
 
 
 def classifier(hf_config: Mapping[str, Any], num_labels: int) -> Head:
@@ -41,4 +43,12 @@ def masked_lm_spec(directory: Path, hf_config: Mapping[str, Any], seed: int = 0,
     """The checkpoint with its family's masked-LM head (missing parts drawn with `seed`)."""
     head = masked_lm_head(*models.architecture_of(hf_config))
     return ModelSpec(task=MASKED_LM, head=head, hf_config=hf_config,
+                     params=initial_params(directory, hf_config, head, seed), **fields)
+
+
+def token_classifier_spec(directory: Path, hf_config: Mapping[str, Any], num_labels: int, seed: int = 0,
+                          **fields: Any) -> ModelSpec:
+    """The checkpoint as a token classifier for `num_labels` tags, its head drawn with `seed`."""
+    head = token_classifier_head(*models.architecture_of(hf_config), hf_config, num_labels)
+    return ModelSpec(task=TOKEN_CLASSIFICATION, head=head, hf_config=hf_config,
                      params=initial_params(directory, hf_config, head, seed), **fields)

@@ -77,7 +77,7 @@ class MaskedLMData(TaskData):
                                                self.probability, self.mask, self.vocab_size, self.special)
         return {**batch, "input_ids": ids, "labels": labels, "weight": weight}
 
-    def metrics(self, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
+    def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
         """outputs [N, L, 2]: each token's cross-entropy and whether its prediction is right."""
         total = max(float(weight.sum()), 1.0)
         loss = float((weight * outputs[..., 0]).sum() / total)

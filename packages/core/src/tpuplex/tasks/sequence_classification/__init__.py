@@ -45,7 +45,7 @@ class ClassificationData(TaskData):
     def num_labels(self) -> int:
         return self.dataset.num_labels
 
-    def metrics(self, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
+    def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
         return {**compute(self.dataset, outputs, labels), "loss": mean_loss(outputs, labels)}
 
 
@@ -78,8 +78,8 @@ class SequenceClassification(Task):
     def hf_class(self, family: Family, model_type: str) -> str:
         return FAMILY_HEADS[family.name].hf_classes[family.model_types.index(model_type)]
 
-    def export_config(self, data_config: Any) -> dict[str, Any]:
-        dataset = dataset_sources(data_config).dataset
+    def export_config(self, config: Any) -> dict[str, Any]:
+        dataset = dataset_sources(config.data).dataset
         labels = dataset.labels or ("score",)
         return {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)},
                 "problem_type": "regression" if dataset.is_regression else "single_label_classification"}

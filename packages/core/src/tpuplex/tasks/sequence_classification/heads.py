@@ -31,7 +31,7 @@ class ClassifierHead(Head):
         return dataclasses.replace(self, dropout=0.0)
 
 
-def _hidden_dropout(config: ConfigReader) -> float:
+def hidden_dropout(config: ConfigReader) -> float:
     """`classifier_dropout`, falling back to `hidden_dropout_prob` as HF's BERT-style classifiers do."""
     rate = config.get("classifier_dropout", float, None)
     return config.get("hidden_dropout_prob", float, 0.1) if rate is None else rate
@@ -49,13 +49,13 @@ class _FamilyHead:
 
 FAMILY_HEADS: dict[str, _FamilyHead] = {
     "bert": _FamilyHead(("BertForSequenceClassification",), "bert.pooler.dense", "classifier", "tanh", False,
-                        _hidden_dropout),
+                        hidden_dropout),
     "roberta": _FamilyHead(("RobertaForSequenceClassification", "XLMRobertaForSequenceClassification"),
-                           "classifier.dense", "classifier.out_proj", "tanh", True, _hidden_dropout),
+                           "classifier.dense", "classifier.out_proj", "tanh", True, hidden_dropout),
     "distilbert": _FamilyHead(("DistilBertForSequenceClassification",), "pre_classifier", "classifier", "relu",
                               False, lambda config: config.get("seq_classif_dropout", float, 0.2)),
     "electra": _FamilyHead(("ElectraForSequenceClassification",), "classifier.dense", "classifier.out_proj", "gelu",
-                           True, _hidden_dropout),
+                           True, hidden_dropout),
     "albert": _FamilyHead(("AlbertForSequenceClassification",), "albert.pooler", "classifier", "tanh", False,
                           lambda config: config.get("classifier_dropout_prob", float, 0.1)),
 }
