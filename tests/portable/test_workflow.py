@@ -7,28 +7,17 @@ The run: a tiny random BERT reading real MRPC through MiniLM's tokenizer, 12 ste
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from fresh_process import LOGIT_TOLERANCE, METRIC_TOLERANCE, run_python, tpuplex
 from tiny_glue import write_tiny_model_reading
 
 from tpuplex import runs, workflow
 from tpuplex.glue import get_dataset, read_split
 
-METRIC_TOLERANCE = 1e-6
-LOGIT_TOLERANCE = 1e-5
 EXAMPLES = 48  # dev examples whose logits the exported models must reproduce
-
-
-def tpuplex(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "tpuplex", *args], capture_output=True, text=True, check=False,
-                          timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -77,14 +66,6 @@ def tpuplex_logits(trained) -> tuple[np.ndarray, dict[str, np.ndarray], list[str
               "attention_mask": mask[:EXAMPLES]}
     text = read_split(get_dataset("mrpc"), "dev", found.config.data.data_dir)
     return logits[:EXAMPLES], arrays, text.text_a[:EXAMPLES], text.text_b[:EXAMPLES]
-
-
-def run_python(script: str, *args: str) -> np.ndarray:
-    """`script` in a fresh interpreter (only what it imports is loaded); it prints a JSON list of logits."""
-    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=False,
-                          timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert done.returncode == 0, done.stderr
-    return np.array(json.loads(done.stdout.strip().splitlines()[-1]), np.float32)
 
 
 TRANSFORMERS_SCRIPT = """

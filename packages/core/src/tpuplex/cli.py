@@ -32,6 +32,7 @@ from tpuplex import config as config_lib
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import HOST_LOST_EXIT, HostLost
 from tpuplex.preemption import PREEMPTED_EXIT, Preempted
+from tpuplex.reporting import headline
 
 USAGE_ERROR = 2
 INTERNAL_ERROR = 1
@@ -141,7 +142,7 @@ def _train(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, data_dir=args.data_dir))
     results = run.train(config, args.backend, config_path=args.config)
     for split, metrics in results["metrics"].items():
-        print(f"{split}: " + ", ".join(f"{name} {value:.4f}" for name, value in metrics.items()))
+        print(f"{split}: {headline(metrics)}")
     print(f"results: {Path(results['output_dir']) / run.RESULTS_FILE}")
     return 0
 

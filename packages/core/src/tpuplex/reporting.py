@@ -114,6 +114,12 @@ class Reporter:
             self._log.close()
 
 
+def headline(metrics: dict[str, float]) -> str:
+    """The metrics as one console line: the headline ones only (`name value`); per-class details such as
+    `person/f1` stay in results.json and log.jsonl."""
+    return ", ".join(f"{name} {value:.4f}" for name, value in metrics.items() if "/" not in name)
+
+
 def _plain(value: Any) -> Any:
     """numpy scalars and paths in log records, as JSON numbers and strings."""
     if hasattr(value, "item"):

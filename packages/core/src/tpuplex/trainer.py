@@ -50,7 +50,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.hosts import Hosts
 from tpuplex.preemption import Preempted, SignalWatch
 from tpuplex.protocol import Backend, Batch, PortableState
-from tpuplex.reporting import Reporter
+from tpuplex.reporting import Reporter, headline
 from tpuplex.schedule import warmup_linear_decay, warmup_steps
 from tpuplex.tasks.base import TaskData
 
@@ -470,8 +470,7 @@ class _Run:
             self.eval_throughput += work
             self.metrics[split] = metrics
             self.reporter.record("eval", self.at.step, split=split, **metrics)
-            shown = ", ".join(f"{name} {value:.4f}" for name, value in metrics.items())
-            self.reporter.say(f"step {self.at.step} {split}: {shown}")
+            self.reporter.say(f"step {self.at.step} {split}: {headline(metrics)}")
         self.last_eval_step = self.at.step
         self._window_start = time.perf_counter()  # evaluation time is not training throughput
 
