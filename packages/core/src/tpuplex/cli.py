@@ -74,8 +74,9 @@ def _write_traceback() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tpuplex", description="Fine-tune one GLUE experiment on TPU, GPU or CPU "
-                                     "with TensorFlow, PyTorch or JAX.")
+    parser = argparse.ArgumentParser(prog="tpuplex", description="Train one experiment (classify texts, tag "
+                                     "tokens, pre-train a masked LM) on TPU, GPU or CPU with TensorFlow, PyTorch or "
+                                     "JAX: the same config and the same numbers on each.")
     parser.add_argument("--version", action="version", version=f"tpuplex {__version__}")
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
