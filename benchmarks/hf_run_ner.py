@@ -20,13 +20,9 @@ mean and sample std of dev and test F1 and the tokens/s ratio.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
+from seeds import run_tpuplex, side_by_side
 from seqeval.metrics import f1_score
 from transformers import (
     AutoModelForTokenClassification,
@@ -97,11 +93,7 @@ def hf_seed(seed: int, recipe, model_dir: Path, splits: dict[str, tagged.Sentenc
 
 
 def tpuplex_seed(seed: int, out: Path) -> dict[str, float]:
-    run_dir = out / f"tpuplex-{seed}"
-    subprocess.run([sys.executable, "-m", "tpuplex", "train", str(CONFIG), "--backend", "torch", "--set",
-                    f"train.seed={seed}", "--set", f'runtime.output_dir="{run_dir}"'], check=True, cwd=ROOT,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    results = json.loads((run_dir / "results.json").read_text())
+    results = run_tpuplex(CONFIG, "torch", seed, out / f"tpuplex-{seed}")
     metrics = results["metrics"]
     return {"run": "tpuplex-torch", "seed": seed, "train_tokens_per_s": results["train"]["tokens_per_s"],
             "dev_f1": metrics["emerging.dev"]["f1"], "test_f1": metrics["emerging.test"]["f1"]}
@@ -113,29 +105,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/ner-bench"))
     args = parser.parse_args()
     recipe = config_lib.load(CONFIG)
-    os.chdir(ROOT)
     model_dir = params.resolve_checkpoint(recipe.model.checkpoint)
     files = {"train": recipe.data.train_file, "dev": recipe.data.eval_files[0], "test": recipe.data.eval_files[1]}
-    splits = {name: tagged.read_sentences(tagged.data_file(name, spec), -1, "tokens", "tags")
+    splits = {name: tagged.read_sentences(tagged.data_file(name, str(ROOT / spec)), -1, "tokens", "tags")
               for name, spec in files.items()}
     tags = tagged.tag_set(splits["train"])
-    rows = []
-    for seed in map(int, args.seeds.split(",")):
-        rows.append(hf_seed(seed, recipe, model_dir, splits, tags, args.out))
-        print(json.dumps(rows[-1]), flush=True)
-        rows.append(tpuplex_seed(seed, args.out))
-        print(json.dumps(rows[-1]), flush=True)
-    summary = {}
-    for name in ("hf", "tpuplex-torch"):
-        mine = [row for row in rows if row["run"] == name]
-        summary[name] = {key: (round(float(np.mean([r[key] for r in mine])), 4),
-                               round(float(np.std([r[key] for r in mine], ddof=1)), 4) if len(mine) > 1 else 0.0)
-                         for key in ("dev_f1", "test_f1", "train_tokens_per_s")}
-    summary["tokens_per_s_ratio"] = round(summary["tpuplex-torch"]["train_tokens_per_s"][0]
-                                          / summary["hf"]["train_tokens_per_s"][0], 3)
-    print(json.dumps(summary, indent=1))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=1) + "\n")
+    side_by_side([int(seed) for seed in args.seeds.split(",")],
+                 {"hf": lambda seed: hf_seed(seed, recipe, model_dir, splits, tags, args.out),
+                  "tpuplex-torch": lambda seed: tpuplex_seed(seed, args.out)},
+                 ("dev_f1", "test_f1", "train_tokens_per_s"), args.out)
 
 
 if __name__ == "__main__":
