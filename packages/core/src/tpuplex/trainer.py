@@ -187,7 +187,7 @@ class Trainer:
                 while at.step < self.total_steps:
                     run.epoch()
             finally:
-                run.stop_profile()
+                run.profiler.stop()
             if run.last_eval_step != at.step or not run.metrics:
                 run.evaluate()
             if run.last_checkpoint_step != at.step:
@@ -300,8 +300,87 @@ class ResumePoint:
     damaged: tuple[str, ...]
 
 
+class _Cadence:
+    """When the run evaluates, checkpoints and profiles (runtime.eval_every, checkpoint_every, profile_steps): every
+    N steps, or at each epoch's end when N is 0; the last step always evaluates."""
+
+    def __init__(self, runtime: Any, total_steps: int):
+        self.eval_every, self.checkpoint_every = runtime.eval_every, runtime.checkpoint_every
+        self.profile = tuple(runtime.profile_steps)
+        self.total_steps = total_steps
+
+    def evaluates_after(self, step: int) -> bool:
+        return step == self.total_steps or bool(self.eval_every and step % self.eval_every == 0)
+
+    def saves_after(self, step: int) -> bool:
+        return bool(self.checkpoint_every and step % self.checkpoint_every == 0)
+
+    def next_boundary(self, step: int, stop: int) -> int:
+        """The first step after `step` (at most `stop`) after which something other than training happens: a step
+        group must not cross it."""
+        candidates = [stop] + [(step // every + 1) * every for every in (self.eval_every, self.checkpoint_every)
+                               if every > 0]
+        if self.profile:
+            first, last = self.profile
+            candidates += [edge for edge in (first - 1, last) if edge > step]
+        return min(candidates)
+
+
+class _LossLog:
+    """The "train" records: the mean loss, learning rate and examples/s of each `log_every` steps."""
+
+    def __init__(self, trainer: Trainer, reporter: Reporter):
+        self.trainer, self.reporter = trainer, reporter
+        self.every = trainer.config.runtime.log_every
+        self._losses: list[float] = []
+        self._examples = 0
+        self.restart_clock()
+
+    def add(self, step: int, loss: float, epoch: int) -> None:
+        self._losses.append(loss)
+        self._examples += self.trainer.config.train.global_batch
+        if step % self.every == 0:
+            elapsed = time.perf_counter() - self._started
+            self.reporter.record("train", step, epoch=epoch, loss=float(np.mean(self._losses)),
+                                 learning_rate=self.trainer.learning_rate(step),
+                                 examples_per_s=round(self._examples / elapsed, 2) if elapsed > 0 else 0.0)
+            self._losses, self._examples = [], 0
+            self.restart_clock()
+
+    def restart_clock(self) -> None:
+        """Start timing the window afresh (evaluation and checkpoint time is not training throughput)."""
+        self._started = time.perf_counter()
+
+
+class _Profiler:
+    """The backend's profiler over the steps runtime.profile_steps names, written to `<output_dir>/profile`."""
+
+    def __init__(self, trainer: Trainer, reporter: Reporter):
+        self.backend, self.reporter = trainer.backend, reporter
+        self.steps = trainer.profile
+        self.folder = trainer.output_dir / PROFILE_DIR
+        self.running = False
+
+    def before_step(self, step: int) -> None:
+        if self.steps and not self.running and self.steps[0] <= step <= self.steps[1]:
+            self.backend.start_profile(self.folder)
+            self.running = True
+
+    def after_step(self, step: int) -> None:
+        if self.running and step >= self.steps[1]:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.running:
+            self.backend.stop_profile()
+            self.running = False
+            self.reporter.say(f"profile written to {self.folder}")
+
+
 class _Run:
-    """The mutable side of one `Trainer.fit` call: state, position, the metrics so far, and the cadence."""
+    """The mutable side of one `Trainer.fit` call: state, position and the metrics so far. It trains step groups
+    (`epoch`), and hands the cadence, the loss records and the profile to the parts above; evaluation, checkpoints
+    and preemption are its own."""
 
     def __init__(self, trainer: Trainer, state: Any, at: _Position, reporter: Reporter, signals: SignalWatch):
         self.trainer = trainer
@@ -310,20 +389,15 @@ class _Run:
         self.state = state
         self.at = at
         self.reporter = reporter
-        runtime = trainer.config.runtime
-        self.eval_every = runtime.eval_every
-        self.checkpoint_every = runtime.checkpoint_every
-        self.log_every = runtime.log_every
+        self.cadence = _Cadence(trainer.config.runtime, trainer.total_steps)
+        self.log = _LossLog(trainer, reporter)
+        self.profiler = _Profiler(trainer, reporter)
         self.metrics: dict[str, dict[str, float]] = {}
         self.losses: list[float] = []
         self.last_eval_step = self.last_checkpoint_step = -1
         self.train_throughput = Throughput()
         self.eval_throughput = Throughput()
-        self.profiling = False
         self.compiles_by_epoch: dict[int, int] = {}
-        self._window: list[float] = []
-        self._window_examples = 0
-        self._window_start = time.perf_counter()
 
     # -- training ----------------------------------------------------------------------------------------
 
@@ -335,7 +409,7 @@ class _Run:
         while at.step < stop:
             started = time.perf_counter()
             group = self._next_group(batches, stop)
-            self._maybe_start_profile()
+            self.profiler.before_step(at.step + 1)
             losses = self._run_group(group)
             elapsed = time.perf_counter() - started
             for batch in group:
@@ -345,9 +419,9 @@ class _Run:
             self._stop_if_signalled()
         if at.position == trainer.steps_per_epoch:
             at.epoch, at.position = at.epoch + 1, 0
-            if self.eval_every == 0 and self.last_eval_step != at.step:
+            if self.cadence.eval_every == 0 and self.last_eval_step != at.step:
                 self.evaluate()
-            if self.checkpoint_every == 0:
+            if self.cadence.checkpoint_every == 0:
                 self.save()
             # Cumulative programs at each epoch's end: equal counts after the first mean no recompilation.
             self.compiles_by_epoch[at.epoch] = self.backend.compile_count()
@@ -358,22 +432,13 @@ class _Run:
         evaluation/checkpoint/profile boundary and all its batches share one shape."""
         k = self.trainer.config.train.steps_per_execution
         group = [next(batches)]
-        if k > 1 and self._next_boundary(stop) - self.at.step >= k:
+        if k > 1 and self.cadence.next_boundary(self.at.step, stop) - self.at.step >= k:
             shape = group[0]["input_ids"].shape
             # A shape change may cut the group short; `_run_group` then runs its batches one by one.
             while len(group) < k and batches.peek() is not None and batches.peek()["input_ids"].shape == shape:
                 group.append(next(batches))
         task = self.trainer.data
         return [task.train_batch(batch, self.at.step + 1 + offset) for offset, batch in enumerate(group)]
-
-    def _next_boundary(self, stop: int) -> int:
-        step = self.at.step
-        candidates = [stop] + [(step // every + 1) * every for every in (self.eval_every, self.checkpoint_every)
-                               if every > 0]
-        if self.trainer.profile:
-            first, last = self.trainer.profile
-            candidates += [edge for edge in (first - 1, last) if edge > step]
-        return min(candidates)
 
     def _run_group(self, group: list[Batch]) -> list[float]:
         first = self.at.step + 1
@@ -396,20 +461,16 @@ class _Run:
             step = at.step + offset + 1
             if not math.isfinite(loss):
                 self._stop(step, f"loss became {loss}")
-            self._window.append(loss)
-            self._window_examples += self.trainer.config.train.global_batch
-            if step % self.log_every == 0:
-                self._log_window(step)
+            self.log.add(step, loss, at.epoch)
         at.step += len(losses)
         at.position += len(losses)
         self.losses.extend(losses)
         self.reporter.advance(at.step, losses[-1], self.train_throughput.summary()["examples_per_s"])
-        if self.profiling and at.step >= self.trainer.profile[1]:
-            self.stop_profile()
+        self.profiler.after_step(at.step)
         # The last step always evaluates here, before any save, so its checkpoint holds the final metrics.
-        if at.step == self.trainer.total_steps or (self.eval_every and at.step % self.eval_every == 0):
+        if self.cadence.evaluates_after(at.step):
             self.evaluate()
-        if self.checkpoint_every and at.step % self.checkpoint_every == 0:
+        if self.cadence.saves_after(at.step):
             self.save()
 
     def _stop_if_signalled(self) -> None:
@@ -424,18 +485,6 @@ class _Run:
         self.reporter.record("preempted", self.at.step, signal=received, checkpoint=str(path))
         raise Preempted(received, self.at.step, path)
 
-    def _log_window(self, step: int) -> None:
-        """One "train" record: mean loss and examples/s since the previous one (a group's steps share its time)."""
-        self.reporter.record("train", step, epoch=self.at.epoch, loss=float(np.mean(self._window)),
-                             learning_rate=self.trainer.learning_rate(step),
-                             examples_per_s=self._rate(self._window_examples))
-        self._window, self._window_examples = [], 0
-        self._window_start = time.perf_counter()
-
-    def _rate(self, examples: int) -> float:
-        elapsed = time.perf_counter() - self._window_start
-        return round(examples / elapsed, 2) if elapsed > 0 else 0.0
-
     def _stop(self, step: int, what: str) -> None:
         """End training on a diverged state, naming the last good checkpoint (none is written of this one)."""
         last_good = checkpoint.latest(self.trainer.checkpoint_root)
@@ -445,21 +494,6 @@ class _Run:
                    "runtime.output_dir")
         self.reporter.record("error", step, message=message)
         raise TpuplexError(message)
-
-    # -- profile ------------------------------------------------------------------------------------------
-
-    def _maybe_start_profile(self) -> None:
-        if self.trainer.profile and not self.profiling:
-            first, last = self.trainer.profile
-            if first <= self.at.step + 1 <= last:
-                self.backend.start_profile(self.trainer.output_dir / PROFILE_DIR)
-                self.profiling = True
-
-    def stop_profile(self) -> None:
-        if self.profiling:
-            self.backend.stop_profile()
-            self.profiling = False
-            self.reporter.say(f"profile written to {self.trainer.output_dir / PROFILE_DIR}")
 
     # -- evaluation and checkpoints ------------------------------------------------------------------------
 
@@ -472,7 +506,7 @@ class _Run:
             self.reporter.record("eval", self.at.step, split=split, **metrics)
             self.reporter.say(f"step {self.at.step} {split}: {headline(metrics)}")
         self.last_eval_step = self.at.step
-        self._window_start = time.perf_counter()  # evaluation time is not training throughput
+        self.log.restart_clock()
 
     def save(self) -> None:
         """Checkpoint the current state, refusing a state whose parameters are no longer finite. Process 0 writes;
@@ -504,7 +538,7 @@ class _Run:
         path = trainer.checkpoint_root / checkpoint.step_dir_name(at.step)
         self.reporter.record("checkpoint", at.step, path=str(path))
         self.last_checkpoint_step = at.step
-        self._window_start = time.perf_counter()
+        self.log.restart_clock()
 
 
 class _Lookahead:
