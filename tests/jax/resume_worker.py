@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from jax_helpers import backend, model_spec
+from helpers import backend, model_spec
 from test_resume import DEVICES, optimizer_spec, planned_steps
 
 from tpuplex import checkpoint

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from jax_helpers import backend, batch_of, encoded_split, model_spec
+from helpers import backend, batch_of, encoded_split, model_spec
 
 from tpuplex.collate import Batcher
 from tpuplex.protocol import OptimizerSpec

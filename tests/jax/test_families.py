@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hf_families as families
 import pytest
-from jax_helpers import backend
+from helpers import backend
 
 
 @pytest.fixture(scope="module", params=families.FAMILIES)

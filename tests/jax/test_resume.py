@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from jax_helpers import backend, encoded_split, model_spec
+from helpers import backend, encoded_split, model_spec
 
 from tpuplex import checkpoint
 from tpuplex.collate import Batcher

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import user_model_checks as checks
-from jax_helpers import backend
+from helpers import backend
 
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import OptimizerSpec

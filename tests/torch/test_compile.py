@@ -4,7 +4,7 @@ one compiled program per batch shape and none after the shapes have been seen.""
 from __future__ import annotations
 
 import numpy as np
-from support import assert_params_close, backend, learning_rates, run, tiny_spec, train_batches
+from helpers import assert_params_close, backend, learning_rates, run, tiny_spec, train_batches
 
 from tpuplex.protocol import OptimizerSpec
 

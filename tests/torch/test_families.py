@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import backend
 from hf_families import FAMILIES, check_logits_match_hf, check_parameter_names, write_checkpoint
-from support import backend
 
 import torch
 from tpuplex.errors import TpuplexError

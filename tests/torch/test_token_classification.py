@@ -6,7 +6,7 @@ from __future__ import annotations
 import hf_families as families
 import ner_checks
 import pytest
-from support import backend
+from helpers import backend
 
 
 @pytest.fixture(scope="module", params=families.FAMILIES)

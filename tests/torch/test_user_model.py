@@ -3,14 +3,14 @@ that cannot be imported, or returns the wrong shape, is one clear error naming i
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import user_model_checks as checks
-from support import backend
+from helpers import backend
 
 import torch
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import OptimizerSpec
+from tpuplex.tasks.sequence_classification import mean_loss
 
 
 class WrongShape(torch.nn.Module):
@@ -32,11 +32,19 @@ def test_parameters_keep_torch_names():
     assert {"embedding.weight", "convolutions.0.weight", "classifier.bias"} <= names
 
 
-def test_dropout_off_makes_training_predictions_deterministic():
+@pytest.mark.parametrize("dropout", [False, True])
+def test_dropout_off_trains_on_the_eval_mode_outputs(dropout):
+    """The first step's training loss is the cross-entropy of the eval-mode logits exactly when dropout is off."""
     torch_backend = backend()
-    state = torch_backend.init(checks.spec(dropout=False), OptimizerSpec())
+    state = torch_backend.init(checks.spec(dropout=dropout), OptimizerSpec())
     batch = checks.batches(1)[0]
-    np.testing.assert_array_equal(torch_backend.predict(state, batch), torch_backend.predict(state, batch))
+    real = batch["weight"] > 0
+    expected = mean_loss(torch_backend.predict(state, batch)[real], batch["labels"][real])
+    _, loss = torch_backend.train_step(state, batch, 1e-3)
+    if dropout:
+        assert abs(loss - expected) > 1e-3
+    else:
+        assert loss == pytest.approx(expected, abs=1e-6)
 
 
 def test_a_model_with_the_wrong_output_shape_is_named():

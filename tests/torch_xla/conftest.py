@@ -1,4 +1,4 @@
-"""The XLA session shares the eager session's helpers (tests/torch/support.py).
+"""The XLA session shares the eager session's helpers (tests/torch/helpers.py).
 
 pytest puts tests/ on sys.path for the top-level conftest; there the folders tests/jax and tests/torch_xla pass
 for namespace packages, and torch_xla's optional `import jax` would find the folder (jax is not installed here)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import BUCKETS, assert_params_close, backend, encoded, learning_rates, run, tiny_spec, train_batches
+from helpers import BUCKETS, assert_params_close, backend, encoded, learning_rates, run, tiny_spec, train_batches
 
 from tpuplex.collate import Batcher
 from tpuplex.errors import TpuplexError
@@ -68,7 +68,7 @@ def test_evaluation_of_a_ragged_split_counts_every_example_once(spec, two_epochs
 EAGER_TWIN = """
 import sys
 import numpy as np
-from support import backend, learning_rates, run, tiny_spec, train_batches
+from helpers import backend, learning_rates, run, tiny_spec, train_batches
 eager = backend()
 state, losses = run(eager, tiny_spec(sys.argv[1]), train_batches({batch}, 2, replicas=4), learning_rates(2))
 np.savez(sys.argv[2], losses=np.array(losses), **eager.state_to_arrays(state).params)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from jax_helpers import backend, batch_of, encoded_split, model_spec
+from helpers import backend, batch_of, encoded_split, model_spec
 from transformers import BertConfig, BertForSequenceClassification
 
 import torch

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from jax_helpers import backend, batch_of, encoded_split, model_spec
+from helpers import backend, batch_of, encoded_split, model_spec
 
 from tpuplex import registry
 from tpuplex.config import RuntimeConfig

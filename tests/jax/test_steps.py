@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from jax_helpers import backend, batch_of, encoded_split, model_spec
-from test_model_parity import torch_reference
+from helpers import backend, batch_of, encoded_split, model_spec
+from test_model import torch_reference
 
 import torch
 from tpuplex.protocol import OptimizerSpec, decays

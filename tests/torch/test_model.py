@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from support import backend, encoded, model_spec, tiny_spec
+from helpers import backend, encoded, model_spec, tiny_spec
 from transformers import BertConfig, BertForSequenceClassification
 
 import torch
