@@ -131,6 +131,9 @@ def test_an_interrupted_sweep_keeps_its_finished_seeds(write_config, tmp_path) -
 @pytest.mark.parametrize(("args", "message"), [
     (["eval", "{empty}", "--backend", "numpy"], "holds no checkpoint"),
     (["eval", "{missing}", "--backend", "numpy"], "does not exist: give a run folder"),
+    (["eval", "{config}", "--backend", "numpy"], "config.toml is a file: give a run folder"),
+    (["predict", "{run}", "--backend", "numpy", "--split", "dev", "--out", "{config}"],
+     "is a file: give a folder for the prediction files"),
     (["eval", "{run}", "--backend", "numpy", "--split", "test"], "has no evaluation split 'test'"),
     (["predict", "{run}", "--backend", "numpy", "--split", "dev_matched"], "has no split 'dev_matched'"),
     (["predict", "{run}", "--backend", "numpy"], "test.tsv does not exist"),
@@ -141,6 +144,7 @@ def test_an_interrupted_sweep_keeps_its_finished_seeds(write_config, tmp_path) -
 def test_bad_input_is_one_line_and_writes_nothing(trained, args, message, tmp_path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
+    (tmp_path / "config.toml").write_text("[train]\nseed = 1\n")
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     names = {"empty": empty, "missing": tmp_path / "missing", "run": trained, "config": tmp_path / "config.toml"}
     done = run_module(*(arg.format(**names) for arg in args), cwd=tmp_path)

@@ -52,6 +52,9 @@ def locate(path: str | Path, data_dir: str | None = None) -> Found:
         problem = checkpoint.verify(step_dir)
         if problem:
             raise TpuplexError(f"checkpoint {step_dir} is damaged ({problem}): give another checkpoint of the run")
+    elif path.is_file():
+        raise TpuplexError(f"{path} is a file: give a run folder (runtime.output_dir of a tpuplex train run) or one "
+                           "of its checkpoints/step-* folders")
     elif path.is_dir():
         run_dir = path
         step_dir = checkpoint.latest_good(path / "checkpoints", lambda line: None)

@@ -59,6 +59,9 @@ def predict(path: str | Path, backend_name: str, split: str = "test", data_dir: 
     `out` (default `<run>/predictions/<step>-<backend>/`): GLUE's submission files for GLUE test splits, else
     `<split>.tsv`. Returns split -> file. Files appear whole: they are written beside and renamed into place."""
     found = runs.locate(path, data_dir)
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise TpuplexError(f"--out {out} is a file: give a folder for the prediction files (it is created if "
+                           "missing)")
     task = tasks.get(found.config.task.name)
     sources = task.prediction_sources(found.config, split)  # checked before any backend starts
     experiment, state = restore(found, backend_name)
