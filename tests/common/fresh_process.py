@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -14,10 +15,10 @@ METRIC_TOLERANCE = 1e-6
 LOGIT_TOLERANCE = 1e-5
 
 
-def tpuplex(*args: str) -> str:
-    """`python -m tpuplex *args`, which must succeed; its stdout."""
+def tpuplex(*args: str, cwd: Path | None = None) -> str:
+    """`python -m tpuplex *args` (run in `cwd`), which must succeed; its stdout."""
     done = subprocess.run([sys.executable, "-m", "tpuplex", *args], capture_output=True, text=True, check=False,
-                          timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                          timeout=600, cwd=cwd, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

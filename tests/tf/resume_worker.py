@@ -22,8 +22,9 @@ def main(checkpoint_path: str, model_dir: str, stop: int, out: str) -> None:
     start = trainer_state["position"]
     state, _ = tf_backend.train_steps(state, batches[start:stop], rates[start:stop])
     final = tf_backend.state_to_arrays(state)
-    np.savez(out, step=final.step, **{f"param.{k}": v for k, v in final.params.items()},
-             **{f"exp_avg_sq.{k}": v for k, v in final.exp_avg_sq.items()})
+    np.savez(out, step=final.step, **{f"params/{k}": v for k, v in final.params.items()},
+             **{f"exp_avg/{k}": v for k, v in final.exp_avg.items()},
+             **{f"exp_avg_sq/{k}": v for k, v in final.exp_avg_sq.items()})
 
 
 if __name__ == "__main__":
