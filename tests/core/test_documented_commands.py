@@ -1,0 +1,54 @@
+"""Every `tpuplex` command the README and docs/ tell a user to paste is one the CLI accepts: its flags parse, the
+config it names exists (from the folder a preceding `cd` in the same block enters) and loads with its `--set`
+overrides, and its `--data-dir` exists. (The example configs themselves train in tests/torch/test_examples.py.)"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tpuplex import cli, config
+
+REPO = Path(__file__).resolve().parents[2]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+PLACEHOLDERS = {"CONFIG", "reviews.toml"}
+"""Config names the docs use for "your config" (the text beside them shows its content)."""
+BLOCK = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", re.S)
+
+
+def documented_commands() -> list[tuple[str, Path, list[str]]]:
+    """(where, working folder, argv after `tpuplex`) of every tpuplex command in a shell block."""
+    found = []
+    for document in DOCUMENTS:
+        for block in BLOCK.findall(document.read_text()):
+            folder = REPO
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                words = shlex.split(line, comments=True)
+                if words[:1] == ["cd"]:
+                    folder = (folder / words[1]).resolve()
+                elif words[:1] == ["tpuplex"]:
+                    found.append((f"{document.relative_to(REPO)}: {line.strip()[:70]}", folder, words[1:]))
+    return found
+
+
+COMMANDS = documented_commands()
+
+
+def test_the_docs_document_commands():
+    assert len(COMMANDS) >= 30
+
+
+@pytest.mark.parametrize(("where", "folder", "argv"), COMMANDS, ids=[where for where, _, _ in COMMANDS])
+def test_a_documented_command_is_one_the_cli_accepts(where, folder, argv, shared_glue):
+    if argv[:1] == ["launch"]:
+        argv = argv[argv.index("--") + 1:]
+    args = cli._parser().parse_args(argv)
+    if getattr(args, "config", None) is not None and str(args.config) not in PLACEHOLDERS:
+        path = folder / args.config
+        assert path.is_file(), f"{where}: {path} does not exist"
+        config.load(path, args.overrides)
+    if getattr(args, "data_dir", None):
+        assert (folder / args.data_dir).is_dir(), f"{where}: --data-dir {args.data_dir} does not exist"
