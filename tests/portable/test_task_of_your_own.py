@@ -45,5 +45,7 @@ def test_every_backend_trains_the_external_task_alike(losses):
 
 
 def test_the_external_loss_is_not_the_built_in_one(losses):
+    """The same first parameters give another loss (near ln 2 for two classes smoothing moves it little, but far
+    more than float32 rounding), and the two runs then train apart."""
     plain, smoothed = np.array(losses["built-in-torch"]), np.array(losses["smoothing-torch"])
-    assert np.all(np.abs(smoothed - plain) > 1e-3 * np.abs(plain))
+    assert abs(smoothed[0] - plain[0]) > 1e-5 and np.abs(smoothed - plain).max() > 1e-3

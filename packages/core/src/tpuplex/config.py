@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuplex.errors import TpuplexError
-from tpuplex.models.user import check_import_path
+from tpuplex.models.user import add_search_path, check_import_path
 from tpuplex.text import read_utf8
 
 
@@ -182,7 +182,11 @@ _LABEL_LISTS = {("data", "labels")}
 
 
 def load(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
-    """Read a TOML config (or start from defaults when `path` is None), apply overrides, validate."""
+    """Read a TOML config (or start from defaults when `path` is None), apply overrides, validate. A task of your
+    own (`[task] name = "module:TASK"`) imports from the current directory or the config file's folder."""
+    add_search_path(Path.cwd())
+    if path is not None:
+        add_search_path(Path(path).resolve().parent)
     raw = _read(Path(path), ()) if path is not None else {}
     for override in overrides:
         _apply_override(raw, override)

@@ -21,6 +21,7 @@ from tpuplex import checkpoint
 from tpuplex import config as config_lib
 from tpuplex.config import Config
 from tpuplex.errors import TpuplexError
+from tpuplex.models.user import add_search_path
 
 RUN_FILE = "run.json"
 _PATH_FIELDS = {"model": ("checkpoint",), "data": ("data_dir", "train_file", "test_file", "cache_dir")}
@@ -71,6 +72,7 @@ def locate(path: str | Path, data_dir: str | None = None) -> Found:
                            "the folder a tpuplex train run wrote, with the checkpoint under its checkpoints/")
     try:
         written = json.loads(recorded.read_text(encoding="utf-8"))
+        add_search_path(Path(written.get("directory", ".")))  # a task of your own imports as it did in training
         given = config_lib.from_dict(written["config"])
     except (ValueError, KeyError, TypeError) as error:
         raise TpuplexError(f"{recorded} is unreadable ({type(error).__name__}): restore it from the run") from None
