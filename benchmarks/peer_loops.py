@@ -161,6 +161,8 @@ def flax_glue_step(state, batch: dict, dropout_rng, train: bool = True):
 
     def loss_fn(params):
         logits = state.apply_fn(**batch, params=params, dropout_rng=dropout_rng, train=train)[0]
+        if logits.shape[-1] == 1:  # run_flax_glue's mse_loss for a regression task (STS-B)
+            return ((logits[..., 0] - labels) ** 2).mean()
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
@@ -226,7 +228,8 @@ def keras_fit(model_dir: Path, num_labels: int, batches: Batches, recipe) -> dic
 
     spec = tf.TensorSpec([None, None], tf.int32)
     dataset = tf.data.Dataset.from_generator(examples, output_signature=(
-        {"input_ids": spec, "token_type_ids": spec, "attention_mask": spec}, tf.TensorSpec([None], tf.int32)))
+        {"input_ids": spec, "token_type_ids": spec, "attention_mask": spec},
+        tf.TensorSpec([None], tf.float32 if num_labels == 1 else tf.int32)))  # STS-B's labels are scores
 
     class EpochClock(tf.keras.callbacks.Callback):
         def __init__(self):
