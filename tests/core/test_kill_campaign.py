@@ -17,4 +17,4 @@ def test_ten_kills_then_resume_equal_an_uninterrupted_run(write_config, tmp_path
 
     landed = run_campaign(argv(killed), killed, argv(whole), whole, "tpuplex.testing.numpy_backend:NumpyBackend")
     print("kills landed:", landed)
-    assert len(landed) == 10 and landed.count("write") == 4
+    assert len(landed) == 10 and landed.count("write") >= 4
