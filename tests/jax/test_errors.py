@@ -82,4 +82,6 @@ def test_profiler_writes_a_trace(initialised, tmp_path):
     jax_backend.start_profile(tmp_path)
     jax_backend.predict(state, batch_of(encoded_split(16)))
     jax_backend.stop_profile()
-    assert list(tmp_path.rglob("*.xplane.pb"))
+    # Where TensorBoard's profile plugin looks: <logdir>/plugins/profile/<run>/<host>.xplane.pb
+    traces = list(tmp_path.glob("plugins/profile/*/*.xplane.pb"))
+    assert traces and all(trace.stat().st_size > 0 for trace in traces)

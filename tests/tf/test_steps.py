@@ -95,4 +95,6 @@ def test_profiler_window_writes_a_trace(backend, tiny_dir, tmp_path):
     backend.start_profile(tmp_path)
     backend.train_step(state, batch, 1e-3)
     backend.stop_profile()
-    assert list(tmp_path.rglob("*.xplane.pb"))
+    # Where TensorBoard's profile plugin looks: <logdir>/plugins/profile/<run>/<host>.xplane.pb
+    traces = list(tmp_path.glob("plugins/profile/*/*.xplane.pb"))
+    assert traces and all(trace.stat().st_size > 0 for trace in traces)

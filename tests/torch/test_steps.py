@@ -4,6 +4,7 @@ in a fresh process, and clear errors for bad input."""
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import subprocess
 import sys
 import textwrap
@@ -175,5 +176,7 @@ def test_eager_compiles_nothing_and_profiles_into_the_log_dir(tmp_path):
     torch_backend.train_step(state, train_batches(8, 1)[0], 1e-3)
     torch_backend.stop_profile()
     assert torch_backend.compile_count() == 0
-    assert any((tmp_path / "trace").iterdir())
+    # What TensorBoard's torch profiler plugin reads: <logdir>/<worker>.<time>.pt.trace.json (Chrome trace events)
+    traces = list((tmp_path / "trace").glob("*.pt.trace.json"))
+    assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
 
