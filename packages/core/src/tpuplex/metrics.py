@@ -94,6 +94,14 @@ REGRESSION_METRICS = ("pearson", "spearman")
 """Metrics of predicted scores."""
 
 
+def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Cross-entropy of each row of logits [..., C] against int labels [...], in float64: shape [...]."""
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return -np.take_along_axis(log_probs, labels[..., None].astype(np.int64), axis=-1)[..., 0]
+
+
 def compute(task: Dataset, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """The task's official metrics and its GLUE leaderboard `score`.
 

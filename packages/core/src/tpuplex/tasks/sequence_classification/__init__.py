@@ -21,7 +21,7 @@ from tpuplex.collate import Encoded
 from tpuplex.data.custom import CustomData, dataset_sources
 from tpuplex.data.tokens import encode_cached
 from tpuplex.glue import Dataset, GlueData, Source
-from tpuplex.metrics import compute
+from tpuplex.metrics import compute, cross_entropy
 from tpuplex.models import Architecture, Family
 from tpuplex.tasks.base import Task, TaskData
 from tpuplex.tasks.sequence_classification.heads import FAMILY_HEADS, ClassifierHead, classifier_head
@@ -105,12 +105,9 @@ class SequenceClassification(Task):
 
 def mean_loss(logits: np.ndarray, labels: np.ndarray) -> float:
     """Mean cross-entropy of logits [N, C] against class labels [N], or mean squared error when C == 1."""
-    logits = logits.astype(np.float64)
     if logits.shape[1] == 1:
-        return float(np.mean((logits[:, 0] - labels) ** 2))
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    return float(-np.mean(log_probs[np.arange(len(labels)), labels]))
+        return float(np.mean((logits[:, 0].astype(np.float64) - labels) ** 2))
+    return float(np.mean(cross_entropy(logits, labels)))
 
 
 def predictions(dataset: Dataset, logits: np.ndarray) -> list[str]:

@@ -36,6 +36,7 @@ from tpuplex.collate import Encoded
 from tpuplex.data.tables import DataFile
 from tpuplex.data.tokens import load_tokenizer
 from tpuplex.errors import TpuplexError
+from tpuplex.metrics import cross_entropy
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
 from tpuplex.tasks.base import Task, TaskData
@@ -77,8 +78,8 @@ class TokenData(TaskData):
         aligned = self.aligned[split]
         predicted = self.word_tags(aligned, outputs)
         gold = [[self.tags[tag] for tag in sentence] for sentence in aligned.tag_ids]
-        return {**scores(gold, predicted), "loss": _mean_cross_entropy(outputs, labels, weight),
-                "cut_words": float(aligned.cut_words)}
+        loss = float((weight * cross_entropy(outputs, labels)).sum() / max(float(weight.sum()), 1.0))
+        return {**scores(gold, predicted), "loss": loss, "cut_words": float(aligned.cut_words)}
 
     def word_tags(self, aligned: tagged.Aligned, outputs: np.ndarray) -> list[list[str]]:
         """Each word's predicted tag: the argmax at its first sub-token, O for a word with no position."""
@@ -101,14 +102,6 @@ def scored(batch: Batch) -> Batch:
     labels = batch["labels"]
     weight = (labels >= 0).astype(np.float32) * np.asarray(batch["weight"], np.float32)[:, None]
     return {**batch, "labels": np.maximum(labels, 0).astype(np.int32), "weight": weight}
-
-
-def _mean_cross_entropy(logits: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> float:
-    logits = logits.astype(np.float64)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-    chosen = np.take_along_axis(log_probs, labels[..., None].astype(np.int64), axis=-1)[..., 0]
-    return float(-(weight * chosen).sum() / max(float(weight.sum()), 1.0))
 
 
 class TokenClassification(Task):
