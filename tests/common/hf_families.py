@@ -4,6 +4,7 @@ HF transformers' logits, and training losses. The checkpoints come from `tpuplex
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import transformers
@@ -21,7 +22,7 @@ from tpuplex_torch.backend import TorchBackend
 from tpuplex_torch.testing import FAMILIES, SENTENCES, write_checkpoint
 
 __all__ = ["FAMILIES", "check_logits_match_hf", "check_parameter_names", "check_training_follows_torch", "eval_batch",
-           "hf_logits", "model_spec", "train_batches", "train_losses", "write_checkpoint"]
+           "follows_torch", "hf_logits", "model_spec", "train", "train_batches", "train_losses", "write_checkpoint"]
 
 
 def model_spec(directory: Path, num_labels: int = 2, seed: int = 0) -> ModelSpec:
@@ -71,14 +72,33 @@ def hf_logits(spec: ModelSpec, batch: dict[str, np.ndarray]) -> np.ndarray:
         return reference(**{k: torch.from_numpy(np.asarray(v)).long() for k, v in inputs.items()}).logits.numpy()
 
 
-def train_losses(backend, spec: ModelSpec, batches: list[dict[str, np.ndarray]], peak: float = 1e-3) -> list[float]:
-    """Losses of `len(batches)` optimizer steps from the core's initial state (linear warmup over 5 steps)."""
+def train(backend, spec: ModelSpec, batches: list[dict[str, np.ndarray]], peak: float = 1e-3
+          ) -> tuple[list[float], Any]:
+    """The losses of `len(batches)` optimizer steps from the core's initial state (linear warmup over 5 steps),
+    and the state they end in."""
     state = backend.init(spec, OptimizerSpec())
     losses = []
     for index, batch in enumerate(batches):
         state, loss = backend.train_step(state, batch, peak * min(1.0, (index + 1) / 5))
         losses.append(loss)
-    return losses
+    return losses, state
+
+
+def train_losses(backend, spec: ModelSpec, batches: list[dict[str, np.ndarray]], peak: float = 1e-3) -> list[float]:
+    return train(backend, spec, batches, peak)[0]
+
+
+def follows_torch(backend, spec: ModelSpec, batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Train `backend` and the torch backend from `spec` on `batches`: the losses agree to 1e-3 (relative), the
+    model learns, and the backend's parameters are the family's HF names and shapes (`expected_shapes`), which it
+    returns."""
+    expected = train_losses(TorchBackend(RuntimeConfig()), spec, batches)
+    losses, state = train(backend, spec, batches)
+    np.testing.assert_allclose(losses, expected, rtol=1e-3)
+    assert np.mean(expected[-5:]) < np.mean(expected[:5])
+    params = backend.state_to_arrays(state).params
+    assert {name: array.shape for name, array in params.items()} == expected_shapes(spec.hf_config, spec.head)
+    return params
 
 
 # --- the checks each backend session runs on every family --------------------------------------------------------
@@ -95,11 +115,7 @@ def check_logits_match_hf(backend, directory: Path, num_labels: int) -> None:
 
 def check_training_follows_torch(backend, directory: Path) -> None:
     """20 steps, dropout off, give the torch backend's losses to 1e-3 (relative), and really train."""
-    spec = model_spec(directory)
-    batches = train_batches(directory, global_batch=8, count=20)
-    expected = train_losses(TorchBackend(RuntimeConfig()), spec, batches)
-    np.testing.assert_allclose(train_losses(backend, spec, batches), expected, rtol=1e-3)
-    assert np.mean(expected[-5:]) < np.mean(expected[:5])
+    follows_torch(backend, model_spec(directory), train_batches(directory, global_batch=8, count=20))
 
 
 def check_parameter_names(backend, directory: Path) -> None:

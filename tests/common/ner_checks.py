@@ -7,17 +7,16 @@ from pathlib import Path
 
 import numpy as np
 import transformers
+from hf_families import follows_torch
 
 import torch
 from tpuplex.collate import Batcher
-from tpuplex.config import RuntimeConfig
 from tpuplex.data.tokens import load_tokenizer
-from tpuplex.params import expected_shapes, read_hf_config
+from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.token_classification import data as tagged
 from tpuplex.tasks.token_classification import scored
 from tpuplex.testing.specs import token_classifier_spec
-from tpuplex_torch.backend import TorchBackend
 from tpuplex_torch.testing import SENTENCES
 
 MAX_LENGTH = 16
@@ -66,24 +65,8 @@ def check_logits_match_hf(backend, directory: Path) -> None:
     np.testing.assert_allclose(logits, hf_logits(model_spec, batch), atol=1e-4, rtol=0)
 
 
-def train_losses(backend, model_spec: ModelSpec, steps: list[dict[str, np.ndarray]]) -> tuple[list[float], object]:
-    state = backend.init(model_spec, OptimizerSpec())
-    losses = []
-    for index, batch in enumerate(steps):
-        state, loss = backend.train_step(state, batch, 1e-3 * min(1.0, (index + 1) / 5))
-        losses.append(loss)
-    return losses, state
-
-
 def check_training_follows_torch(backend, directory: Path) -> None:
     """20 steps, dropout off: the torch backend's losses to 1e-3 (relative); the model learns; the parameters are
     the family's under HF names, with the classifier sized for the tags."""
-    model_spec, steps = spec(directory), batches(directory, 8, 20)
-    expected, _ = train_losses(TorchBackend(RuntimeConfig()), model_spec, steps)
-    losses, state = train_losses(backend, model_spec, steps)
-    np.testing.assert_allclose(losses, expected, rtol=1e-3)
-    assert np.mean(expected[-5:]) < np.mean(expected[:5])
-    params = backend.state_to_arrays(state).params
-    assert {name: array.shape for name, array in params.items()} == expected_shapes(model_spec.hf_config,
-                                                                                     model_spec.head)
+    params = follows_torch(backend, spec(directory), batches(directory, 8, 20))
     assert params["classifier.weight"].shape[0] == len(TAGS)
