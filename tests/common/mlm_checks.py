@@ -27,22 +27,32 @@ def spec(directory: Path) -> ModelSpec:
     return masked_lm_spec(directory, read_hf_config(directory), dropout=False, checkpoint_dir=directory)
 
 
-def batches(directory: Path, global_batch: int, count: int, probability: float = 0.3) -> list[dict[str, np.ndarray]]:
-    """`count` masked batches of the tiny corpus packed into rows of MAX_LENGTH, masks drawn per step."""
+def packed_batches(directory: Path, global_batch: int, count: int) -> list[dict[str, np.ndarray]]:
+    """`count` training batches of the tiny corpus packed into rows of MAX_LENGTH, not masked yet."""
     tokenizer = text.untruncated_tokenizer(directory, MAX_LENGTH)
     packed = text.encode_packed(list(SENTENCES) * 8, tokenizer, MAX_LENGTH, "the tiny corpus")
-    mask, special = text.mask_id(tokenizer, directory), text.special_ids(tokenizer)
-    vocab = load_tokenizer(directory, MAX_LENGTH).get_vocab_size(with_added_tokens=True)
     raw, epoch = [], 0
     while len(raw) < count:
         raw += Batcher(packed, global_batch, 1, seed=0).train_batches(epoch)
         epoch += 1
-    masked = []
-    for step, batch in enumerate(raw[:count], start=1):
-        ids, labels, weight = text.mask_tokens(batch["input_ids"], batch["attention_mask"], batch["weight"],
-                                               np.random.default_rng([0, step]), probability, mask, vocab, special)
-        masked.append({**batch, "input_ids": ids, "labels": labels, "weight": weight})
-    return masked
+    return raw[:count]
+
+
+def batches(directory: Path, global_batch: int, count: int, probability: float = 0.3) -> list[dict[str, np.ndarray]]:
+    """`count` packed batches of the tiny corpus, masks drawn per step."""
+    tokenizer = text.untruncated_tokenizer(directory, MAX_LENGTH)
+    mask, special = text.mask_id(tokenizer, directory), text.special_ids(tokenizer)
+    vocab = load_tokenizer(directory, MAX_LENGTH).get_vocab_size(with_added_tokens=True)
+    return [{**batch, **text.mask_tokens(batch["input_ids"], batch["attention_mask"], batch["weight"],
+                                         np.random.default_rng([0, step]), probability, mask, vocab, special)}
+            for step, batch in enumerate(packed_batches(directory, global_batch, count), start=1)]
+
+
+def every_position(batch: dict[str, np.ndarray], original_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """A masked batch with the head run on every position [B, L], each labelled with its original id."""
+    rows, length = original_ids.shape
+    return {**batch, "masked_positions": np.tile(np.arange(length, dtype=np.int32), (rows, 1)),
+            "labels": original_ids, "weight": np.ones((rows, length), np.float32)}
 
 
 def hf_token_losses(model_spec: ModelSpec, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -66,13 +76,19 @@ def hf_token_losses(model_spec: ModelSpec, batch: dict[str, np.ndarray]) -> tupl
 
 def check_token_losses_match_hf(backend, directory: Path) -> None:
     """Per-token cross-entropy (every position, a function of all V logits) equals HF's to 1e-4, and the most
-    likely token is HF's."""
-    model_spec, batch = spec(directory), batches(directory, 4, 1)[0]
-    outputs = backend.predict(backend.init(model_spec, OptimizerSpec()), batch)
+    likely token is HF's; on the masked positions alone the head gives the same values."""
+    model_spec, masked = spec(directory), batches(directory, 4, 1)[0]
+    state = backend.init(model_spec, OptimizerSpec())
+    batch = every_position(masked, packed_batches(directory, 4, 1)[0]["input_ids"])
+    outputs = backend.predict(state, batch)
     losses, best = hf_token_losses(model_spec, batch)
     assert outputs.shape == (*batch["input_ids"].shape, 2)
     np.testing.assert_allclose(outputs[..., 0], losses, atol=1e-4, rtol=0)
     np.testing.assert_array_equal(outputs[..., 1], (best == batch["labels"]).astype(np.float32))
+    at_masks = backend.predict(state, masked)
+    expected = np.take_along_axis(outputs, masked["masked_positions"][..., None], axis=1)
+    assert at_masks.shape == (*masked["labels"].shape, 2)
+    np.testing.assert_allclose(at_masks[..., 0], expected[..., 0], atol=1e-5, rtol=0)
 
 
 def check_training_follows_torch(backend, directory: Path) -> None:

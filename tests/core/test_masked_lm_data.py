@@ -26,25 +26,35 @@ def test_tiny_shakespeare_packs_into_full_rows(shared_text, minilm_dir):
     assert {batch["input_ids"].shape for batch in batcher.train_batches(0)} == {(32, 128)}
 
 
-def test_masks_follow_hf_s_recipe_and_never_touch_special_tokens(minilm_dir):
+def test_masks_choose_15_percent_of_each_row_and_never_special_tokens(minilm_dir):
     tokenizer = text.untruncated_tokenizer(minilm_dir, 128)
     special, mask = text.special_ids(tokenizer), text.mask_id(tokenizer, minilm_dir)
     rng = np.random.default_rng(0)
     ids = rng.integers(1000, 30000, (64, 128)).astype(np.int32)
     ids[:, 0], ids[:, 60], ids[:, 127] = 101, 102, 102  # [CLS] and [SEP] inside packed rows
     attention = np.ones_like(ids)
-    attention[-1, 100:] = 0
+    attention[-1, 100:] = 0  # a short last row: 97 maskable tokens
     row_weight = np.ones(64, np.float32)
     row_weight[-1] = 0.0
-    masked, labels, weight = text.mask_tokens(ids, attention, row_weight, np.random.default_rng([7, 0, 3]), 0.15,
-                                              mask, 30522, special)
-    chosen = weight > 0  # the last row has weight 0: nothing of it counts
-    assert np.array_equal(labels, ids) and not chosen[:, [0, 60, 127]].any() and not chosen[-1].any()
-    assert 0.13 < chosen[:-1].mean() < 0.17
-    assert np.all(masked[:-1][~chosen[:-1]] == ids[:-1][~chosen[:-1]])
-    assert 0.75 < np.mean(masked[chosen] == mask) < 0.85
+    masked = text.mask_tokens(ids, attention, row_weight, np.random.default_rng([7, 0, 3]), 0.15, mask, 30522,
+                              special)
+    positions, used = masked["masked_positions"], masked["weight"] > 0
+    assert positions.shape == masked["labels"].shape == (64, text.prediction_slots(128, 0.15)) == (64, 19)
+    assert np.array_equal(used.sum(axis=1)[:-1], np.full(63, 19)) and not used[-1].any()  # 125 * 0.15 = 18.75
+    chosen = np.zeros(ids.shape, bool)  # the last row's weight is 0: nothing of it counts
+    for row in range(63):
+        row_positions = positions[row][used[row]]
+        assert np.all(np.diff(row_positions) > 0) and not np.isin(row_positions, [0, 60, 127]).any()
+        chosen[row, row_positions] = True
+    assert np.array_equal(masked["labels"][used], ids[:-1][chosen[:-1]])
+    assert np.array_equal(masked["input_ids"][:-1][~chosen[:-1]], ids[:-1][~chosen[:-1]])
+    assert 0.75 < np.mean(masked["input_ids"][chosen] == mask) < 0.85
+    assert 0.05 < np.mean(masked["input_ids"][chosen] == ids[chosen]) < 0.15  # kept (and a few drawn equal)
+    short = text.mask_tokens(ids[-1:], attention[-1:], np.ones(1, np.float32), np.random.default_rng(1), 0.15, mask,
+                             30522, special)
+    assert int(short["weight"].sum()) == 15 and np.all(short["masked_positions"][0, :15] < 100)  # round(97 * 0.15)
     again = text.mask_tokens(ids, attention, row_weight, np.random.default_rng([7, 0, 3]), 0.15, mask, 30522, special)
-    assert all(np.array_equal(a, b) for a, b in zip(again, (masked, labels, weight), strict=True))
+    assert all(np.array_equal(again[key], masked[key]) for key in masked)
 
 
 def test_the_example_config_loads_and_its_options_are_part_of_the_hash():

@@ -43,6 +43,12 @@ MODEL_INPUTS: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask"
 BATCH_KEYS: tuple[str, ...] = (*MODEL_INPUTS, "labels", "weight")
 
 
+def head_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The batch's entries beyond BATCH_KEYS: integer arrays [B, ...] the task's head takes as keyword arguments
+    (the masked LM's `masked_positions` [B, P]); every backend passes them through unchanged."""
+    return {key: value for key, value in batch.items() if key not in BATCH_KEYS}
+
+
 def decays(name: str) -> bool:
     """Whether AdamW applies weight decay to the parameter `name` (HF naming): not to biases nor LayerNorm."""
     return not (name.endswith(".bias") or "LayerNorm" in name or "layer_norm" in name)

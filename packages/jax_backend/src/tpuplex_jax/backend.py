@@ -26,7 +26,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows
 from tpuplex.models import user
 from tpuplex.params import check_names, expected_shapes
-from tpuplex.protocol import MODEL_INPUTS, BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
+from tpuplex.protocol import MODEL_INPUTS, BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState, head_inputs
 from tpuplex_jax import checkpoint, step
 from tpuplex_jax.devices import select_devices
 from tpuplex_jax.model import Naming, TaskModel, param_template, to_flax
@@ -157,5 +157,5 @@ class JaxBackend(BackendBase):
 
 
 def _keys(batch: Batch) -> tuple[str, ...]:
-    """The batch's model inputs and the task's targets (labels, and weight when given)."""
-    return (*MODEL_INPUTS, *(key for key in ("labels", "weight") if key in batch))
+    """The batch's model inputs, the task's targets (labels, and weight when given) and the head's inputs."""
+    return (*MODEL_INPUTS, *(key for key in ("labels", "weight") if key in batch), *head_inputs(batch))

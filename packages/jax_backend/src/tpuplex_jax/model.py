@@ -105,8 +105,9 @@ class TaskModel(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array, attention_mask: jax.Array,
-                 deterministic: bool = True) -> Any:
-        """input_ids, token_type_ids, attention_mask int32 [B, L] -> the head's outputs."""
+                 deterministic: bool = True, **head_inputs: jax.Array) -> Any:
+        """input_ids, token_type_ids, attention_mask int32 [B, L] -> the head's outputs; `head_inputs` (the batch's
+        further entries, `tpuplex.protocol.head_inputs`) go to the head."""
         a = self.arch
         embeddings = Embeddings(a, self.dtype, name="embeddings")
         x = embeddings(input_ids, token_type_ids, deterministic)
@@ -115,7 +116,7 @@ class TaskModel(nn.Module):
         blocks = [Block(a, self.dtype, name=f"block.{index}") for index in range(a.num_blocks)]
         for index in a.block_schedule:
             x = blocks[index](x, mask_bias, deterministic)
-        return self.head(x, embeddings.variables["params"]["word"]["embedding"], deterministic)
+        return self.head(x, embeddings.variables["params"]["word"]["embedding"], deterministic, **head_inputs)
 
 
 def canonical_name(path: tuple[Any, ...]) -> str:

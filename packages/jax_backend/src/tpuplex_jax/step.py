@@ -27,7 +27,7 @@ import numpy as np
 import optax
 
 import jax
-from tpuplex.protocol import MODEL_INPUTS, OptimizerSpec, decays
+from tpuplex.protocol import MODEL_INPUTS, OptimizerSpec, decays, head_inputs
 from tpuplex_jax.model import Naming
 
 AXIS = "replicas"
@@ -91,7 +91,8 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, g
 
         def scaled_loss(params, micro, key):
             logits = model.apply({"params": params}, *(micro[name] for name in MODEL_INPUTS),
-                                 deterministic=not dropout, rngs={"dropout": key} if dropout else None)
+                                 deterministic=not dropout, rngs={"dropout": key} if dropout else None,
+                                 **head_inputs(micro))
             weighted_sum = jnp.sum(micro["weight"] * unit_losses(logits, micro))
             return weighted_sum * replicas / denominator, weighted_sum
 
@@ -122,7 +123,8 @@ def make_predict_step(model: nn.Module, predict_outputs: Callable[[Any, dict], j
                       ) -> Callable[[Any, dict], jax.Array]:
     """The per-device predict step `(params, rows) -> the task's predict outputs [b, ...]`, dropout off."""
     def predict(params: Any, rows: dict) -> jax.Array:
-        outputs = model.apply({"params": params}, *(rows[name] for name in MODEL_INPUTS), deterministic=True)
+        outputs = model.apply({"params": params}, *(rows[name] for name in MODEL_INPUTS), deterministic=True,
+                              **head_inputs(rows))
         return predict_outputs(outputs, rows)
 
     return predict

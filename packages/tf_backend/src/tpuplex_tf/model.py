@@ -167,14 +167,16 @@ class TaskModel(keras.Model):
         self.embeddings.build_word_table()
         self.head = head_layer(self.embeddings.word.embeddings)
 
-    def call(self, input_ids, token_type_ids, attention_mask, seed: tf.Tensor | None = None) -> tf.Tensor:
-        """The head's outputs; `seed` (int32 [2]) turns dropout on (rates are 0 when built without it)."""
+    def call(self, input_ids, token_type_ids, attention_mask, seed: tf.Tensor | None = None,
+             **head_inputs: tf.Tensor) -> tf.Tensor:
+        """The head's outputs; `seed` (int32 [2]) turns dropout on (rates are 0 when built without it);
+        `head_inputs` (the batch's further entries, `tpuplex.protocol.head_inputs`) go to the head."""
         hidden = self.embeddings(input_ids, token_type_ids, seed)
         # HF's extended attention mask: 0 where attended, the dtype's minimum on padded keys.
         mask_bias = (1.0 - tf.cast(attention_mask, hidden.dtype))[:, None, None, :] * hidden.dtype.min
         for applied, index in enumerate(self.arch.block_schedule):
             hidden = self.blocks[index](hidden, mask_bias, seed=seed, site=1 + _Block.DROPOUT_SITES * applied)
-        return self.head(hidden, seed)
+        return self.head(hidden, seed, **head_inputs)
 
     def hf_variables(self) -> Variables:
         """HF parameter name -> (Keras variable, whether it is the transpose of the HF tensor).

@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.errors import TpuplexError
-from tpuplex.protocol import MODEL_INPUTS, Batch, OptimizerSpec, decays
+from tpuplex.protocol import MODEL_INPUTS, Batch, OptimizerSpec, decays, head_inputs
 from tpuplex_tf.model import TaskModel, UserClassifier
 
 TRAIN_INPUTS = (*MODEL_INPUTS, "labels", "weight")
@@ -89,7 +89,8 @@ class Steps:
                                "one shape (group steps_per_execution batches by bucket length)")
         rows = batches[0]["input_ids"].shape[0]
         check_micro_batches(rows, self.strategy.num_replicas_in_sync, self.optimizer.grad_accum)
-        arrays = {key: np.concatenate([_train_array(b, key) for b in batches]) for key in TRAIN_INPUTS}
+        keys = (*TRAIN_INPUTS, *head_inputs(batches[0]))
+        arrays = {key: np.concatenate([_train_array(b, key) for b in batches]) for key in keys}
         arrays["learning_rate"] = np.repeat(np.asarray(learning_rates, np.float32), rows)
         return [float(loss) for loss in self._program(self._train_loop, arrays, rows)(arrays).numpy()]
 
@@ -97,7 +98,8 @@ class Steps:
         """The task's predict outputs [B, ...] for every row of `batch`."""
         rows = batch["input_ids"].shape[0]
         check_divisible(rows, self.strategy.num_replicas_in_sync, "the evaluation batch size")
-        arrays = {key: _train_array(batch, key) for key in (*MODEL_INPUTS, "labels") if key in batch}
+        keys = (*MODEL_INPUTS, "labels", *head_inputs(batch))
+        arrays = {key: _train_array(batch, key) for key in keys if key in batch}
         return self._program(self._predict, arrays, rows)(arrays).numpy()
 
     def _program(self, body: Callable, arrays: dict[str, np.ndarray], rows: int) -> Callable:
@@ -142,8 +144,7 @@ class Steps:
     def _replica_step(self, arrays: dict[str, tf.Tensor], index: tf.Tensor, rows: int) -> tf.Tensor:
         """Update `index` of the call, in replica context; returns the global batch's weighted mean loss (a scalar)."""
         batch = self._replica_rows(arrays, index, rows)
-        learning_rate = batch["learning_rate"][0]
-        batch = {key: batch[key] for key in TRAIN_INPUTS}
+        learning_rate = batch.pop("learning_rate")[0]
         context = tf.distribute.get_replica_context()
         replicas = self.strategy.num_replicas_in_sync
         replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
@@ -180,7 +181,7 @@ class Steps:
             rows = {key: x[index] for key, x in micro.items()}
             with tf.GradientTape() as tape:
                 logits = self.model(rows["input_ids"], rows["token_type_ids"], rows["attention_mask"],
-                                    seed=tf.random.experimental.stateless_fold_in(seed, index))
+                                    seed=tf.random.experimental.stateless_fold_in(seed, index), **head_inputs(rows))
                 weighted_sum = tf.reduce_sum(rows["weight"] * self.task.unit_losses(logits, rows))
             step_gradients = tape.gradient(weighted_sum, self.variables)
             # Embedding gradients come as IndexedSlices; dense tensors are what the all-reduce and AdamW take.
@@ -219,7 +220,7 @@ class Steps:
 
     def _logits(self, batch: dict[str, tf.Tensor]) -> tf.Tensor:
         return self.task.predict_outputs(self.model(batch["input_ids"], batch["token_type_ids"],
-                                                    batch["attention_mask"]), batch)
+                                                    batch["attention_mask"], **head_inputs(batch)), batch)
 
 
 def _train_array(batch: Batch, key: str) -> np.ndarray:

@@ -52,7 +52,9 @@ def build(spec: ModelSpec, seed: int) -> Built:
     state = {name: torch.from_numpy(np.asarray(array, dtype=np.float32)) for name, array in spec.params.items()}
     model.load_state_dict(state | {alias: state[target] for alias, target in tied.items()}, strict=True)
     token_types = models.architecture_of(spec.hf_config)[1].token_types
-    return Built(model, functools.partial(forward_outputs, token_types=token_types), spec.params)
+    head_forward = getattr(task, "forward", None)
+    return Built(model, functools.partial(forward_outputs, token_types=token_types, head_forward=head_forward),
+                 spec.params)
 
 
 def _build_user_model(spec: ModelSpec, seed: int) -> Built:
@@ -69,10 +71,12 @@ def _build_user_model(spec: ModelSpec, seed: int) -> Built:
                                                   num_labels=spec.num_labels), params)
 
 
-def forward_outputs(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], token_types: bool) -> torch.Tensor:
-    """An HF model's logits (its task's: [b, num_labels], [b, L, vocab], ...) for int64 `input_ids`,
-    `attention_mask` [b, L], and
-    `token_type_ids` [b, L] when the family takes them (`Architecture.token_types`).
+def forward_outputs(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], token_types: bool,
+                    head_forward: Callable | None = None) -> torch.Tensor:
+    """An HF model's logits (its task's: [b, num_labels], [b, P, vocab], ...) for int64 `input_ids`,
+    `attention_mask` [b, L], and `token_type_ids` [b, L] when the family takes them (`Architecture.token_types`).
+    `head_forward(model, encoder_inputs, inputs)`, the task's torch module's `forward` where it has one, calls
+    the model in place of `model(**encoder_inputs).logits` (the masked LM runs its head on the masked positions).
 
     The padding mask goes in already additive ([b, 1, 1, L]: 0 on real keys, float32's min on padding, as HF builds
     it), because HF would otherwise test `mask.all()` to skip it: a host sync and a data-dependent branch that
@@ -81,7 +85,10 @@ def forward_outputs(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], 
     keep = inputs["attention_mask"][:, None, None, :].bool()
     additive = torch.where(keep, 0.0, torch.finfo(torch.float32).min)
     segments = {"token_type_ids": inputs["token_type_ids"]} if token_types else {}
-    return model(input_ids=inputs["input_ids"], attention_mask=additive, **segments).logits
+    encoder_inputs = {"input_ids": inputs["input_ids"], "attention_mask": additive, **segments}
+    if head_forward is not None:
+        return head_forward(model, encoder_inputs, inputs)
+    return model(**encoder_inputs).logits
 
 
 def user_logits(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], architecture: str,

@@ -18,6 +18,10 @@ A backend module provides (the same names in every framework):
     Head(arch, head, dtype...)            the head as a module of that framework (torch: `build_model`)
     unit_losses(outputs, batch)           float32, the shape of batch["weight"]
     predict_outputs(outputs, batch)       what `Backend.predict` returns per row (logits, or per-token values)
+    forward(model, encoder_inputs, batch) torch only, optional: the forward pass when the head does not run on
+                                          every position (the masked LM's `masked_positions`)
+
+A batch entry beyond the protocol's BATCH_KEYS (`protocol.head_inputs`) reaches the head as a keyword argument.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@
     train_file = "input.txt"        # raw text (see tpuplex.tasks.masked_lm.data)
     eval_files = []                 # held-out text files; empty: validation_fraction of train_file
 
-Batches: packed rows [B, max_length] (one compiled training program), masked by the core for every step; labels are
-the original ids and weight is 1 on the chosen positions, so the loss is the cross-entropy over masked positions.
+Batches: packed rows [B, max_length] (one compiled training program), masked by the core for every step:
+`masked_positions` [B, P] lists each row's chosen positions, labels [B, P] their original ids and weight [B, P]
+is 1 on used slots; the head runs on those positions only, and the loss is their cross-entropy.
 Metrics of a held-out split (its masks fixed per example): `loss`, `perplexity` (exp of the loss) and `accuracy`
 (masked tokens predicted right). The head is each family's MLM head with the decoder tied to the word embeddings
 (`heads.py`); `tpuplex export --format hf` writes a folder `AutoModelForMaskedLM` loads, and the same folder is a
@@ -73,12 +74,11 @@ class MaskedLMData(TaskData):
         return {key: np.concatenate([row[key] for row in rows]) for key in rows[0]}
 
     def _masked(self, batch: Batch, rng: np.random.Generator) -> Batch:
-        ids, labels, weight = text.mask_tokens(batch["input_ids"], batch["attention_mask"], batch["weight"], rng,
-                                               self.probability, self.mask, self.vocab_size, self.special)
-        return {**batch, "input_ids": ids, "labels": labels, "weight": weight}
+        return {**batch, **text.mask_tokens(batch["input_ids"], batch["attention_mask"], batch["weight"], rng,
+                                            self.probability, self.mask, self.vocab_size, self.special)}
 
     def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
-        """outputs [N, L, 2]: each token's cross-entropy and whether its prediction is right."""
+        """outputs [N, P, 2]: each masked position's cross-entropy and whether its prediction is right."""
         total = max(float(weight.sum()), 1.0)
         loss = float((weight * outputs[..., 0]).sum() / total)
         return {"loss": loss, "perplexity": float(np.exp(loss)),

@@ -6,10 +6,14 @@ tokenizer with its special tokens ([CLS] text [SEP]) and no truncation; the docu
 cut into rows of `data.max_length` (HF `run_mlm`'s `group_texts`), so every row but the last is full and there is
 one static shape. The last, shorter row is kept (padded, as any short row is), not dropped.
 
-Masking (`mask_tokens`) follows HF's `DataCollatorForLanguageModeling`: each real token that is not a special token
-is chosen with probability p; a chosen token becomes the mask token (80%), a random token (10%) or stays (10%);
-the loss weighs the chosen positions only. The draw is numpy's, from the seed and the optimizer step (training)
-or the example's index (evaluation), so every backend, replica count and resumed run trains on the same masks.
+Masking (`mask_tokens`) follows the original BERT's pre-training data: each row has round(n * p) of its n real,
+non-special tokens chosen (HF's `DataCollatorForLanguageModeling` draws each token with probability p instead); a
+chosen token becomes the mask token (80%), a random token (10%) or stays (10%). A batch lists the chosen positions
+([B, P], P = round(max_length * p), BERT's `masked_lm_positions`), and the head runs on those positions only: the
+same loss as over every position with the others weighted 0, for about half the work of a small encoder (the
+decoder [E, V] is its largest matrix), with one static shape. The draw is numpy's, from the seed and the
+optimizer step (training) or the example's index (evaluation), so every backend, replica count and resumed run
+trains on the same masks.
 """
 
 from __future__ import annotations
@@ -120,17 +124,38 @@ def mask_id(tokenizer: Tokenizer, tokenizer_dir: Path) -> int:
                        "masked-LM training needs a checkpoint whose tokenizer defines one")
 
 
+def prediction_slots(length: int, probability: float) -> int:
+    """The static number of masked positions a row of `length` tokens has room for: round(length * p), at least 1."""
+    return max(1, int(np.floor(length * probability + 0.5)))
+
+
 def mask_tokens(input_ids: np.ndarray, attention_mask: np.ndarray, row_weight: np.ndarray,
                 rng: np.random.Generator, probability: float, mask: int, vocab_size: int,
-                special: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """HF's masking of `input_ids` int32 [B, L] -> (masked ids [B, L], labels = the original ids [B, L],
-    weight float32 [B, L]: `row_weight` [B] on the chosen positions, 0 elsewhere)."""
-    shape = input_ids.shape
+                special: np.ndarray) -> dict[str, np.ndarray]:
+    """Mask `input_ids` int32 [B, L] -> a dict of
+        input_ids         int32 [B, L]  with the chosen tokens replaced (80% mask, 10% random, 10% kept),
+        masked_positions  int32 [B, P]  each row's chosen positions, ascending, then 0 in unused slots,
+        labels            int32 [B, P]  the original ids at those positions,
+        weight          float32 [B, P]  `row_weight` [B] on used slots, 0 on unused ones,
+    with P = prediction_slots(L, p). Each row has exactly round(n * p) (at least 1) of its n maskable tokens (real,
+    not special) chosen, uniformly without replacement."""
+    rows, length = input_ids.shape
     maskable = (attention_mask > 0) & ~np.isin(input_ids, special)
-    chosen = (rng.random(shape) < probability) & maskable
-    replaced = chosen & (rng.random(shape) < 0.8)
-    randomized = chosen & ~replaced & (rng.random(shape) < 0.5)
-    random_ids = rng.integers(0, vocab_size, size=shape, dtype=np.int32)
-    masked = np.where(replaced, mask, np.where(randomized, random_ids, input_ids)).astype(np.int32)
-    weight = chosen.astype(np.float32) * np.asarray(row_weight, np.float32)[:, None]
-    return masked, input_ids.astype(np.int32), weight
+    available = maskable.sum(axis=1)
+    counts = np.where(available > 0, np.maximum(1, np.floor(available * probability + 0.5)), 0)
+    slots = prediction_slots(length, probability)
+    # A random order of each row's maskable positions (the others after them): the first `count` are chosen.
+    order = np.argsort(np.where(maskable, rng.random((rows, length)), 2.0), axis=1, kind="stable")[:, :slots]
+    used = np.arange(slots)[None, :] < counts[:, None]
+    positions = np.sort(np.where(used, order, length), axis=1)
+    used = positions < length
+    positions = np.where(used, positions, 0).astype(np.int32)
+    labels = np.take_along_axis(np.asarray(input_ids, np.int32), positions, axis=1)
+    draw = rng.random((rows, slots))
+    random_ids = rng.integers(0, vocab_size, size=(rows, slots), dtype=np.int32)
+    replacement = np.where(draw < 0.8, mask, np.where(draw < 0.9, random_ids, labels)).astype(np.int32)
+    masked = np.array(input_ids, np.int32)
+    row_index = np.broadcast_to(np.arange(rows)[:, None], positions.shape)
+    masked[row_index[used], positions[used]] = replacement[used]
+    weight = used.astype(np.float32) * np.asarray(row_weight, np.float32)[:, None]
+    return {"input_ids": masked, "masked_positions": positions, "labels": labels, "weight": weight}

@@ -2,8 +2,9 @@
 
     dense H->E -> activation -> LayerNorm(E) -> decoder E->V tied to the word embeddings, + bias[V]
 
-on every position (E the embedding size: the hidden size for BERT, RoBERTa and DistilBERT). The decoder's weight
-is the word embedding table itself, as in HF: one parameter in the portable checkpoint and in the optimizer.
+on the masked positions only (E the embedding size: the hidden size for BERT, RoBERTa and DistilBERT). The
+decoder's weight is the word embedding table itself, as in HF: one parameter in the portable checkpoint and in the
+optimizer.
 """
 
 from __future__ import annotations
@@ -33,18 +34,20 @@ class _FamilyHead:
     norm: str
     bias: str
     activation: str | None  # None: the encoder's hidden_act
+    calls: tuple[str, ...]  # HF's head modules, in the order `*ForMaskedLM.forward` applies them
 
 
 FAMILY_HEADS: dict[str, _FamilyHead] = {
     "bert": _FamilyHead(("BertForMaskedLM",), "cls.predictions.transform.dense",
-                        "cls.predictions.transform.LayerNorm", "cls.predictions", None),
+                        "cls.predictions.transform.LayerNorm", "cls.predictions", None, ("cls",)),
     "roberta": _FamilyHead(("RobertaForMaskedLM", "XLMRobertaForMaskedLM"), "lm_head.dense", "lm_head.layer_norm",
-                           "lm_head", "gelu"),
+                           "lm_head", "gelu", ("lm_head",)),
     "distilbert": _FamilyHead(("DistilBertForMaskedLM",), "vocab_transform", "vocab_layer_norm", "vocab_projector",
-                              None),
+                              None, ("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")),
     "electra": _FamilyHead(("ElectraForMaskedLM",), "generator_predictions.dense", "generator_predictions.LayerNorm",
-                           "generator_lm_head", "gelu"),
-    "albert": _FamilyHead(("AlbertForMaskedLM",), "predictions.dense", "predictions.LayerNorm", "predictions", None),
+                           "generator_lm_head", "gelu", ("generator_predictions", "generator_lm_head")),
+    "albert": _FamilyHead(("AlbertForMaskedLM",), "predictions.dense", "predictions.LayerNorm", "predictions", None,
+                          ("predictions",)),
 }
 
 

@@ -1,5 +1,5 @@
-"""Masked-LM pre-training in Flax: the MLM head on every position (decoder tied to the word embeddings) and the
-per-token cross-entropy."""
+"""Masked-LM pre-training in Flax: the MLM head on the masked positions (decoder tied to the word embeddings) and
+their cross-entropy."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from tpuplex_jax.model import ACTIVATIONS
 
 
 class Head(nn.Module):
-    """dense H->E -> activation -> LayerNorm -> word embeddings^T + bias: [B, L, H] -> logits float32 [B, L, V]."""
+    """The hidden states [B, L, H] at `masked_positions` [B, P] (every position without them) -> dense H->E ->
+    activation -> LayerNorm -> word embeddings^T + bias -> logits float32 [B, P, V]."""
 
     embedding_size: int
     vocab_size: int
@@ -25,7 +26,10 @@ class Head(nn.Module):
     dtype: Any
 
     @nn.compact
-    def __call__(self, hidden: jax.Array, word_embeddings: jax.Array, deterministic: bool) -> jax.Array:
+    def __call__(self, hidden: jax.Array, word_embeddings: jax.Array, deterministic: bool,
+                 masked_positions: jax.Array | None = None) -> jax.Array:
+        if masked_positions is not None:
+            hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
         x = ACTIVATIONS[self.activation](nn.Dense(self.embedding_size, dtype=self.dtype, name="transform")(hidden))
         x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name="norm")(x)
         bias = self.param("bias", nn.initializers.zeros, (self.vocab_size,), jnp.float32)
@@ -38,11 +42,11 @@ def head_module(arch: Architecture, head: MaskedLMHead, dtype: Any) -> nn.Module
 
 
 def unit_losses(outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """Per-token cross-entropy [B, L] of logits [B, L, V] against the original ids."""
+    """Per-position cross-entropy [B, P] of logits [B, P, V] against the original ids."""
     return optax.softmax_cross_entropy_with_integer_labels(outputs, batch["labels"])
 
 
 def predict_outputs(outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """float32 [B, L, 2]: each token's cross-entropy and 1.0 where the most likely token is the label."""
+    """float32 [B, P, 2]: each position's cross-entropy and 1.0 where the most likely token is the label."""
     correct = (jnp.argmax(outputs, axis=-1) == batch["labels"]).astype(jnp.float32)
     return jnp.stack([unit_losses(outputs, batch), correct], axis=-1)

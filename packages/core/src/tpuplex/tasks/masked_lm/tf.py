@@ -1,5 +1,5 @@
-"""Masked-LM pre-training in Keras (TensorFlow): the MLM head on every position (decoder tied to the word
-embeddings), the per-token cross-entropy, and the SavedModel's serving outputs."""
+"""Masked-LM pre-training in Keras (TensorFlow): the MLM head on the masked positions (decoder tied to the word
+embeddings), their cross-entropy, and the SavedModel's serving outputs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from tpuplex_tf.model import ACTIVATIONS, Variables, dense_variables, norm_varia
 
 
 class Head(keras.layers.Layer):
-    """dense H->E -> activation -> LayerNorm -> word embeddings^T + bias: [B, L, H] -> logits [B, L, V]."""
+    """The hidden states [B, L, H] at `masked_positions` [B, P] (every position without them) -> dense H->E ->
+    activation -> LayerNorm -> word embeddings^T + bias -> logits [B, P, V]."""
 
     def __init__(self, head: MaskedLMHead, word_embeddings: keras.Variable, **kwargs):
         super().__init__(**kwargs)
@@ -21,7 +22,9 @@ class Head(keras.layers.Layer):
         self.norm = keras.layers.LayerNormalization(epsilon=head.layer_norm_eps, name="norm")
         self.bias = self.add_weight(shape=(head.vocab_size,), initializer="zeros", name="bias")
 
-    def call(self, hidden: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
+    def call(self, hidden: tf.Tensor, seed: tf.Tensor | None, masked_positions: tf.Tensor | None = None) -> tf.Tensor:
+        if masked_positions is not None:
+            hidden = tf.gather(hidden, masked_positions, batch_dims=1)
         x = self.norm(ACTIVATIONS[self.spec.activation](self.transform(hidden)))
         return tf.einsum("ble,ve->blv", x, self.word) + self.bias
 
@@ -35,12 +38,12 @@ def head_layer(arch: Architecture, head: MaskedLMHead, word_embeddings: keras.Va
 
 
 def unit_losses(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-    """Per-token cross-entropy [B, L] of logits [B, L, V] against the original ids."""
+    """Per-position cross-entropy [B, P] of logits [B, P, V] against the original ids."""
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32), logits=outputs)
 
 
 def predict_outputs(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-    """float32 [B, L, 2]: each token's cross-entropy and 1.0 where the most likely token is the label."""
+    """float32 [B, P, 2]: each position's cross-entropy and 1.0 where the most likely token is the label."""
     labels = tf.cast(batch["labels"], tf.int32)
     correct = tf.cast(tf.equal(tf.argmax(outputs, axis=-1, output_type=tf.int32), labels), tf.float32)
     return tf.stack([unit_losses(outputs, batch), correct], axis=-1)
