@@ -75,7 +75,7 @@ def _pytest(session: nox.Session, folder: str, **env: str) -> None:
 
 @nox.session(name="tests-core", python="3.11")
 def tests_core(session: nox.Session) -> None:
-    _install(session, f"{CORE}[data,report]", *TEST_DEPS, "scikit-learn", "scipy", "seqeval", MINILM)
+    _install(session, f"{CORE}[data,images,report]", *TEST_DEPS, "scikit-learn", "scipy", "seqeval", MINILM)
     _pytest(session, "core")
 
 
@@ -87,7 +87,7 @@ def tests_tf(session: nox.Session) -> None:
 
 @nox.session(name="tests-torch", python="3.11")
 def tests_torch(session: nox.Session) -> None:
-    _install(session, f"{CORE}[data]", TORCH, *TEST_DEPS, "torch==2.13.0", MINILM)
+    _install(session, f"{CORE}[data,images]", TORCH, *TEST_DEPS, "torch==2.13.0", MINILM)
     _pytest(session, "torch")
 
 

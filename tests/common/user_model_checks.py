@@ -24,7 +24,7 @@ VOCAB = 64
 
 
 def spec(architecture: str = TEXTCNN, num_labels: int = 2, dropout: bool = True) -> ModelSpec:
-    return user_classifier_spec(architecture, num_labels, dropout=dropout, vocab_size=VOCAB)
+    return user_classifier_spec(architecture, num_labels, VOCAB, dropout=dropout)
 
 
 def batches(count: int, global_batch: int = 8, seed: int = 0) -> list[dict[str, np.ndarray]]:

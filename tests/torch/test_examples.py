@@ -31,7 +31,7 @@ def runnable(path: Path) -> bool:
 
 
 @pytest.mark.parametrize("path", [p for p in EXAMPLES if runnable(p)], ids=lambda p: str(p.relative_to(REPO)))
-def test_the_example_trains_as_documented(path, shared_glue, shared_text, tmp_path):
+def test_the_example_trains_as_documented(path, shared_glue, shared_text, shared_images, tmp_path):
     loaded = config.load(path)
     folder = path.parent if loaded.model.architecture else REPO  # custom_model: "Run from this folder"
     args = ["train", str(path.relative_to(folder)), "--backend", "torch", "--set", "train.max_steps=2",

@@ -1,7 +1,8 @@
 """The portable checkpoint: one directory per step that every backend reads and writes.
 
     <root>/step-00000120/
-        model.safetensors       parameters under the family's HF *ForSequenceClassification names (torch layout)
+        model.safetensors       parameters under the task's HF names (torch layout), and the model's non-trainable
+                                state (batch-norm statistics), as a torch state_dict holds both
         optimizer.safetensors   Adam moments: "exp_avg.<name>" and "exp_avg_sq.<name>"
         trainer.json            optimizer step, epoch, batch position in the epoch, seed, config hash, metrics
         manifest.json           the bytes and sha256 of each file above, written last
@@ -48,7 +49,9 @@ def save(root: str | Path, state: PortableState, trainer_state: dict[str, Any], 
     try:
         root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
-        save_file({name: np.ascontiguousarray(a) for name, a in state.params.items()}, staging / "model.safetensors")
+        weights = {**state.params, **state.buffers}
+        # np.asarray keeps a 0-d counter (num_batches_tracked) 0-d, where np.ascontiguousarray makes it [1].
+        save_file({name: np.asarray(a, order="C") for name, a in weights.items()}, staging / "model.safetensors")
         moments = {f"{kind}.{name}": np.ascontiguousarray(array)
                    for kind in MOMENTS for name, array in getattr(state, kind).items()}
         save_file(moments, staging / "optimizer.safetensors")
@@ -141,10 +144,13 @@ def load(path: str | Path, verified: bool = False) -> tuple[PortableState, dict[
         raise TpuplexError(f"checkpoint {path} is damaged or incomplete ({problem}): "
                            "point at a whole step-* directory written by tpuplex")
     trainer_state = json.loads((path / "trainer.json").read_text())
-    params = load_file(path / "model.safetensors")
+    weights = load_file(path / "model.safetensors")
     optimizer = load_file(path / "optimizer.safetensors")
     moments = {kind: {name[len(kind) + 1:]: array for name, array in optimizer.items()
                       if name.startswith(f"{kind}.")} for kind in MOMENTS}
+    # The weights with Adam moments are parameters; the rest is the model's non-trainable state.
+    params = {name: array for name, array in weights.items() if name in moments["exp_avg"]}
+    buffers = {name: array for name, array in weights.items() if name not in moments["exp_avg"]}
     state = PortableState(params=params, exp_avg=moments["exp_avg"], exp_avg_sq=moments["exp_avg_sq"],
-                          step=int(trainer_state["optimizer_step"]))
+                          step=int(trainer_state["optimizer_step"]), buffers=buffers)
     return state, trainer_state

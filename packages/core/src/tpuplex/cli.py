@@ -1,6 +1,7 @@
 """The `tpuplex` command.
 
     tpuplex train CONFIG --backend NAME [--set section.field=value ...] [--data-dir DIR]
+    tpuplex prepare IMAGES --out DIR [--image-size H W] [--shard-size N]
     tpuplex launch --processes N [--cpu-devices K] -- train CONFIG --backend NAME ...
     tpuplex eval RUN_OR_CHECKPOINT --backend NAME [--split SPLIT] [--data-dir DIR] [--out FILE]
     tpuplex predict RUN_OR_CHECKPOINT --backend NAME [--split test] [--data-dir DIR] [--out DIR]
@@ -74,9 +75,9 @@ def _write_traceback() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tpuplex", description="Train one experiment (classify texts, tag "
-                                     "tokens, pre-train a masked LM) on TPU, GPU or CPU with TensorFlow, PyTorch or "
-                                     "JAX: the same config and the same numbers on each.")
+    parser = argparse.ArgumentParser(prog="tpuplex", description="Train one experiment (classify texts or "
+                                     "images, tag tokens, pre-train a masked LM) on TPU, GPU or CPU with "
+                                     "TensorFlow, PyTorch or JAX: the same config and the same numbers on each.")
     parser.add_argument("--version", action="version", version=f"tpuplex {__version__}")
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
@@ -88,6 +89,17 @@ def _parser() -> argparse.ArgumentParser:
                        help="override a config field (value parsed as TOML), e.g. --set train.learning_rate=3e-5")
     train.add_argument("--data-dir", help="folder with the task's GLUE files (sets data.data_dir)")
     train.set_defaults(command=_train)
+
+    prepare = commands.add_parser("prepare", help="decode and resize images once into shards a run reads",
+                                  description="Decode, convert to RGB and resize every image once and write "
+                                  "memory-mapped shards plus a manifest (see tpuplex.data.images); point "
+                                  "data.train_file or data.eval_files at the folder it writes.")
+    prepare.add_argument("images", type=Path, help="a class-per-folder image tree, or a .csv/.jsonl of (path, label)")
+    prepare.add_argument("--out", type=Path, required=True, help="the folder to create")
+    prepare.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"),
+                         help="resize every image to H x W (default: keep their size, which must then be one)")
+    prepare.add_argument("--shard-size", type=int, default=4096, help="images per shard file (default 4096)")
+    prepare.set_defaults(command=_prepare)
 
     launch = commands.add_parser("launch", help="run a command in several local processes of one run",
                                  description="Start N processes of one run on this machine, each with the "
@@ -145,6 +157,22 @@ def _train(args: argparse.Namespace) -> int:
     for split, metrics in results["metrics"].items():
         print(f"{split}: {headline(metrics)}")
     print(f"results: {Path(results['output_dir']) / run.RESULTS_FILE}")
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    import time
+
+    from tpuplex.data import images
+
+    listing = images.scan_folder(args.images) if args.images.is_dir() else images.read_listing(args.images)
+    started = time.perf_counter()
+    prepared = images.prepare(listing, args.out, tuple(args.image_size) if args.image_size else None,
+                              args.shard_size)
+    seconds = time.perf_counter() - started
+    height, width, _ = prepared.image_shape
+    print(f"prepared {len(prepared)} images of {len(prepared.classes)} classes at {height}x{width} in "
+          f"{len(prepared.manifest['shards'])} shard(s), {len(prepared) / seconds:.0f} images/s: {args.out}")
     return 0
 
 

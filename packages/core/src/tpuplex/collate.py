@@ -44,6 +44,16 @@ class Encoded:
     def max_length(self) -> int:
         return self.input_ids.shape[1]
 
+    def rows(self, indices: np.ndarray, length: int) -> dict[str, np.ndarray]:
+        """The model inputs and labels of rows `indices`, cut to `length` tokens."""
+        positions = np.arange(length)
+        return {
+            "input_ids": np.ascontiguousarray(self.input_ids[indices, :length], dtype=np.int32),
+            "token_type_ids": np.ascontiguousarray(self.token_type_ids[indices, :length], dtype=np.int32),
+            "attention_mask": (positions[None, :] < self.lengths[indices, None]).astype(np.int32),
+            "labels": self.labels[indices, :length] if self.labels.ndim == 2 else self.labels[indices],
+        }
+
     def fingerprint(self) -> str:
         """A short hash of the tokens and labels: equal exactly when the split trains the same way."""
         digest = hashlib.sha256()
@@ -124,12 +134,17 @@ def bucket_lengths(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
 
 
 def padding_efficiency(batches: Iterable[Batch]) -> float:
-    """Real tokens / padded tokens of `batches`; rows of weight 0 count as padding (a batch without "weight" has
-    only real rows). 0.0 for no batches."""
+    """Real tokens / padded tokens of `batches` (real rows / rows when they hold no tokens); rows of weight 0 count
+    as padding (a batch without "weight" has only real rows). 0.0 for no batches."""
     real = padded = 0
     for batch in batches:
-        real += int(np.sum(batch["attention_mask"].sum(axis=1) * batch.get("weight", 1)))
-        padded += batch["input_ids"].size
+        weight = np.asarray(batch.get("weight", 1)).reshape(-1)
+        if "attention_mask" in batch:
+            real += int(np.sum(batch["attention_mask"].sum(axis=1) * weight))
+            padded += batch["attention_mask"].size
+        else:
+            real += int(np.count_nonzero(np.broadcast_to(weight, len(batch["labels"]))))
+            padded += len(batch["labels"])
     return real / padded if padded else 0.0
 
 
@@ -137,7 +152,8 @@ class Batcher:
     """Seeded, static-shape batches over one encoded split.
 
     Args:
-        data: the encoded split.
+        data: the encoded split (or any split with `lengths`, `max_length`, `rows(indices, length)` and
+            `fingerprint()`, such as an image split, whose rows are all of length 1).
         global_batch: rows per batch, across all replicas.
         replicas: data-parallel replicas; `global_batch` must divide by it.
         buckets: allowed sequence lengths (max_length is always one); empty pads everything to max_length.
@@ -223,12 +239,4 @@ class Batcher:
         return rows, np.concatenate([np.ones(len(real), np.float32), np.zeros(pad, np.float32)])
 
     def _gather(self, rows: np.ndarray, length: int, weight: np.ndarray) -> Batch:
-        data = self.data
-        positions = np.arange(length)
-        return {
-            "input_ids": np.ascontiguousarray(data.input_ids[rows, :length], dtype=np.int32),
-            "token_type_ids": np.ascontiguousarray(data.token_type_ids[rows, :length], dtype=np.int32),
-            "attention_mask": (positions[None, :] < data.lengths[rows, None]).astype(np.int32),
-            "labels": data.labels[rows, :length] if data.labels.ndim == 2 else data.labels[rows],
-            "weight": weight,
-        }
+        return {**self.data.rows(rows, length), "weight": weight}

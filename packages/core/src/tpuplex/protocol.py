@@ -10,6 +10,10 @@ configured bucket lengths. Every text task has the model inputs
     token_type_ids  int32   [B, L]   segment ids (0 first sentence, 1 second)
     attention_mask  int32   [B, L]   1 for real tokens, 0 for padding
 
+or, for an image task, the model input
+
+    images          uint8   [B, H, W, 3]   RGB pixels (each task module scales them on the device)
+
 and the task (`tpuplex.tasks`) adds its targets: `labels` and `weight`, whose shape is that of the task's loss
 units ([B] for sequence classification, [B, L] per token for masked-LM pre-training). A unit of weight 0 (a
 padding row, an unmasked token) counts for nothing.
@@ -40,7 +44,8 @@ from tpuplex.errors import TpuplexError
 
 Batch = Mapping[str, np.ndarray]
 MODEL_INPUTS: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask")
-BATCH_KEYS: tuple[str, ...] = (*MODEL_INPUTS, "labels", "weight")
+IMAGE_INPUTS: tuple[str, ...] = ("images",)
+BATCH_KEYS: tuple[str, ...] = (*MODEL_INPUTS, *IMAGE_INPUTS, "labels", "weight")
 
 
 def head_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,8 +73,9 @@ class ModelSpec:
     dropout: False turns every dropout off (used for parity runs); True uses the rates in `hf_config`.
     checkpoint_dir: where the weights came from, for backends that build from the directory (HF torch).
     architecture: a user model's import path (`tpuplex.models.user`); then `hf_config` and `params` are empty,
-        and the backend builds `factory(vocab_size=vocab_size, num_labels=head.num_labels)` in its framework.
-    vocab_size: the tokenizer's vocabulary size (what a user model's embedding table needs).
+        and the backend builds `factory(**model_arguments)` in its framework.
+    model_arguments: what the task builds a user model with (`Task.model_arguments`: text tasks `vocab_size` and
+        `num_labels`, images `num_labels` and `image_shape`).
     """
 
     task: Any
@@ -79,7 +85,7 @@ class ModelSpec:
     dropout: bool = True
     checkpoint_dir: Path | None = None
     architecture: str = ""
-    vocab_size: int = 0
+    model_arguments: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def num_labels(self) -> int:
@@ -108,12 +114,15 @@ class PortableState:
     params: HF names -> float32 arrays (same names and layout as `ModelSpec.params`).
     exp_avg, exp_avg_sq: Adam's first and second moments under the same names (zeros before the first step).
     step: optimizer updates applied so far (Adam's bias-correction count).
+    buffers: the model's non-trainable state (batch-norm moving statistics and counts), which the optimizer never
+        touches, under the model's own names.
     """
 
     params: dict[str, np.ndarray]
     exp_avg: dict[str, np.ndarray]
     exp_avg_sq: dict[str, np.ndarray]
     step: int
+    buffers: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 @runtime_checkable

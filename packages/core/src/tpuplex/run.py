@@ -53,8 +53,9 @@ class Experiment:
     state: Any
     output_dir: Path
     started: float
-    model_dir: Path
-    """The checkpoint folder the model and tokenizer came from (model.checkpoint resolved)."""
+    model_dir: Path | None
+    """The checkpoint folder the model and tokenizer came from (model.checkpoint resolved; None for a task without
+    text)."""
 
 
 def prepare(config: Config, backend_name: str, config_path: Path | None = None) -> Experiment:
@@ -81,7 +82,8 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
     topology = backend.topology()
     _check_batch_sizes(config, topology.device_count)
 
-    checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint)
+    # A task without text (images) takes no tokenizer, so no checkpoint: its model is your own.
+    checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint) if task.tokenized else None
     user_model = config.model.architecture
     hf_config = {} if user_model else params.read_hf_config(checkpoint_dir)
     if not user_model:
@@ -92,11 +94,12 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
         _check_vocabulary(data.splits(), arch.vocab_size, checkpoint_dir)
     trainer = Trainer(backend, config, data, output_dir)
     head = task.head(family, arch, hf_config, data)
+    vocab_size = load_tokenizer(checkpoint_dir, config.data.max_length).get_vocab_size() if checkpoint_dir else 0
     model = ModelSpec(
         task=task, head=head, hf_config=hf_config, dropout=config.model.dropout,
         params={} if user_model else params.initial_params(checkpoint_dir, hf_config, head, config.train.seed),
         checkpoint_dir=checkpoint_dir, architecture=user_model,
-        vocab_size=load_tokenizer(checkpoint_dir, config.data.max_length).get_vocab_size())
+        model_arguments=task.model_arguments(data, head, vocab_size) if user_model else {})
     with trainer.hosts.watchdog.watch("building the model"):
         state = backend.init(model, optimizer_spec(config))
     return Experiment(config, task, data, backend_name, backend, topology, discovered, trainer, state, output_dir,

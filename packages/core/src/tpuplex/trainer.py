@@ -60,7 +60,7 @@ PROFILE_DIR = "profile"
 @dataclasses.dataclass(frozen=True)
 class Throughput:
     """Work done in one phase of this process: examples (rows with some weight), tokens (their real, unpadded
-    tokens) and seconds."""
+    tokens; 0 for batches without tokens) and seconds."""
 
     examples: int = 0
     tokens: int = 0
@@ -68,8 +68,8 @@ class Throughput:
 
     def add(self, batch: Batch, seconds: float = 0.0) -> Throughput:
         real = batch["weight"].reshape(len(batch["weight"]), -1).max(axis=1) > 0
-        return Throughput(self.examples + int(real.sum()), self.tokens + int(batch["attention_mask"][real].sum()),
-                          self.seconds + seconds)
+        tokens = int(batch["attention_mask"][real].sum()) if "attention_mask" in batch else 0
+        return Throughput(self.examples + int(real.sum()), self.tokens + tokens, self.seconds + seconds)
 
     def __add__(self, other: Throughput) -> Throughput:
         return Throughput(self.examples + other.examples, self.tokens + other.tokens, self.seconds + other.seconds)
@@ -433,9 +433,9 @@ class _Run:
         k = self.trainer.config.train.steps_per_execution
         group = [next(batches)]
         if k > 1 and self.cadence.next_boundary(self.at.step, stop) - self.at.step >= k:
-            shape = group[0]["input_ids"].shape
+            shape = shapes(group[0])
             # A shape change may cut the group short; `_run_group` then runs its batches one by one.
-            while len(group) < k and batches.peek() is not None and batches.peek()["input_ids"].shape == shape:
+            while len(group) < k and batches.peek() is not None and shapes(batches.peek()) == shape:
                 group.append(next(batches))
         task = self.trainer.data
         return [task.train_batch(batch, self.at.step + 1 + offset) for offset, batch in enumerate(group)]
@@ -558,3 +558,8 @@ class _Lookahead:
 
     def peek(self) -> Batch | None:
         return None if self._next is self._END else self._next
+
+
+def shapes(batch: Batch) -> dict[str, tuple[int, ...]]:
+    """Each array's shape: batches with equal shapes run one compiled program."""
+    return {key: value.shape for key, value in batch.items()}

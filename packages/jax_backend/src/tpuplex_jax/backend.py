@@ -84,8 +84,7 @@ class JaxBackend(BackendBase):
     @staticmethod
     def _user_model(model: ModelSpec, seed: int) -> tuple[nn.Module, Any, Naming, int]:
         """The user's Flax module, its parameters from `init` with `seed`, after checking it returns logits."""
-        module = user.build(model.architecture, "jax", model.vocab_size, model.num_labels, nn.Module,
-                            "flax.linen.Module")
+        module = user.build(model.architecture, "jax", model.model_arguments, nn.Module, "flax.linen.Module")
         ids = jnp.zeros((2, 8), jnp.int32)
         params = jax.device_get(module.init(jax.random.key(seed), ids, ids, ids, deterministic=True)["params"])
         logits = jax.eval_shape(lambda p: module.apply({"params": p}, ids, ids, ids, deterministic=True), params)

@@ -252,7 +252,7 @@ def build_user_model(spec: ModelSpec, seed: int) -> UserClassifier:
     """The user's Keras model with variables drawn under `keras.utils.set_random_seed(seed)`, checked to return
     logits [B, num_labels] (call under the strategy's scope)."""
     keras.utils.set_random_seed(seed)
-    module = user.build(spec.architecture, "tf", spec.vocab_size, spec.num_labels, keras.layers.Layer,
+    module = user.build(spec.architecture, "tf", spec.model_arguments, keras.layers.Layer,
                         "keras.layers.Layer")
     ones = tf.ones([2, 8], tf.int32)
     logits = module(ones, ones * 0, ones)  # creates every variable

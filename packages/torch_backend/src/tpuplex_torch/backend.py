@@ -34,8 +34,9 @@ class TorchBackend(BackendBase):
         built = model.build(model_spec, optimizer.seed)
         module = built.module.to(self.placement.device)
         state = TorchState(module, step.make_optimizer(module, optimizer), optimizer, built.forward,
-                           self.placement.compiled(built.forward), tasks.backend_module(model_spec.task, "torch"))
-        return self.state_from_arrays(state, checkpoint.initial(built.params))
+                           self.placement.compiled(built.forward), tasks.backend_module(model_spec.task, "torch"),
+                           tuple(built.buffers))
+        return self.state_from_arrays(state, checkpoint.initial(built.params, built.buffers))
 
     def train_step(self, state: TorchState, batch: Batch, learning_rate: float) -> tuple[TorchState, float]:
         return state, step.train_step(state, self.placement, batch, learning_rate)

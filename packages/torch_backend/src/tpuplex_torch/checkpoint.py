@@ -20,10 +20,10 @@ from tpuplex_torch.devices import Placement
 from tpuplex_torch.step import TorchState
 
 
-def initial(params: Mapping[str, np.ndarray]) -> PortableState:
-    """The state before training: `params`, zero moments, step 0."""
+def initial(params: Mapping[str, np.ndarray], buffers: Mapping[str, np.ndarray]) -> PortableState:
+    """The state before training: `params` and `buffers`, zero moments, step 0."""
     zeros = {name: np.zeros(np.shape(array), np.float32) for name, array in params.items()}
-    return PortableState(params=dict(params), exp_avg=zeros, exp_avg_sq=dict(zeros), step=0)
+    return PortableState(params=dict(params), exp_avg=zeros, exp_avg_sq=dict(zeros), step=0, buffers=dict(buffers))
 
 
 def to_portable(state: TorchState) -> PortableState:
@@ -34,7 +34,14 @@ def to_portable(state: TorchState) -> PortableState:
         params[name] = parameter.detach().cpu().numpy()
         exp_avg[name] = moments["exp_avg"].cpu().numpy()
         exp_avg_sq[name] = moments["exp_avg_sq"].cpu().numpy()
-    return PortableState(params=params, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, step=state.step)
+    buffers = {name: buffer.detach().cpu().numpy() for name, buffer in _buffers(state).items()}
+    return PortableState(params=params, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, step=state.step, buffers=buffers)
+
+
+def _buffers(state: TorchState) -> dict[str, torch.Tensor]:
+    """The model's non-trainable state that checkpoints carry (`TorchState.buffer_names`)."""
+    named = dict(state.model.named_buffers())
+    return {name: named[name] for name in state.buffer_names}
 
 
 def restore(state: TorchState, portable: PortableState, placement: Placement) -> TorchState:
@@ -51,5 +58,10 @@ def restore(state: TorchState, portable: PortableState, placement: Placement) ->
             "exp_avg": placement.upload(portable.exp_avg[name]),
             "exp_avg_sq": placement.upload(portable.exp_avg_sq[name]),
         }
+    buffers = _buffers(state)
+    check_names({name: tuple(b.shape) for name, b in buffers.items()}, portable.buffers,
+                "the checkpoint's non-trainable state")
+    for name, buffer in buffers.items():
+        buffer.data = torch.from_numpy(np.array(portable.buffers[name])).to(placement.device, buffer.dtype)
     state.step = portable.step
     return state

@@ -35,7 +35,7 @@ from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows
-from tpuplex.protocol import Batch, head_inputs
+from tpuplex.protocol import IMAGE_INPUTS, MODEL_INPUTS, Batch, head_inputs
 
 if TYPE_CHECKING:
     from tpuplex_torch.model import Forward
@@ -61,11 +61,12 @@ def claim(runtime: RuntimeConfig) -> Placement:
 
 
 def host_tensors(batch: Batch) -> dict[str, torch.Tensor]:
-    """A host batch as CPU tensors: ids and mask int64 [B, L], the task's labels int64 (float32 for regression)
-    and weight float32 of the labels' shape ([B], or [B, L] per token; ones when the batch has none), and the
-    head's inputs int64."""
+    """A host batch as CPU tensors: ids and mask int64 [B, L] (images uint8 [B, H, W, 3] as they are), the task's
+    labels int64 (float32 for regression) and weight float32 of the labels' shape ([B], or [B, L] per token; ones
+    when the batch has none), and the head's inputs int64."""
     tensors = {key: torch.from_numpy(np.asarray(batch[key], dtype=np.int64))
-               for key in ("input_ids", "token_type_ids", "attention_mask", *head_inputs(batch))}
+               for key in (*MODEL_INPUTS, *head_inputs(batch)) if key in batch}
+    tensors |= {key: torch.from_numpy(np.ascontiguousarray(batch[key])) for key in IMAGE_INPUTS if key in batch}
     labels = np.asarray(batch["labels"])
     tensors["labels"] = torch.from_numpy(labels.astype(np.float32 if labels.dtype.kind == "f" else np.int64))
     weight = batch.get("weight")

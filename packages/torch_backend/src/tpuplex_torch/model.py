@@ -23,11 +23,13 @@ Forward = Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-    """A model on the CPU in float32, how to call it, and its initial parameters (numpy, by parameter name)."""
+    """A model on the CPU in float32, how to call it, its initial parameters and its non-trainable state (numpy,
+    by name: a user model's persistent buffers, such as batch-norm statistics; none for HF models)."""
 
     module: torch.nn.Module
     forward: Forward
     params: Mapping[str, np.ndarray]
+    buffers: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def build(spec: ModelSpec, seed: int) -> Built:
@@ -59,16 +61,17 @@ def build(spec: ModelSpec, seed: int) -> Built:
 
 def _build_user_model(spec: ModelSpec, seed: int) -> Built:
     torch.manual_seed(seed)
-    module = user.build(spec.architecture, "torch", spec.vocab_size, spec.num_labels, torch.nn.Module,
-                        "torch.nn.Module")
+    module = user.build(spec.architecture, "torch", spec.model_arguments, torch.nn.Module, "torch.nn.Module")
     module = module.float()
     if not spec.dropout:
         for layer in module.modules():
             if isinstance(layer, torch.nn.modules.dropout._DropoutNd):
                 layer.p = 0.0
     params = {name: p.detach().numpy().copy() for name, p in module.named_parameters()}
-    return Built(module, functools.partial(user_logits, architecture=spec.architecture,
-                                                  num_labels=spec.num_labels), params)
+    buffers = {name: b.detach().numpy().copy() for name, b in module.state_dict().items() if name not in params}
+    task = tasks.backend_module(spec.task, "torch")
+    return Built(module, functools.partial(user_logits, architecture=spec.architecture, num_labels=spec.num_labels,
+                                           model_inputs=getattr(task, "model_inputs", text_inputs)), params, buffers)
 
 
 def forward_outputs(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], token_types: bool,
@@ -91,11 +94,17 @@ def forward_outputs(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], 
     return model(**encoder_inputs).logits
 
 
-def user_logits(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], architecture: str,
-                num_labels: int) -> torch.Tensor:
-    """A user module's logits [b, num_labels]; its output is checked, since nothing else constrains it."""
-    logits = model(inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"])
+def text_inputs(inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """What a text model of your own is called with: input_ids, token_type_ids, attention_mask int64 [b, L]."""
+    return inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"]
+
+
+def user_logits(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], architecture: str, num_labels: int,
+                model_inputs: Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]) -> torch.Tensor:
+    """A user module's logits [b, num_labels] from `model_inputs(inputs)` (the task module's, or `text_inputs`);
+    its output is checked, since nothing else constrains it."""
+    logits = model(*model_inputs(inputs))
     shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-    user.check_logits(architecture, shape, inputs["input_ids"].shape[0], num_labels)
+    user.check_logits(architecture, shape, inputs["labels"].shape[0], num_labels)
     return logits
 

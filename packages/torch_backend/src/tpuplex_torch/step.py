@@ -27,7 +27,8 @@ from tpuplex_torch.model import Forward
 class TorchState:
     """The training state, updated in place. forward: how to call the model (`tpuplex_torch.model.Built`);
     train_forward: the same, as the train step calls it (compiled under torch_mode = "compile"); task: the task's
-    torch module (`unit_losses`, `predict_outputs`); step: optimizer updates applied so far."""
+    torch module (`unit_losses`, `predict_outputs`); buffer_names: the model's buffers that checkpoints carry (a
+    user model's batch-norm statistics); step: optimizer updates applied so far."""
 
     model: torch.nn.Module
     optimizer: torch.optim.AdamW
@@ -35,6 +36,7 @@ class TorchState:
     forward: Forward
     train_forward: Forward
     task: ModuleType
+    buffer_names: tuple[str, ...] = ()
     step: int = 0
 
 

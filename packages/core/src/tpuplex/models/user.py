@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,16 +83,16 @@ def check_logits(architecture: str, shape: tuple[int, ...] | str, rows: int, num
                            "(batch, num_labels)")
 
 
-def build(architecture: str, backend: str, vocab_size: int, num_labels: int, kind: type, kind_name: str) -> Any:
-    """`factory(vocab_size=..., num_labels=...)`, checked to be a `kind` (the backend framework's model class,
-    `kind_name` in messages), with a failure of the user's constructor named as such."""
+def build(architecture: str, backend: str, arguments: Mapping[str, Any], kind: type, kind_name: str) -> Any:
+    """`factory(**arguments)` (the task's `model_arguments`), checked to be a `kind` (the backend framework's model
+    class, `kind_name` in messages), with a failure of the user's constructor named as such."""
     factory = resolve(architecture, backend)
     try:
-        module = factory(vocab_size=vocab_size, num_labels=num_labels)
+        module = factory(**arguments)
     except TypeError as error:
+        call = ", ".join(f"{key}={value!r}" for key, value in arguments.items())
         raise TpuplexError(f"model.architecture = {architecture!r} could not be built as "
-                           f"{architecture.split(':')[1]}(vocab_size={vocab_size}, num_labels={num_labels}) "
-                           f"({error}): give it those keyword arguments") from None
+                           f"{architecture.split(':')[1]}({call}) ({error}): give it those keyword arguments") from None
     if not isinstance(module, kind):
         raise TpuplexError(f"model.architecture = {architecture!r} built a {type(module).__name__}, not a "
                            f"{kind_name}: the {backend} backend trains {kind_name} models")

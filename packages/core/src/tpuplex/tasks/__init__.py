@@ -24,6 +24,7 @@ BUILTIN: dict[str, str] = {
     "sequence_classification": "tpuplex.tasks.sequence_classification:TASK",
     "masked_lm": "tpuplex.tasks.masked_lm:TASK",
     "token_classification": "tpuplex.tasks.token_classification:TASK",
+    "image_classification": "tpuplex.tasks.image_classification:TASK",
 }
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 

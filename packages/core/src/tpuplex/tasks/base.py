@@ -118,6 +118,8 @@ class Task:
     Options: ClassVar[type]
     backends: ClassVar[Mapping[str, str]]
     auto_class: ClassVar[str]
+    tokenized: ClassVar[bool] = True
+    """Whether the task reads text through the checkpoint's tokenizer (False: images, and no checkpoint)."""
 
     def check(self, config: Any, options: Any) -> None:
         """Cheap checks of the run's data settings (fields, files exist), before any backend starts."""
@@ -129,6 +131,10 @@ class Task:
     def head(self, family: Family, arch: Architecture, hf_config: Mapping[str, Any], data: TaskData) -> Head:
         """The head `family` gets for `data` (its sizes may depend on the data: classes, tags)."""
         raise NotImplementedError
+
+    def model_arguments(self, data: TaskData, head: Head, vocab_size: int) -> dict[str, Any]:
+        """The keyword arguments a model of your own (`model.architecture`) is built with."""
+        return {"vocab_size": vocab_size, "num_labels": head.num_labels}
 
     def hf_class(self, family: Family, model_type: str) -> str:
         """HF's class for this task and `model_type` (`BertForMaskedLM`): an HF export's "architectures"."""

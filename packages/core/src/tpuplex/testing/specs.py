@@ -33,10 +33,11 @@ def classifier_spec(directory: Path, hf_config: Mapping[str, Any], num_labels: i
                      params=initial_params(directory, hf_config, head, seed), **fields)
 
 
-def user_classifier_spec(architecture: str, num_labels: int, **fields: Any) -> ModelSpec:
-    """Your own model (`model.architecture`) as a sequence classifier."""
+def user_classifier_spec(architecture: str, num_labels: int, vocab_size: int, **fields: Any) -> ModelSpec:
+    """Your own model (`model.architecture`) as a sequence classifier over `vocab_size` token ids."""
     return ModelSpec(task=SEQUENCE_CLASSIFICATION, head=classifier_head(None, None, {}, num_labels), hf_config={},
-                     params={}, architecture=architecture, **fields)
+                     params={}, architecture=architecture,
+                     model_arguments={"vocab_size": vocab_size, "num_labels": num_labels}, **fields)
 
 
 def masked_lm_spec(directory: Path, hf_config: Mapping[str, Any], seed: int = 0, **fields: Any) -> ModelSpec:

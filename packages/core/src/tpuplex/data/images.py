@@ -1,0 +1,289 @@
+"""Images prepared once into memory-mapped shards: the TPU lesson's "JPEGs to TFRecords" step, without TensorFlow.
+
+    tpuplex prepare ../shared/images/flowers --out data/flowers-160 --image-size 160 160
+
+Sources are a class-per-folder tree (`<root>/<class>/*.jpg|jpeg|png`; other files are ignored, as torchvision's
+ImageFolder and Keras' `image_dataset_from_directory` ignore them) or a CSV/JSONL listing of (path, label) pairs.
+Classes are sorted by name; a class's index is its position.
+
+Every image is decoded once, converted to RGB and resized (`decode`), then written into shards of raw pixels:
+
+    <folder>/manifest.json          format, classes, image shape, counts, shards and their sha256, the sources'
+                                    content hash, the resize rule
+    <folder>/images-00000.npy       uint8 [n, H, W, 3]  (numpy's .npy: readable memory-mapped, no framework)
+    <folder>/labels-00000.npy       int32 [n]
+
+Why raw pixels in .npy rather than TFRecord or array_record: a training step then reads its rows straight from
+the page cache (`np.load(mmap_mode="r")`), with no decode at all, so input never competes with the step for the
+CPU; a shard is read by numpy alone; and a split larger than memory is read page by page. The price is disk:
+H * W * 3 bytes per image (76,800 at 160 x 160, about the JPEG's own size for the flower photos).
+
+The folder is written under a temporary name and renamed into place when complete, so an interrupted `prepare`
+never leaves a shard that a run would read; the next `prepare` starts afresh.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tpuplex.errors import TpuplexError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+PREPARED_FORMAT = 1
+MANIFEST = "manifest.json"
+RESIZE_RULE = ("center crop to the target aspect ratio (rounded down, offsets floor((size - crop) / 2)), then "
+               "Pillow's bilinear resize with antialiasing (Image.resize(BILINEAR, reducing_gap=None)); RGB via "
+               "Image.convert('RGB'): grayscale repeated, alpha dropped, CMYK by Pillow's conversion; EXIF "
+               "orientation not applied")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageList:
+    """Images to prepare: `paths` [N] with class indices `labels` int32 [N] into `classes` (sorted)."""
+
+    paths: tuple[Path, ...]
+    labels: np.ndarray
+    classes: tuple[str, ...]
+    origin: str
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def key(self) -> str:
+        """A cheap hash of the listing (paths, sizes, modification times, labels): a prepared cache is reused
+        while it is unchanged. The manifest also records a hash of the files' bytes."""
+        digest = hashlib.sha256(json.dumps(self.classes).encode())
+        for path, label in zip(self.paths, self.labels.tolist(), strict=True):
+            stat = path.stat()
+            digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{label}\n".encode())
+        return digest.hexdigest()[:16]
+
+
+def scan_folder(root: str | Path) -> ImageList:
+    """The images of a class-per-folder tree: every `<root>/<class>/*.{jpg,jpeg,png}` (any case), classes sorted."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise TpuplexError(f"image folder {root} does not exist or is not a folder: give a folder with one "
+                           "sub-folder of images per class")
+    classes = tuple(sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith(".")))
+    if len(classes) < 2:
+        raise TpuplexError(f"image folder {root} has {len(classes)} class folder(s) ({', '.join(classes) or 'none'}): "
+                           "a classifier needs at least two, one sub-folder of images per class")
+    paths, labels = [], []
+    for index, name in enumerate(classes):
+        found = sorted(p for p in (root / name).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not found:
+            raise TpuplexError(f"class folder {root / name} holds no {'/'.join(IMAGE_SUFFIXES)} file: add its "
+                               "images or remove the folder")
+        paths += found
+        labels += [index] * len(found)
+    return ImageList(tuple(paths), np.asarray(labels, np.int32), classes, str(root))
+
+
+def read_listing(file: str | Path, classes: Sequence[str] = ()) -> ImageList:
+    """The images a CSV (header `path,label`) or JSONL (`{"path": ..., "label": ...}`) file lists; relative paths
+    are relative to the file. Classes are `classes` when given, else the sorted distinct labels."""
+    file = Path(file).expanduser()
+    if not file.is_file():
+        raise TpuplexError(f"image listing {file} does not exist: give a .csv (path,label) or .jsonl file")
+    if file.suffix.lower() == ".csv":
+        with file.open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+    elif file.suffix.lower() == ".jsonl":
+        rows = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    else:
+        raise TpuplexError(f"image listing {file} is neither .csv nor .jsonl: write (path, label) rows in one of them")
+    if not rows or any("path" not in row or "label" not in row for row in rows):
+        raise TpuplexError(f"image listing {file} needs a 'path' and a 'label' in every row (a CSV header "
+                           "path,label)")
+    names = [str(row["label"]) for row in rows]
+    classes = tuple(classes) or tuple(sorted(set(names)))
+    unknown = sorted(set(names) - set(classes))
+    if unknown:
+        raise TpuplexError(f"image listing {file} has labels {unknown[:5]} outside the classes {list(classes)}")
+    if len(classes) < 2:
+        raise TpuplexError(f"image listing {file} has {len(classes)} class: a classifier needs at least two")
+    paths = tuple((file.parent / row["path"]).resolve() for row in rows)
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise TpuplexError(f"image listing {file} names {len(missing)} missing file(s), first {missing[0]}")
+    index = {name: i for i, name in enumerate(classes)}
+    return ImageList(paths, np.asarray([index[n] for n in names], np.int32), classes, str(file))
+
+
+def decode(data: bytes, size: tuple[int, int] | None, name: str = "image") -> np.ndarray:
+    """Encoded image bytes -> uint8 [H, W, 3] RGB, resized to `size` = (H, W) by RESIZE_RULE (as is when None).
+
+    Raises one TpuplexError naming `name` when the bytes are not a complete image Pillow can read."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            rgb = image.convert("RGB")
+    except UnidentifiedImageError:
+        raise TpuplexError(f"{name} is not an image Pillow can read: remove it or convert it to JPEG/PNG") from None
+    except (OSError, SyntaxError, ValueError) as error:
+        raise TpuplexError(f"{name} cannot be decoded ({error}): the file is damaged or truncated; remove or "
+                           "replace it") from None
+    if size is not None:
+        rgb = _resize(rgb, size)
+    return np.asarray(rgb, np.uint8)
+
+
+def _resize(image, size: tuple[int, int]):
+    """RESIZE_RULE: the largest centered crop of the target aspect ratio, resized to `size` (H, W)."""
+    from PIL import Image
+
+    height, width = size
+    crop_w = min(image.width, image.height * width // height)
+    crop_h = min(image.height, image.width * height // width)
+    left, top = (image.width - crop_w) // 2, (image.height - crop_h) // 2
+    box = (left, top, left + crop_w, top + crop_h)
+    return image.resize((width, height), Image.Resampling.BILINEAR, box=box, reducing_gap=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedImages:
+    """A prepared folder, read lazily: `images` per shard as read-only memory maps (uint8 [n, H, W, 3])."""
+
+    folder: Path
+    manifest: dict
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return tuple(self.manifest["classes"])
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.manifest["image_shape"])
+
+    def __len__(self) -> int:
+        return int(self.manifest["count"])
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int32 [N], every shard's labels in order."""
+        return np.concatenate([np.load(self.folder / shard["labels"]) for shard in self.manifest["shards"]])
+
+    def images(self, rows: np.ndarray) -> np.ndarray:
+        """uint8 [len(rows), H, W, 3]: the images at global indices `rows`, read from their shards' pages."""
+        rows = np.asarray(rows, np.int64)
+        offsets = np.cumsum([0] + [shard["count"] for shard in self.manifest["shards"]])
+        shard_of = np.searchsorted(offsets, rows, side="right") - 1
+        out = np.empty((len(rows), *self.image_shape), np.uint8)
+        for shard in np.unique(shard_of):
+            chosen = shard_of == shard
+            out[chosen] = self._shard(int(shard))[rows[chosen] - offsets[shard]]
+        return out
+
+    def _shard(self, index: int) -> np.ndarray:
+        cache = self.__dict__.setdefault("_maps", {})
+        if index not in cache:
+            cache[index] = np.load(self.folder / self.manifest["shards"][index]["images"], mmap_mode="r")
+        return cache[index]
+
+    def fingerprint(self) -> str:
+        """The hash of the shards' content, as the manifest records it."""
+        return self.manifest["content_sha256"][:16]
+
+
+def open_prepared(folder: str | Path) -> PreparedImages:
+    """The prepared folder `folder`, its manifest checked."""
+    folder = Path(folder).expanduser()
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise TpuplexError(f"{folder} is not a prepared image folder (no {MANIFEST}): run tpuplex prepare on the "
+                           "images first, or point data.train_file at the image folder itself")
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if manifest.get("format") != PREPARED_FORMAT:
+        raise TpuplexError(f"{folder} was prepared in format {manifest.get('format')}, this tpuplex reads "
+                           f"{PREPARED_FORMAT}: run tpuplex prepare again")
+    return PreparedImages(folder, manifest)
+
+
+def prepare(images: ImageList, folder: str | Path, size: tuple[int, int] | None, shard_size: int = 4096,
+            workers: int = 0) -> PreparedImages:
+    """Decode, convert and resize every image of `images` once and write the prepared `folder` (see the module).
+
+    size: (H, W), or None to keep the images' own size (then all must have the same). workers: decoding threads
+    (Pillow releases the GIL while it decodes and resizes), 0 for one per CPU core.
+    """
+    folder = Path(folder).expanduser()
+    if folder.exists():
+        raise TpuplexError(f"{folder} already exists: choose a new folder for the prepared images (or remove it)")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    try:
+        manifest = _write_shards(images, staging, size, shard_size, workers or os.cpu_count() or 1)
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return PreparedImages(folder, manifest)
+
+
+def _write_shards(images: ImageList, folder: Path, size: tuple[int, int] | None, shard_size: int,
+                  workers: int) -> dict:
+    if shard_size < 1:
+        raise TpuplexError(f"shard_size = {shard_size}: use 1 or more images per shard")
+    sources = hashlib.sha256()
+    content = hashlib.sha256()
+    shards, shape, first = [], None, None
+
+    def load(path: Path) -> tuple[bytes, np.ndarray]:
+        data = path.read_bytes()
+        return data, decode(data, size, str(path))
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for begin in range(0, len(images), shard_size):
+            paths = images.paths[begin : begin + shard_size]
+            labels = images.labels[begin : begin + shard_size]
+            name = f"{len(shards):05d}"
+            pixels = None
+            for row, (path, (data, image)) in enumerate(zip(paths, pool.map(load, paths), strict=True)):
+                sources.update(hashlib.sha256(data).digest())
+                if shape is None:
+                    shape, first = image.shape, path
+                elif image.shape != shape:
+                    raise TpuplexError(f"{path} is {image.shape[1]}x{image.shape[0]} but {first} is "
+                                       f"{shape[1]}x{shape[0]}: set an image size (--image-size H W, or "
+                                       "task.image_size) so every image is resized to it")
+                if pixels is None:
+                    pixels = np.lib.format.open_memmap(folder / f"images-{name}.npy", "w+", np.uint8,
+                                                       (len(paths), *shape))
+                pixels[row] = image
+            pixels.flush()
+            del pixels
+            np.save(folder / f"labels-{name}.npy", labels)
+            digest = _sha256(folder / f"images-{name}.npy", folder / f"labels-{name}.npy")
+            content.update(digest.encode())
+            shards.append({"images": f"images-{name}.npy", "labels": f"labels-{name}.npy", "count": len(paths),
+                           "sha256": digest})
+    counts = np.bincount(images.labels, minlength=len(images.classes))
+    return {"format": PREPARED_FORMAT, "classes": list(images.classes), "image_shape": list(shape),
+            "count": len(images), "class_counts": dict(zip(images.classes, counts.tolist(), strict=True)),
+            "shards": shards, "content_sha256": content.hexdigest(), "sources": images.origin,
+            "sources_sha256": sources.hexdigest(), "resize": RESIZE_RULE if size else "none (the images' own size)"}
+
+
+def _sha256(*paths: Path) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with path.open("rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,173 @@
+"""Image classification (keras-hub's `ImageClassifier`): one class per image, your own model trained from scratch.
+
+    [task]
+    name = "image_classification"
+    image_size = [160, 160]         # (H, W) every image is resized to when prepared; [] keeps the images' own size
+    validation_fraction = 0.1       # without data.eval_files: a seeded 10% of each class is held out
+    crop_padding = 0                # training crops: pad by this many pixels, crop back at a random offset
+    flip = true                     # training flips: mirror left-right with probability 1/2
+
+    [data]
+    dataset = "flowers"
+    train_file = "../shared/images/flowers"   # a class-per-folder tree, a .csv/.jsonl of (path, label), or a
+                                              # folder `tpuplex prepare` wrote
+    eval_files = []                           # the same kinds, for held-out splits
+
+Data: images are decoded and resized once into memory-mapped shards (`tpuplex.data.images`); a run pointed at raw
+images prepares them into `data.cache_dir` itself. Batches: images uint8 [B, H, W, 3] (each backend's task module
+scales them to [0, 1] on the device), labels int32 [B], weight [B]; the training crops and flips are drawn by the
+core from (seed, step), so every backend and replica count sees the same pixels. Loss: cross-entropy. Metrics:
+`accuracy` and `loss`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tpuplex.data import images as image_files
+from tpuplex.errors import TpuplexError
+from tpuplex.metrics import cross_entropy
+from tpuplex.models import Architecture, Family
+from tpuplex.protocol import Batch
+from tpuplex.tasks.base import Task, TaskData
+from tpuplex.tasks.image_classification.data import ImageSplit, augment, held_out
+from tpuplex.tasks.sequence_classification.heads import ClassifierHead
+
+TRAIN_STREAM = 0
+"""Training augmentation draws from `default_rng([seed, TRAIN_STREAM, step])`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    image_size: tuple[int, ...] = ()
+    validation_fraction: float = 0.1
+    crop_padding: int = 0
+    flip: bool = True
+
+
+@dataclasses.dataclass
+class ImageData(TaskData):
+    name: str
+    train: ImageSplit
+    eval: dict[str, ImageSplit]
+    classes: tuple[str, ...]
+    seed: int
+    crop_padding: int
+    flip: bool
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return self.train.prepared.image_shape
+
+    def train_batch(self, batch: Batch, step: int) -> Batch:
+        rng = np.random.default_rng([self.seed, TRAIN_STREAM, step])
+        return {**batch, "images": augment(batch["images"], rng, self.crop_padding, self.flip)}
+
+    def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
+        """outputs: logits [N, classes]."""
+        return {"accuracy": float(np.mean(outputs.argmax(axis=1) == labels)),
+                "loss": float(np.mean(cross_entropy(outputs, labels)))}
+
+    def pinned_options(self) -> dict[str, Any]:
+        return {"classes": list(self.classes)}
+
+    def report(self) -> dict[str, Any]:
+        return {"classes": list(self.classes), "image_shape": list(self.image_shape),
+                "prepared": str(self.train.prepared.folder)}
+
+
+class ImageClassification(Task):
+    name: ClassVar[str] = "image_classification"
+    Options: ClassVar[type] = Options
+    backends: ClassVar[Mapping[str, str]] = {backend: f"{__name__}.{backend}" for backend in ("jax", "tf", "torch")}
+    auto_class: ClassVar[str] = "AutoModelForImageClassification"
+    tokenized: ClassVar[bool] = False
+
+    def check(self, config: Any, options: Options) -> None:
+        image_size(options)
+        if not 0 <= options.validation_fraction < 1:
+            raise TpuplexError(f"task.validation_fraction = {options.validation_fraction} is not allowed: use a "
+                               "number in [0, 1), e.g. 0.1")
+        if options.crop_padding < 0:
+            raise TpuplexError(f"task.crop_padding = {options.crop_padding}: use 0 (no crops) or more pixels")
+        if not config.data.train_file:
+            raise TpuplexError("data.train_file is empty: name a class-per-folder image tree, a .csv/.jsonl of "
+                               "(path, label), or a folder tpuplex prepare wrote")
+        if not config.data.eval_files and options.validation_fraction == 0:
+            raise TpuplexError("the image_classification task needs held-out images: set data.eval_files or "
+                               "task.validation_fraction (e.g. 0.1)")
+        if not config.model.architecture:
+            raise TpuplexError("the image_classification task trains your own model: set model.architecture "
+                               '(e.g. "models.{backend}_cnn:FlowersCNN", see examples/flowers)')
+
+    def prepare(self, config: Any, options: Options, tokenizer_dir: Path | None) -> ImageData:
+        data, size = config.data, image_size(options)
+        cache = Path(data.cache_dir).expanduser() / "images"
+        train = prepared_images("data.train_file", data.train_file, size, cache)
+        every = np.arange(len(train), dtype=np.int64)
+        if data.eval_files:
+            splits = {}
+            for index, spec in enumerate(data.eval_files):
+                split = prepared_images(f"data.eval_files[{index}]", spec, size, cache, train.classes)
+                if split.image_shape != train.image_shape:
+                    raise TpuplexError(f"data.eval_files[{index}] holds {split.image_shape} images, data.train_file "
+                                       f"{train.image_shape}: set task.image_size so both are resized alike")
+                splits[Path(spec).name] = ImageSplit(split, np.arange(len(split), dtype=np.int64))
+            train_split = ImageSplit(train, every)
+        else:
+            rows, validation = held_out(train.labels, options.validation_fraction, config.train.seed)
+            train_split, splits = ImageSplit(train, rows), {"validation": ImageSplit(train, validation)}
+        return ImageData(data.dataset, train_split, splits, train.classes, config.train.seed, options.crop_padding,
+                         options.flip)
+
+    def head(self, family: Family | None, arch: Architecture | None, hf_config: Mapping[str, Any],
+             data: ImageData) -> ClassifierHead:
+        return ClassifierHead(modules={}, shapes={}, drawn=(), num_labels=len(data.classes))
+
+    def model_arguments(self, data: ImageData, head: ClassifierHead, vocab_size: int) -> dict[str, Any]:
+        return {"num_labels": len(data.classes), "image_shape": data.image_shape}
+
+    def hf_class(self, family: Family, model_type: str) -> str:
+        raise TpuplexError("an image model of your own has no HF class: export it with --format saved_model (tf) "
+                           "or the framework's own format")
+
+
+def image_size(options: Options) -> tuple[int, int] | None:
+    """task.image_size as (H, W), or None to keep the images' own size."""
+    if not options.image_size:
+        return None
+    if len(options.image_size) != 2 or min(options.image_size) < 1:
+        raise TpuplexError(f"task.image_size = {list(options.image_size)}: give [height, width] in pixels, e.g. "
+                           "[160, 160], or [] to keep the images' own size")
+    return int(options.image_size[0]), int(options.image_size[1])
+
+
+def prepared_images(field: str, spec: str, size: tuple[int, int] | None, cache: Path,
+                    classes: tuple[str, ...] = ()) -> image_files.PreparedImages:
+    """The prepared images `spec` names: a prepared folder as it is, or raw images (folder tree or listing)
+    prepared into `cache` once (reused while the listing is unchanged). `classes`: the training split's, which an
+    evaluation split must match."""
+    path = Path(spec).expanduser()
+    if (path / image_files.MANIFEST).is_file():
+        prepared = image_files.open_prepared(path)
+        if size is not None and prepared.image_shape[:2] != size:
+            raise TpuplexError(f"{field} = {spec!r} was prepared at {prepared.image_shape[:2]}, but task.image_size "
+                               f"is {list(size)}: prepare it again at that size or set task.image_size to match")
+    else:
+        listing = (image_files.scan_folder(path) if path.is_dir()
+                   else image_files.read_listing(path, classes))
+        folder = cache / f"{listing.key()}-{'x'.join(map(str, size)) if size else 'own'}"
+        prepared = (image_files.open_prepared(folder) if (folder / image_files.MANIFEST).is_file()
+                    else image_files.prepare(listing, folder, size))
+    if classes and prepared.classes != classes:
+        raise TpuplexError(f"{field} = {spec!r} has the classes {list(prepared.classes)}, the training images "
+                           f"{list(classes)}: give every split the same class folders")
+    return prepared
+
+
+TASK = ImageClassification()

@@ -1,0 +1,161 @@
+"""Images prepared once into shards (`tpuplex prepare`), image splits, batches and the core's augmentation."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tpuplex import cli
+from tpuplex.collate import Batcher
+from tpuplex.data import images
+from tpuplex.errors import TpuplexError
+from tpuplex.tasks.image_classification.data import ImageSplit, augment, held_out
+
+
+def _jpeg(path, size=(40, 30), mode="RGB", color=(200, 40, 10), suffix_format="JPEG") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = Image.new(mode, size, color if mode != "L" else 128)
+    image.save(path, format=suffix_format)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """Two classes of three small photos each, sizes mixed, and a stray text file that is ignored."""
+    root = tmp_path / "photos"
+    for label, color in (("cat", (200, 40, 10)), ("ant", (10, 200, 40))):
+        for index, size in enumerate(((40, 30), (30, 40), (50, 50))):
+            _jpeg(root / label / f"{index}.jpg", size, color=color)
+    (root / "cat" / "notes.txt").write_text("not an image")
+    return root
+
+
+def test_prepare_writes_sorted_classes_shards_and_a_manifest(tree, tmp_path) -> None:
+    listing = images.scan_folder(tree)
+    assert listing.classes == ("ant", "cat") and len(listing) == 6
+    prepared = images.prepare(listing, tmp_path / "prepared", (16, 24), shard_size=4)
+    manifest = json.loads((tmp_path / "prepared" / images.MANIFEST).read_text())
+    assert manifest["count"] == 6 and manifest["image_shape"] == [16, 24, 3]
+    assert [shard["count"] for shard in manifest["shards"]] == [4, 2]
+    assert manifest["class_counts"] == {"ant": 3, "cat": 3}
+    assert prepared.labels.tolist() == [0, 0, 0, 1, 1, 1]
+    pixels = prepared.images(np.array([5, 0, 3]))
+    assert pixels.shape == (3, 16, 24, 3) and pixels.dtype == np.uint8
+    # JPEG keeps a flat colour within a few levels: the rows came back in the order asked.
+    assert abs(int(pixels[0, 8, 12, 0]) - 200) < 8 and abs(int(pixels[1, 8, 12, 1]) - 200) < 8
+    again = images.open_prepared(tmp_path / "prepared")
+    assert again.fingerprint() == prepared.fingerprint()
+    np.testing.assert_array_equal(again.images(np.arange(6)), prepared.images(np.arange(6)))
+
+
+def test_resize_crops_the_centre_to_the_target_aspect_ratio() -> None:
+    # A 40x20 (W x H) image, left half black, right half white: cropped to 20x20 at the centre, half of each.
+    image = np.zeros((20, 40, 3), np.uint8)
+    image[:, 20:] = 255
+    encoded = io.BytesIO()
+    Image.fromarray(image).save(encoded, format="PNG")
+    resized = images.decode(encoded.getvalue(), (10, 10))
+    assert resized.shape == (10, 10, 3)
+    assert resized[:, :4].max() == 0 and resized[:, 6:].min() == 255
+
+
+def test_grayscale_cmyk_and_alpha_are_converted_to_rgb(tmp_path) -> None:
+    for mode, color, suffix, kind in (("L", 128, "g.png", "PNG"), ("CMYK", (0, 0, 0, 0), "c.jpg", "JPEG"),
+                                      ("RGBA", (10, 20, 30, 0), "a.png", "PNG")):
+        path = tmp_path / suffix
+        Image.new(mode, (8, 8), color).save(path, format=kind)
+        pixels = images.decode(path.read_bytes(), None, str(path))
+        assert pixels.shape == (8, 8, 3), mode
+    assert (images.decode((tmp_path / "g.png").read_bytes(), None) == 128).all()
+
+
+@pytest.mark.parametrize("case", ["empty class", "one class", "truncated", "not an image", "mixed sizes"])
+def test_bad_images_give_one_clear_error_and_leave_no_folder(case, tree, tmp_path, capsys) -> None:
+    size = ["--image-size", "16", "16"]
+    if case == "empty class":
+        (tree / "dog").mkdir()
+        expected = "holds no .jpg/.jpeg/.png file"
+    elif case == "one class":
+        for path in (tree / "ant").iterdir():
+            path.unlink()
+        (tree / "ant").rmdir()
+        expected = "at least two"
+    elif case == "truncated":
+        path = tree / "cat" / "2.jpg"
+        path.write_bytes(path.read_bytes()[:200])
+        expected = "cannot be decoded"
+    elif case == "not an image":
+        (tree / "cat" / "fake.jpg").write_text("this is text")
+        expected = "is not an image Pillow can read"
+    else:
+        size, expected = [], "set an image size"
+    out = tmp_path / "prepared"
+    assert cli.main(["prepare", str(tree), "--out", str(out), *size]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("tpuplex: error:") and expected in error and error.count("\n") == 1
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".prepared")]
+
+
+def test_cli_prepare_and_listing_files(tree, tmp_path, capsys) -> None:
+    listing = tmp_path / "pairs.csv"
+    listing.write_text("path,label\nphotos/cat/0.jpg,cat\nphotos/ant/1.jpg,ant\nphotos/cat/2.jpg,cat\n")
+    assert cli.main(["prepare", str(listing), "--out", str(tmp_path / "p"), "--image-size", "8", "8"]) == 0
+    assert "prepared 3 images of 2 classes at 8x8 in 1 shard(s)" in capsys.readouterr().out
+    prepared = images.open_prepared(tmp_path / "p")
+    assert prepared.classes == ("ant", "cat") and prepared.labels.tolist() == [1, 0, 1]
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text('{"path": "photos/cat/0.jpg", "label": "cat"}\n{"path": "photos/ant/9.jpg", "label": "ant"}\n')
+    with pytest.raises(TpuplexError, match="missing file"):
+        images.read_listing(jsonl)
+    assert cli.main(["prepare", str(listing), "--out", str(tmp_path / "p"), "--image-size", "8", "8"]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_augment_crops_and_flips_from_the_generator_alone() -> None:
+    rng = np.random.default_rng(0)
+    batch = rng.integers(0, 256, size=(6, 8, 10, 3), dtype=np.uint8)
+    first = augment(batch, np.random.default_rng([1, 0, 7]), crop_padding=2, flip=True)
+    second = augment(batch.copy(), np.random.default_rng([1, 0, 7]), crop_padding=2, flip=True)
+    np.testing.assert_array_equal(first, second)
+    assert first.shape == batch.shape and first.dtype == np.uint8
+    draw = np.random.default_rng([1, 0, 7])
+    offsets, flips = draw.integers(0, 5, size=(6, 2)), draw.random(6) < 0.5
+    padded = np.pad(batch, [(0, 0), (2, 2), (2, 2), (0, 0)])
+    for row, (top, left) in enumerate(offsets):
+        expected = padded[row, top : top + 8, left : left + 10]
+        np.testing.assert_array_equal(first[row], expected[:, ::-1] if flips[row] else expected)
+    np.testing.assert_array_equal(augment(batch, np.random.default_rng(3), 0, False), batch)
+
+
+def test_held_out_is_stratified_seeded_and_disjoint() -> None:
+    labels = np.repeat(np.arange(5), 200)
+    train, validation = held_out(labels, 0.1, seed=42)
+    assert len(validation) == 100 and np.bincount(labels[validation]).tolist() == [20] * 5
+    assert not set(train) & set(validation) and len(train) + len(validation) == 1000
+    np.testing.assert_array_equal(held_out(labels, 0.1, seed=42)[1], validation)
+    assert not np.array_equal(held_out(labels, 0.1, seed=43)[1], validation)
+
+
+def test_image_batches_have_static_shapes_and_count_every_image_once(tree, tmp_path) -> None:
+    prepared = images.prepare(images.scan_folder(tree), tmp_path / "prepared", (8, 8))
+    split = ImageSplit(prepared, np.array([0, 2, 3, 5], np.int64))
+    batcher = Batcher(split, global_batch=3, replicas=1, seed=1)
+    train = list(batcher.train_batches(0))
+    assert [b["images"].shape for b in train] == [(3, 8, 8, 3)] * 2
+    assert sorted(np.concatenate([b["labels"][b["weight"] > 0] for b in train]).tolist()) == [0, 0, 1, 1]
+    seen = np.concatenate([item.index[item.index >= 0] for item in batcher.eval_batches()])
+    assert sorted(seen.tolist()) == [0, 1, 2, 3]
+    assert batcher.padding_efficiency(train=False) == pytest.approx(4 / 6)
+
+
+def test_the_real_flowers_prepare_into_five_classes_of_200(shared_images, tmp_path) -> None:
+    listing = images.scan_folder(shared_images / "flowers")
+    assert listing.classes == ("daisy", "dandelion", "roses", "sunflowers", "tulips")
+    prepared = images.prepare(listing, tmp_path / "flowers", (64, 64), shard_size=300)
+    assert len(prepared) == 1000 and prepared.manifest["class_counts"] == dict.fromkeys(listing.classes, 200)
+    assert [shard["count"] for shard in prepared.manifest["shards"]] == [300, 300, 300, 100]
+    pixels = prepared.images(np.arange(0, 1000, 97))
+    assert pixels.shape == (11, 64, 64, 3) and pixels.std() > 20  # real photos, not blank frames
