@@ -175,7 +175,11 @@ def a_list_model(vocab_size: int, num_labels: int) -> list[int]:
 def test_a_user_model_of_another_framework_is_named() -> None:
     from tpuplex.models import user
 
-    assert user.build(f"{__name__}:a_list_model", "numpy", 10, 2, list, "list") == [10, 2]
+    arguments = {"vocab_size": 10, "num_labels": 2}
+    assert user.build(f"{__name__}:a_list_model", "numpy", arguments, list, "list") == [10, 2]
     with pytest.raises(TpuplexError, match=rf"model.architecture = '{__name__}:a_list_model' built a list, not a "
                                            r"torch.nn.Module: the torch backend trains torch.nn.Module models"):
-        user.build(f"{__name__}:a_list_model", "torch", 10, 2, dict, "torch.nn.Module")
+        user.build(f"{__name__}:a_list_model", "torch", arguments, dict, "torch.nn.Module")
+    image_call = r"could not be built as a_list_model\(num_labels=2, image_shape=\(8, 8, 3\)\)"
+    with pytest.raises(TpuplexError, match=image_call):
+        user.build(f"{__name__}:a_list_model", "numpy", {"num_labels": 2, "image_shape": (8, 8, 3)}, list, "list")
