@@ -26,7 +26,16 @@ from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows
 from tpuplex.models import user
 from tpuplex.params import check_names, expected_shapes
-from tpuplex.protocol import MODEL_INPUTS, BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState, head_inputs
+from tpuplex.protocol import (
+    IMAGE_INPUTS,
+    MODEL_INPUTS,
+    BackendBase,
+    Batch,
+    ModelSpec,
+    OptimizerSpec,
+    PortableState,
+    head_inputs,
+)
 from tpuplex_jax import checkpoint, step
 from tpuplex_jax.devices import select_devices
 from tpuplex_jax.model import Naming, TaskModel, param_template, to_flax
@@ -41,6 +50,8 @@ class _Programs:
     max_length: int
     naming: Naming
     shapes: dict[str, tuple[int, ...]]
+    state_naming: Naming
+    state_shapes: dict[str, tuple[int, ...]]
     grad_accum: int
 
 
@@ -60,8 +71,10 @@ class JaxBackend(BackendBase):
 
     def init(self, model: ModelSpec, optimizer: OptimizerSpec) -> step.TrainState:
         task = tasks.backend_module(model.task, "jax")
+        model_call = getattr(task, "model_call", step.text_call)
+        model_state: dict = {}
         if model.architecture:
-            flax_model, params, naming, max_length = self._user_model(model, optimizer.seed)
+            flax_model, params, model_state, naming, max_length = self._user_model(model, optimizer.seed, model_call)
         else:
             family, arch = models.architecture_of(model.hf_config)
             arch, head = (arch, model.head) if model.dropout else (arch.without_dropout(),
@@ -73,24 +86,28 @@ class JaxBackend(BackendBase):
             params, max_length = to_flax(model.params, param_template(flax_model), naming), arch.max_length
         tx = step.make_optimizer(optimizer, params, naming)
         train = step.make_train_step(flax_model, tx, optimizer.grad_accum, model.dropout, optimizer.seed,
-                                     task.unit_losses)
+                                     task.unit_losses, model_call)
+        state_naming = Naming.native(model_state)
         self._programs = _Programs(
             train=step.replicate_train_step(train, self.devices),
-            predict=step.replicate_predict_step(step.make_predict_step(flax_model, task.predict_outputs),
+            predict=step.replicate_predict_step(step.make_predict_step(flax_model, task.predict_outputs, model_call),
                                                 self.devices),
-            max_length=max_length, naming=naming, shapes=naming.shapes(params), grad_accum=optimizer.grad_accum)
-        return self._place(step.TrainState(params, tx.init(params)))
+            max_length=max_length, naming=naming, shapes=naming.shapes(params), state_naming=state_naming,
+            state_shapes=state_naming.shapes(model_state), grad_accum=optimizer.grad_accum)
+        return self._place(step.TrainState(params, tx.init(params), model_state))
 
     @staticmethod
-    def _user_model(model: ModelSpec, seed: int) -> tuple[nn.Module, Any, Naming, int]:
-        """The user's Flax module, its parameters from `init` with `seed`, after checking it returns logits."""
+    def _user_model(model: ModelSpec, seed: int, model_call) -> tuple[nn.Module, Any, dict, Naming, int]:
+        """The user's Flax module, its parameters and other collections (batch statistics) from `init` with
+        `seed`, after checking it returns logits."""
         module = user.build(model.architecture, "jax", model.model_arguments, nn.Module, "flax.linen.Module")
-        ids = jnp.zeros((2, 8), jnp.int32)
-        params = jax.device_get(module.init(jax.random.key(seed), ids, ids, ids, deterministic=True)["params"])
-        logits = jax.eval_shape(lambda p: module.apply({"params": p}, ids, ids, ids, deterministic=True), params)
+        args, kwargs = model_call(user.example_batch(model.model_arguments), False, False)
+        variables = dict(jax.device_get(module.init(jax.random.key(seed), *args, **kwargs)))
+        params = variables.pop("params")
+        logits = jax.eval_shape(lambda p: module.apply({"params": p, **variables}, *args, **kwargs), params)
         shape = tuple(logits.shape) if hasattr(logits, "shape") else type(logits).__name__
         user.check_logits(model.architecture, shape, 2, model.num_labels)
-        return module, params, Naming.native(params), np.iinfo(np.int32).max
+        return module, params, variables, Naming.native(params), np.iinfo(np.int32).max
 
     def train_step(self, state: step.TrainState, batch: Batch, learning_rate: float) -> tuple[step.TrainState, float]:
         programs = self._require_init()
@@ -104,18 +121,19 @@ class JaxBackend(BackendBase):
         programs = self._require_init()
         rows = self._local_rows(batch, programs, per_replica_split=1, keys=_keys(batch))
         with self._compiles.watching():
-            outputs = np.asarray(programs.predict(state.params, rows))
+            outputs = np.asarray(programs.predict(state.params, state.model_state, rows))
         local = outputs.reshape(-1, *outputs.shape[2:])
         if jax.process_count() == 1:
             return local
         return np.asarray(multihost_utils.process_allgather(local)).reshape(-1, *outputs.shape[2:])
 
     def state_to_arrays(self, state: step.TrainState) -> PortableState:
-        return checkpoint.to_portable(state, self._require_init().naming)
+        programs = self._require_init()
+        return checkpoint.to_portable(state, programs.naming, programs.state_naming)
 
     def state_from_arrays(self, state: step.TrainState, arrays: PortableState) -> step.TrainState:
         programs = self._require_init()
-        return self._place(checkpoint.from_portable(arrays, state, programs.shapes, programs.naming))
+        return self._place(checkpoint.from_portable(arrays, state, programs))
 
     def compile_count(self) -> int:
         return self._compiles.count
@@ -144,7 +162,7 @@ class JaxBackend(BackendBase):
     def _local_rows(self, batch: Batch, programs: _Programs, per_replica_split: int,
                     keys: tuple[str, ...]) -> dict[str, np.ndarray]:
         """This process's rows of a global batch [B, ...], as [local replicas, rows per replica, ...]."""
-        global_batch, length = batch["input_ids"].shape
+        global_batch, length = len(batch["labels"]), batch["input_ids"].shape[1] if "input_ids" in batch else 0
         replicas = self._topology.device_count
         check_micro_batches(global_batch, replicas, per_replica_split)
         if length > programs.max_length:
@@ -157,4 +175,5 @@ class JaxBackend(BackendBase):
 
 def _keys(batch: Batch) -> tuple[str, ...]:
     """The batch's model inputs, the task's targets (labels, and weight when given) and the head's inputs."""
-    return (*MODEL_INPUTS, *(key for key in ("labels", "weight") if key in batch), *head_inputs(batch))
+    inputs = (key for key in (*MODEL_INPUTS, *IMAGE_INPUTS) if key in batch)
+    return (*inputs, *(key for key in ("labels", "weight") if key in batch), *head_inputs(batch))

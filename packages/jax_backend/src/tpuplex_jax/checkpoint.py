@@ -7,7 +7,6 @@ own) to that step, so the next update, and its dropout draw, are exactly the one
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -20,29 +19,32 @@ from tpuplex_jax.model import Naming, to_flax, to_portable_arrays
 from tpuplex_jax.step import TrainState, adam_state, with_adam_state
 
 
-def to_portable(state: TrainState, naming: Naming) -> PortableState:
-    """Numpy copies of the (replicated) parameters and moments under their portable names."""
+def to_portable(state: TrainState, naming: Naming, state_naming: Naming) -> PortableState:
+    """Numpy copies of the (replicated) parameters, moments and non-trainable state under their portable names."""
     adam = adam_state(state.opt_state)
     return PortableState(params=to_portable_arrays(_host(state.params), naming),
                          exp_avg=to_portable_arrays(_host(adam.mu), naming),
-                         exp_avg_sq=to_portable_arrays(_host(adam.nu), naming), step=int(_host(adam.count)))
+                         exp_avg_sq=to_portable_arrays(_host(adam.nu), naming), step=int(_host(adam.count)),
+                         buffers=to_portable_arrays(_host(state.model_state), state_naming))
 
 
-def from_portable(arrays: PortableState, template: TrainState, expected_shapes: Mapping[str, tuple[int, ...]],
-                  naming: Naming) -> TrainState:
-    """A host (numpy) TrainState equal to `arrays`, structured like `template`.
+def from_portable(arrays: PortableState, template: TrainState, programs: Any) -> TrainState:
+    """A host (numpy) TrainState equal to `arrays`, structured like `template`; `programs` (the backend's) gives
+    the expected names and shapes.
 
     Raises TpuplexError (via tpuplex.params.check_names) naming missing, unexpected or mis-shaped entries.
     """
     for what, named in (("checkpoint parameters", arrays.params), ("checkpoint exp_avg", arrays.exp_avg),
                         ("checkpoint exp_avg_sq", arrays.exp_avg_sq)):
-        check_names(expected_shapes, named, what)
-    structure = template.params
+        check_names(programs.shapes, named, what)
+    check_names(programs.state_shapes, arrays.buffers, "checkpoint non-trainable state")
+    structure, naming = template.params, programs.naming
     adam = optax.ScaleByAdamState(count=np.asarray(arrays.step, dtype=np.int32),
                                   mu=to_flax(arrays.exp_avg, structure, naming),
                                   nu=to_flax(arrays.exp_avg_sq, structure, naming))
     return TrainState(params=to_flax(arrays.params, structure, naming),
-                      opt_state=with_adam_state(_host(template.opt_state), adam))
+                      opt_state=with_adam_state(_host(template.opt_state), adam),
+                      model_state=to_flax(arrays.buffers, template.model_state, programs.state_naming))
 
 
 def _host(tree: Any) -> Any:

@@ -11,7 +11,9 @@ The train step follows `tpuplex.protocol` exactly:
 - `optax.clip_by_global_norm` (g * min(1, c / ||g||), written by optax as g / ||g|| * c when ||g|| >= c), then
   `optax.adamw` with the decay mask from `tpuplex.protocol.decays` and the per-step learning rate injected
   through `optax.inject_hyperparams`.
-Parameters and optimizer state stay replicated (pmap `in_axes=None`, `out_axes=None`) and are donated.
+Parameters and optimizer state stay replicated (pmap `in_axes=None`, `out_axes=None`) and are donated. A model's
+non-trainable state (Flax collections besides "params": batch-norm `batch_stats`) is updated by the forward pass
+of each micro-batch in turn and averaged over the replicas after the step, so it stays replicated too.
 """
 
 from __future__ import annotations
@@ -35,10 +37,33 @@ BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src
 
 
 class TrainState(NamedTuple):
-    """Flax parameter tree (float32) and the optax state (clip, then injected-hyperparameter AdamW)."""
+    """Flax parameter tree (float32), the optax state (clip, then injected-hyperparameter AdamW) and the model's
+    other Flax collections (`{"batch_stats": ...}`; empty for most models), which the optimizer never touches."""
 
     params: Any
     opt_state: Any
+    model_state: Any
+
+
+def text_call(rows: dict, train: bool, dropout: bool) -> tuple[tuple, dict]:
+    """How a text model is called (the encoder with its head, or your own text model): input_ids,
+    token_type_ids, attention_mask [b, L], `deterministic` (no dropout outside training, or when it is off) and
+    the head's inputs (`tpuplex.protocol.head_inputs`)."""
+    return tuple(rows[name] for name in MODEL_INPUTS), {"deterministic": not (train and dropout),
+                                                        **head_inputs(rows)}
+
+
+def apply(model: nn.Module, model_call: Callable, params: Any, model_state: Any, rows: dict, train: bool,
+          dropout: bool, key: jax.Array | None = None) -> tuple[jax.Array, Any]:
+    """The model's outputs on `rows` and its updated non-trainable state (`model_state` itself outside training).
+    `model_call(rows, train, dropout)` (the task module's, or `text_call`) gives the call's arguments."""
+    args, kwargs = model_call(rows, train, dropout)
+    rngs = {"dropout": key} if train and dropout else None
+    variables = {"params": params, **model_state}
+    if train and model_state:
+        outputs, updated = model.apply(variables, *args, rngs=rngs, mutable=list(model_state), **kwargs)
+        return outputs, dict(updated)
+    return model.apply(variables, *args, rngs=rngs, **kwargs), model_state
 
 
 def make_optimizer(spec: OptimizerSpec, params: Any, naming: Naming) -> optax.GradientTransformation:
@@ -73,7 +98,8 @@ def with_adam_state(opt_state: Any, adam: optax.ScaleByAdamState) -> Any:
 
 
 def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, grad_accum: int,
-                    dropout: bool, seed: int, unit_losses: Callable[[Any, dict], jax.Array]
+                    dropout: bool, seed: int, unit_losses: Callable[[Any, dict], jax.Array],
+                    model_call: Callable = text_call
                     ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, jax.Array]]:
     """The per-device train step `(state, rows, learning_rate) -> (state, global mean loss)` under axis AXIS.
 
@@ -89,42 +115,41 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, g
         step_key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), adam_state(state.opt_state).count),
                                       jax.lax.axis_index(AXIS))
 
-        def scaled_loss(params, micro, key):
-            logits = model.apply({"params": params}, *(micro[name] for name in MODEL_INPUTS),
-                                 deterministic=not dropout, rngs={"dropout": key} if dropout else None,
-                                 **head_inputs(micro))
-            weighted_sum = jnp.sum(micro["weight"] * unit_losses(logits, micro))
-            return weighted_sum * replicas / denominator, weighted_sum
+        def scaled_loss(params, model_state, micro, key):
+            outputs, model_state = apply(model, model_call, params, model_state, micro, True, dropout, key)
+            weighted_sum = jnp.sum(micro["weight"] * unit_losses(outputs, micro))
+            return weighted_sum * replicas / denominator, (weighted_sum, model_state)
 
         def accumulate(carry, inputs):
-            grads, loss_sum = carry
+            grads, loss_sum, model_state = carry
             micro, index = inputs
-            (_, weighted_sum), micro_grads = jax.value_and_grad(scaled_loss, has_aux=True)(
-                state.params, micro, jax.random.fold_in(step_key, index))
-            return (jax.tree.map(jnp.add, grads, micro_grads), loss_sum + weighted_sum), None
+            (_, (weighted_sum, model_state)), micro_grads = jax.value_and_grad(scaled_loss, has_aux=True)(
+                state.params, model_state, micro, jax.random.fold_in(step_key, index))
+            return (jax.tree.map(jnp.add, grads, micro_grads), loss_sum + weighted_sum, model_state), None
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
-        carry = (zeros, jnp.float32(0.0)), (micro_batches, jnp.arange(grad_accum))
+        carry = (zeros, jnp.float32(0.0), state.model_state), (micro_batches, jnp.arange(grad_accum))
         # No loop for one micro-batch: inside a while loop XLA:CPU runs a convolution's gradient ~30x slower.
         if grad_accum == 1:
-            (grads, loss_sum), _ = accumulate(carry[0], jax.tree.map(lambda a: a[0], carry[1]))
+            (grads, loss_sum, model_state), _ = accumulate(carry[0], jax.tree.map(lambda a: a[0], carry[1]))
         else:
-            (grads, loss_sum), _ = jax.lax.scan(accumulate, *carry)
+            (grads, loss_sum, model_state), _ = jax.lax.scan(accumulate, *carry)
         grads = jax.lax.pmean(grads, AXIS)
         opt_state = optax.tree_utils.tree_set(state.opt_state, learning_rate=learning_rate)
         updates, opt_state = optimizer.update(grads, opt_state, state.params)
         loss = jax.lax.psum(loss_sum, AXIS) / denominator
-        return TrainState(optax.apply_updates(state.params, updates), opt_state), loss
+        return TrainState(optax.apply_updates(state.params, updates), opt_state,
+                          jax.lax.pmean(model_state, AXIS)), loss
 
     return step
 
 
-def make_predict_step(model: nn.Module, predict_outputs: Callable[[Any, dict], jax.Array]
-                      ) -> Callable[[Any, dict], jax.Array]:
-    """The per-device predict step `(params, rows) -> the task's predict outputs [b, ...]`, dropout off."""
-    def predict(params: Any, rows: dict) -> jax.Array:
-        outputs = model.apply({"params": params}, *(rows[name] for name in MODEL_INPUTS), deterministic=True,
-                              **head_inputs(rows))
+def make_predict_step(model: nn.Module, predict_outputs: Callable[[Any, dict], jax.Array],
+                      model_call: Callable = text_call) -> Callable[[Any, Any, dict], jax.Array]:
+    """The per-device predict step `(params, model_state, rows) -> the task's predict outputs [b, ...]`, in
+    inference mode (no dropout, batch norm on its moving statistics)."""
+    def predict(params: Any, model_state: Any, rows: dict) -> jax.Array:
+        outputs, _ = apply(model, model_call, params, model_state, rows, False, False)
         return predict_outputs(outputs, rows)
 
     return predict
@@ -138,8 +163,9 @@ def replicate_train_step(step: Callable, devices: list[jax.Device]) -> Callable:
 
 
 def replicate_predict_step(predict: Callable, devices: list[jax.Device]) -> Callable:
-    """`predict` on every device: params broadcast, rows [R, b, ...] in, outputs [R, b, ...] out."""
-    return jax.pmap(predict, axis_name=AXIS, in_axes=(None, 0), out_axes=0, devices=devices)
+    """`predict` on every device: params and model state broadcast, rows [R, b, ...] in, outputs [R, b, ...]
+    out."""
+    return jax.pmap(predict, axis_name=AXIS, in_axes=(None, None, 0), out_axes=0, devices=devices)
 
 
 class CompileCounter:

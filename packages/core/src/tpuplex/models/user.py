@@ -29,7 +29,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tpuplex.errors import TpuplexError
+from tpuplex.protocol import MODEL_INPUTS
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -71,6 +74,17 @@ def resolve(architecture: str, backend: str) -> Any:
         raise TpuplexError(f"model.architecture = {architecture!r} is a {type(found).__name__}, not a class or "
                            "function: name the model's class")
     return found
+
+
+def example_batch(arguments: Mapping[str, Any], rows: int = 2) -> dict[str, np.ndarray]:
+    """A batch of `rows` zeros shaped as the model's inputs, to build and check a model of your own: images uint8
+    [rows, H, W, C] when the task builds it with `image_shape`, else token ids, types and mask int32 [rows, 8];
+    labels int32 [rows]."""
+    if "image_shape" in arguments:
+        inputs = {"images": np.zeros((rows, *arguments["image_shape"]), np.uint8)}
+    else:
+        inputs = {name: np.zeros((rows, 8), np.int32) for name in MODEL_INPUTS}
+    return {**inputs, "labels": np.zeros(rows, np.int32)}
 
 
 def check_logits(architecture: str, shape: tuple[int, ...] | str, rows: int, num_labels: int) -> None:

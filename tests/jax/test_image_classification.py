@@ -1,0 +1,26 @@
+"""Image classification on the JAX backend: the example's Flax flowers CNN, its batch statistics in the state and
+the checkpoint, resumed exactly, on one device and on two."""
+
+from __future__ import annotations
+
+import image_checks as checks
+import numpy as np
+import pytest
+from helpers import backend
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_flowers_cnn_resumes_exactly_with_its_batch_statistics(devices, shared_images, tmp_path):
+    data = checks.flowers(shared_images, tmp_path / "flowers")
+    checks.check_resume_equals_uninterrupted(lambda: backend(devices), data, tmp_path / "checkpoints")
+
+
+def test_batch_statistics_are_state_the_optimizer_never_touches(shared_images, tmp_path):
+    data = checks.flowers(shared_images, tmp_path / "flowers")
+    jax_backend = backend(1)
+    state, losses = checks.train(jax_backend, checks.spec(data), checks.batches(data, 2))
+    arrays = jax_backend.state_to_arrays(state)
+    assert {"batch_stats.norm_0.mean", "batch_stats.norm_0.var"} <= set(arrays.buffers)
+    assert not set(arrays.buffers) & set(arrays.exp_avg)
+    assert not np.allclose(arrays.buffers["batch_stats.norm_0.mean"], 0.0)
+    assert all(np.isfinite(losses))
