@@ -54,7 +54,8 @@ class TfBackend(BackendBase):
         task = tasks.backend_module(model_spec.task, "tf")
         with self.strategy.scope():
             if model_spec.architecture:  # the user's model starts from its own initialisation
-                keras_model = model.build_user_model(model_spec, optimizer.seed)
+                keras_model = model.build_user_model(model_spec, optimizer.seed,
+                                                     getattr(task, "model_inputs", model.text_inputs))
             else:
                 keras_model = model.build(model_spec, task)
             steps = Steps(self.strategy, keras_model, optimizer, task, self.jit_compile)

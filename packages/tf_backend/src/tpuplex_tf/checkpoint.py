@@ -20,7 +20,9 @@ from tpuplex_tf.step import Steps
 def to_portable(steps: Steps) -> PortableState:
     """Parameters, Adam moments and the optimizer step as numpy arrays under HF names."""
     return PortableState(params=_read(steps, steps.variables), exp_avg=_read(steps, steps.exp_avg),
-                         exp_avg_sq=_read(steps, steps.exp_avg_sq), step=int(steps.step.numpy()))
+                         exp_avg_sq=_read(steps, steps.exp_avg_sq), step=int(steps.step.numpy()),
+                         buffers={name: v.numpy() for name, v in zip(steps.state_names, steps.state_variables,
+                                                                      strict=True)})
 
 
 def load_params(steps: Steps, params: Mapping[str, np.ndarray], what: str) -> None:
@@ -38,6 +40,11 @@ def from_portable(steps: Steps, state: PortableState) -> None:
     _write(steps, steps.variables, state.params)
     _write(steps, steps.exp_avg, state.exp_avg)
     _write(steps, steps.exp_avg_sq, state.exp_avg_sq)
+    named_state = dict(zip(steps.state_names, steps.state_variables, strict=True))
+    check_names({name: tuple(v.shape) for name, v in named_state.items()}, state.buffers,
+                "the checkpoint's non-trainable state")
+    for name, variable in named_state.items():
+        variable.assign(np.asarray(state.buffers[name], variable.dtype.as_numpy_dtype))
     steps.step.assign(state.step)
 
 

@@ -13,6 +13,7 @@ and exact resume simple (the train step derives the seed from the optimizer step
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from types import ModuleType
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -178,6 +179,10 @@ class TaskModel(keras.Model):
             hidden = self.blocks[index](hidden, mask_bias, seed=seed, site=1 + _Block.DROPOUT_SITES * applied)
         return self.head(hidden, seed, **head_inputs)
 
+    def state_variables(self) -> dict[str, keras.Variable]:
+        """The encoder and its heads have no non-trainable state."""
+        return {}
+
     def hf_variables(self) -> Variables:
         """HF parameter name -> (Keras variable, whether it is the transpose of the HF tensor).
 
@@ -206,35 +211,43 @@ class UserClassifier:
 
     Its variables keep their Keras layout and are named by the attributes that reach them, as torch's state dict
     names them (`convolutions.0.kernel`): Keras' own paths carry per-process counters (`text_cnn_2/conv1d_7`), so
-    they could not name a checkpoint another process reads. With dropout on, the model runs with `training=True`, and
-    every Keras seed generator in it is set from the step's seed first, so its dropout masks, like the built-in
+    they could not name a checkpoint another process reads. In a train step the model runs with `training=True`
+    (batch norm on the batch's statistics); with dropout off its Dropout layers have rate 0 (`build_user_model`).
+    Every Keras seed generator in it is set from the step's seed first, so its dropout masks, like the built-in
     classifier's, depend only on (seed, step, replica): a resumed run draws the same ones.
     """
 
-    def __init__(self, module: keras.Model, dropout: bool):
-        self.module, self.dropout = module, dropout
+    def __init__(self, module: keras.Model):
+        self.module = module
         self.seed_states = [v for v in module.non_trainable_variables if v.path.endswith("seed_generator_state")]
 
-    def __call__(self, input_ids, token_type_ids, attention_mask, seed: tf.Tensor | None = None) -> tf.Tensor:
-        training = self.dropout and seed is not None
+    def __call__(self, *inputs: tf.Tensor, seed: tf.Tensor | None = None) -> tf.Tensor:
+        training = seed is not None
         if training:
             for index, state in enumerate(self.seed_states):
                 state.assign(tf.cast(tf.random.experimental.stateless_fold_in(seed, 1000 + index), state.dtype))
-        return self.module(input_ids, token_type_ids, attention_mask, training=training)
+        return self.module(*inputs, training=training)
 
     def hf_variables(self) -> Variables:
         """Attribute path -> (variable, False) for every trainable variable (user models keep their layout)."""
-        named = _attribute_paths(self.module)
+        named = _attribute_paths(self.module, trainable=True)
         unnamed = [v.path for v in self.module.trainable_variables if id(v) not in {id(x) for x in named.values()}]
         if unnamed:
             raise TpuplexError(f"the Keras model has trainable variables no attribute reaches ({', '.join(unnamed)}): "
                                "assign every layer to an attribute (or a list attribute) of the model")
         return {name: (variable, False) for name, variable in named.items()}
 
+    def state_variables(self) -> dict[str, keras.Variable]:
+        """Attribute path -> every non-trainable variable but the seed generators' (batch-norm moving statistics):
+        the model's state, which training updates and checkpoints carry."""
+        seeds = {id(v) for v in self.seed_states}
+        return {name: v for name, v in _attribute_paths(self.module, trainable=False).items() if id(v) not in seeds}
 
-def _attribute_paths(layer: keras.layers.Layer, prefix: str = "") -> dict[str, keras.Variable]:
-    """The trainable variables of `layer` and its sublayers, named by attribute path; a shared layer once."""
-    found = {f"{prefix}{v.name}": v for v in layer._trainable_variables}  # the layer's own, not its sublayers'
+
+def _attribute_paths(layer: keras.layers.Layer, trainable: bool, prefix: str = "") -> dict[str, keras.Variable]:
+    """The (non-)trainable variables of `layer` and its sublayers, named by attribute path; a shared layer once."""
+    own = layer._trainable_variables if trainable else layer._non_trainable_variables  # not its sublayers'
+    found = {f"{prefix}{v.name}": v for v in own}
     for attribute, value in vars(layer).items():
         if attribute.startswith("_"):
             continue
@@ -242,23 +255,32 @@ def _attribute_paths(layer: keras.layers.Layer, prefix: str = "") -> dict[str, k
             [(f"{attribute}.{i}", item) for i, item in enumerate(value) if isinstance(item, keras.layers.Layer)] \
             if isinstance(value, list | tuple) else []
         for name, child in children:
-            for path, variable in _attribute_paths(child, f"{prefix}{name}.").items():
+            for path, variable in _attribute_paths(child, trainable, f"{prefix}{name}.").items():
                 if all(variable is not seen for seen in found.values()):
                     found[path] = variable
     return found
 
 
-def build_user_model(spec: ModelSpec, seed: int) -> UserClassifier:
+def build_user_model(spec: ModelSpec, seed: int, model_inputs: Callable) -> UserClassifier:
     """The user's Keras model with variables drawn under `keras.utils.set_random_seed(seed)`, checked to return
-    logits [B, num_labels] (call under the strategy's scope)."""
+    logits [B, num_labels] for `model_inputs(batch)` (call under the strategy's scope); with dropout off, every
+    Dropout layer in it gets rate 0, as the torch backend sets p = 0."""
     keras.utils.set_random_seed(seed)
-    module = user.build(spec.architecture, "tf", spec.model_arguments, keras.layers.Layer,
-                        "keras.layers.Layer")
-    ones = tf.ones([2, 8], tf.int32)
-    logits = module(ones, ones * 0, ones)  # creates every variable
+    module = user.build(spec.architecture, "tf", spec.model_arguments, keras.layers.Layer, "keras.layers.Layer")
+    example = {key: tf.constant(value) for key, value in user.example_batch(spec.model_arguments).items()}
+    logits = module(*model_inputs(example))  # creates every variable
     shape = tuple(logits.shape) if hasattr(logits, "shape") else type(logits).__name__
     user.check_logits(spec.architecture, shape, 2, spec.num_labels)
-    return UserClassifier(module, spec.dropout)
+    if not spec.dropout:
+        for layer in module._flatten_layers():
+            if isinstance(layer, keras.layers.Dropout):
+                layer.rate = 0.0
+    return UserClassifier(module)
+
+
+def text_inputs(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, ...]:
+    """What a text model is called with: input_ids, token_type_ids, attention_mask int32 [B, L]."""
+    return batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
 
 
 def swap_layout(array: np.ndarray, transposed: bool) -> np.ndarray:

@@ -24,6 +24,10 @@ No `tf.data` pipeline: the rows are already in host memory, and a pipeline built
 iterator's set-up and tear-down each step (measured at [32, 128] on a 2-core CPU: some calls end with a ~500 ms wait
 with no op running, see docs/investigations/tf-step.md).
 
+A model's non-trainable state (batch-norm moving statistics) is updated in step 1 without writing any variable
+(the forward runs in a `keras.StatelessScope` that collects the new values), averaged over the replicas by the same
+all-reduce, and written with the parameters in step 4.
+
 The learning rates arrive as a float32 tensor [k], so a new value never retraces. Dropout seeds are derived from
 (optimizer seed, optimizer step, replica, micro-batch), so a resumed run draws the same masks.
 """
@@ -34,15 +38,14 @@ import functools
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.errors import TpuplexError
-from tpuplex.protocol import MODEL_INPUTS, Batch, OptimizerSpec, decays, head_inputs
-from tpuplex_tf.model import TaskModel, UserClassifier
-
-TRAIN_INPUTS = (*MODEL_INPUTS, "labels", "weight")
+from tpuplex.protocol import IMAGE_INPUTS, MODEL_INPUTS, Batch, OptimizerSpec, decays, head_inputs
+from tpuplex_tf.model import TaskModel, UserClassifier, text_inputs
 
 
 class Steps:
@@ -54,6 +57,7 @@ class Steps:
         variables: the model's tf.Variables (Keras layout: Dense kernels are [in, out]).
         exp_avg, exp_avg_sq: Adam moments, one per variable, same shapes.
         step: int64 scalar, optimizer updates applied so far.
+        state_names, state_variables: the model's non-trainable state (user models' batch-norm statistics).
         traces: Python traces of the top-level tf.functions (training and prediction programs).
     """
 
@@ -63,6 +67,10 @@ class Steps:
         self.model = model
         self.optimizer = optimizer
         self.task = task
+        self.model_inputs = getattr(task, "model_inputs", text_inputs)
+        state = model.state_variables()
+        self.state_names, self._state_keras = list(state), list(state.values())
+        self.state_variables = [v.value for v in self._state_keras]
         hf_variables = model.hf_variables()
         self.names = list(hf_variables)
         self.variables = [hf_variables[name][0].value for name in self.names]
@@ -83,23 +91,23 @@ class Steps:
         if len(batches) != len(learning_rates) or not batches:
             raise TpuplexError(f"train_steps got {len(batches)} batches and {len(learning_rates)} learning "
                                "rates: pass one learning rate per batch, at least one batch")
-        shapes = {b["input_ids"].shape for b in batches}
+        shapes = {tuple((key, value.shape) for key, value in b.items()) for b in batches}
         if len(shapes) != 1:
             raise TpuplexError(f"train_steps got batches of shapes {sorted(shapes)}: one call takes batches of "
                                "one shape (group steps_per_execution batches by bucket length)")
-        rows = batches[0]["input_ids"].shape[0]
+        rows = len(batches[0]["labels"])
         check_micro_batches(rows, self.strategy.num_replicas_in_sync, self.optimizer.grad_accum)
-        keys = (*TRAIN_INPUTS, *head_inputs(batches[0]))
+        keys = (*_inputs(batches[0]), "labels", "weight", *head_inputs(batches[0]))
         arrays = {key: np.concatenate([_train_array(b, key) for b in batches]) for key in keys}
         arrays["learning_rate"] = np.repeat(np.asarray(learning_rates, np.float32), rows)
         return [float(loss) for loss in self._program(self._train_loop, arrays, rows)(arrays).numpy()]
 
     def predict(self, batch: Batch) -> np.ndarray:
         """The task's predict outputs [B, ...] for every row of `batch`."""
-        rows = batch["input_ids"].shape[0]
+        rows = len(batch["labels"])
         check_divisible(rows, self.strategy.num_replicas_in_sync, "the evaluation batch size")
-        keys = (*MODEL_INPUTS, "labels", *head_inputs(batch))
-        arrays = {key: _train_array(batch, key) for key in keys if key in batch}
+        keys = (*_inputs(batch), "labels", *head_inputs(batch))
+        arrays = {key: _train_array(batch, key) for key in keys}
         return self._program(self._predict, arrays, rows)(arrays).numpy()
 
     def _program(self, body: Callable, arrays: dict[str, np.ndarray], rows: int) -> Callable:
@@ -119,7 +127,7 @@ class Steps:
     def _train_loop(self, arrays: dict[str, tf.Tensor], rows: int) -> tf.Tensor:
         """One optimizer step per batch of `arrays` (each [k * rows, ...]) -> losses float32 [k]."""
         self.traces += 1
-        count = tf.shape(arrays["input_ids"])[0] // rows
+        count = tf.shape(arrays["labels"])[0] // rows
         losses = tf.TensorArray(tf.float32, size=count)
         replica_step = functools.partial(self._replica_step, rows=rows)
         for index in tf.range(count):
@@ -150,45 +158,59 @@ class Steps:
         replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
         seed = tf.stack([tf.constant(self.optimizer.seed, tf.int32),
                          tf.cast(self.step, tf.int32) * replicas + replica])
-        gradients, loss_sum, weight_sum = self._replica_gradients_xla(batch, seed)
-        *gradient_sums, loss_sum, weight_sum = context.all_reduce(
-            tf.distribute.ReduceOp.SUM, [*gradients, loss_sum, weight_sum])
+        gradients, loss_sum, weight_sum, model_state = self._replica_gradients_xla(batch, seed)
+        state_count = len(model_state)
+        *sums, loss_sum, weight_sum = context.all_reduce(
+            tf.distribute.ReduceOp.SUM, [*gradients, *model_state, loss_sum, weight_sum])
+        gradient_sums, state_sums = sums[: len(sums) - state_count], sums[len(sums) - state_count :]
         gradients = [g / tf.maximum(weight_sum, 1.0) for g in gradient_sums]
         updated = self._adamw_xla([v.read_value() for v in self.variables], [m.read_value() for m in self.exp_avg],
                                   [v.read_value() for v in self.exp_avg_sq], gradients, learning_rate,
                                   self.step + 1)
-        context.merge_call(self._write, args=updated)
+        context.merge_call(self._write, args=(*updated, [s / replicas for s in state_sums]))
         return loss_sum / tf.maximum(weight_sum, 1.0)
 
-    def _write(self, strategy: tf.distribute.Strategy, params, exp_avg, exp_avg_sq) -> None:
+    def _write(self, strategy: tf.distribute.Strategy, params, exp_avg, exp_avg_sq, model_state) -> None:
         """Cross-replica: every replica's new values into its own copy of each variable; step += 1."""
-        targets = (*self.variables, *self.exp_avg, *self.exp_avg_sq)
-        for variable, value in zip(targets, (*params, *exp_avg, *exp_avg_sq), strict=True):
+        targets = (*self.variables, *self.exp_avg, *self.exp_avg_sq, *self.state_variables)
+        for variable, value in zip(targets, (*params, *exp_avg, *exp_avg_sq, *model_state), strict=True):
             strategy.extended.update(variable, _assign, args=(value,), group=False)
         strategy.extended.update(self.step, _increment, group=False)
 
     def _replica_gradients(self, batch: dict[str, tf.Tensor], seed: tf.Tensor):
         """Gradients of sum(weight * loss) over this replica's rows [R, L], in `grad_accum` micro-batches of R/k rows.
 
-        Returns (gradients like `variables`, sum(weight * loss) over the rows, sum(weight)).
+        Returns (gradients like `variables`, sum(weight * loss) over the rows, sum(weight), the model state after
+        the micro-batches' forward passes, like `state_variables`).
         """
         accum = self.optimizer.grad_accum
         micro = {key: tf.reshape(x, [accum, -1, *x.shape[1:]]) for key, x in batch.items()}
         gradients = [tf.zeros(v.shape) for v in self.variables]
+        model_state = [v.read_value() for v in self.state_variables]
         loss_sum = weight_sum = tf.constant(0.0)
         # No loop for one micro-batch: inside a while loop XLA:CPU runs a convolution's gradient ~30x slower.
         for index in range(accum) if accum == 1 else tf.range(accum):
             rows = {key: x[index] for key, x in micro.items()}
             with tf.GradientTape() as tape:
-                logits = self.model(rows["input_ids"], rows["token_type_ids"], rows["attention_mask"],
-                                    seed=tf.random.experimental.stateless_fold_in(seed, index), **head_inputs(rows))
+                logits, model_state = self._train_forward(rows, tf.random.experimental.stateless_fold_in(seed, index),
+                                                          model_state)
                 weighted_sum = tf.reduce_sum(rows["weight"] * self.task.unit_losses(logits, rows))
             step_gradients = tape.gradient(weighted_sum, self.variables)
             # Embedding gradients come as IndexedSlices; dense tensors are what the all-reduce and AdamW take.
             gradients = [g + tf.convert_to_tensor(s) for g, s in zip(gradients, step_gradients, strict=True)]
             loss_sum += weighted_sum
             weight_sum += tf.reduce_sum(rows["weight"])
-        return gradients, loss_sum, weight_sum
+        return gradients, loss_sum, weight_sum, model_state
+
+    def _train_forward(self, rows: dict[str, tf.Tensor], seed: tf.Tensor, model_state: list[tf.Tensor]):
+        """(outputs, new model state) of a training forward pass from `model_state`: the state's updates are
+        collected by a StatelessScope, not written (replicas write them together, averaged, in `_write`)."""
+        call = functools.partial(self.model, *self.model_inputs(rows), seed=seed, **head_inputs(rows))
+        if not self._state_keras:
+            return call(), model_state
+        with keras.StatelessScope(state_mapping=list(zip(self._state_keras, model_state, strict=True))) as scope:
+            outputs = call()
+        return outputs, [scope.get_current_value(v) for v in self._state_keras]
 
     def _adamw(self, params, exp_avg, exp_avg_sq, gradients, learning_rate, step):
         """Clip by global norm, then AdamW with bias correction and decoupled decay (the protocol's formula).
@@ -219,8 +241,7 @@ class Steps:
         return self._logits_xla(self._replica_rows(arrays, 0, rows))
 
     def _logits(self, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-        return self.task.predict_outputs(self.model(batch["input_ids"], batch["token_type_ids"],
-                                                    batch["attention_mask"], **head_inputs(batch)), batch)
+        return self.task.predict_outputs(self.model(*self.model_inputs(batch), **head_inputs(batch)), batch)
 
 
 def _train_array(batch: Batch, key: str) -> np.ndarray:
@@ -229,7 +250,14 @@ def _train_array(batch: Batch, key: str) -> np.ndarray:
         return np.asarray(batch.get("weight", np.ones(np.shape(batch["labels"]))), np.float32)
     if key == "labels":
         return np.asarray(batch["labels"])
+    if key in IMAGE_INPUTS:
+        return np.asarray(batch[key], np.uint8)
     return np.asarray(batch[key], np.int32)
+
+
+def _inputs(batch: Batch) -> tuple[str, ...]:
+    """The model inputs `batch` holds: token ids, types and mask, or images."""
+    return tuple(key for key in (*MODEL_INPUTS, *IMAGE_INPUTS) if key in batch)
 
 
 def _assign(variable: tf.Variable, value: tf.Tensor):

@@ -1,0 +1,32 @@
+"""Image classification on the TF backend: the example's Keras flowers CNN, its batch-norm moving statistics in
+the state and the checkpoint, resumed exactly, on one replica and on two."""
+
+from __future__ import annotations
+
+import image_checks as checks
+import numpy as np
+import pytest
+
+from tpuplex.config import RuntimeConfig
+from tpuplex_tf.backend import TfBackend
+
+
+def backend(replicas: int) -> TfBackend:
+    return TfBackend(RuntimeConfig(cpu_devices=replicas))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_flowers_cnn_resumes_exactly_with_its_batch_norm_statistics(replicas, shared_images, tmp_path):
+    data = checks.flowers(shared_images, tmp_path / "flowers")
+    checks.check_resume_equals_uninterrupted(lambda: backend(replicas), data, tmp_path / "checkpoints")
+
+
+def test_moving_statistics_are_state_the_optimizer_never_touches(shared_images, tmp_path):
+    data = checks.flowers(shared_images, tmp_path / "flowers")
+    tf_backend = backend(1)
+    state, losses = checks.train(tf_backend, checks.spec(data), checks.batches(data, 2))
+    arrays = tf_backend.state_to_arrays(state)
+    assert {"norms.0.moving_mean", "norms.0.moving_variance"} <= set(arrays.buffers)
+    assert not set(arrays.buffers) & set(arrays.exp_avg)
+    assert not np.allclose(arrays.buffers["norms.0.moving_mean"], 0.0)
+    assert all(np.isfinite(losses))
