@@ -11,7 +11,7 @@ import numpy as np
 from tpuplex import checkpoint
 from tpuplex.collate import Batcher
 from tpuplex.data import images
-from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex.protocol import ModelSpec, OptimizerSpec, PortableState
 from tpuplex.tasks.image_classification import TASK, ImageData
 from tpuplex.tasks.image_classification.data import ImageSplit
 
@@ -21,6 +21,9 @@ if str(EXAMPLE) not in sys.path:
 
 FLOWERS_CNN = "flowers_cnn.{backend}_model:FlowersCNN"
 OPTIMIZER = OptimizerSpec(seed=3, weight_decay=1e-4)
+LEARNING_RATE = 3e-4
+"""Of the cross-framework comparison (`check_follows_torch`): below the rate where float32 itself decides the
+trajectory (docs/images.md, "Same numbers on every backend")."""
 SIZE = 32
 
 
@@ -39,16 +42,17 @@ def spec(data: ImageData, dropout: bool = True) -> ModelSpec:
 
 
 def batches(data: ImageData, count: int) -> list[dict[str, np.ndarray]]:
-    """The first `count` training batches of 16 images, augmented as the Trainer augments them (step 1, 2, ...)."""
-    found = list(Batcher(data.train, 16, 1, seed=1).train_batches(0))[:count]
+    """The first `count` training batches of 16 images (4 an epoch), augmented as the Trainer augments them."""
+    batcher = Batcher(data.train, 16, 1, seed=1)
+    found = [batch for epoch in range(-(-count // 4)) for batch in batcher.train_batches(epoch)][:count]
     return [data.train_batch(batch, step) for step, batch in enumerate(found, start=1)]
 
 
-def train(backend, model: ModelSpec, steps, state=None):
+def train(backend, model: ModelSpec, steps, state=None, learning_rate: float = 3e-3):
     state = backend.init(model, OPTIMIZER) if state is None else state
     losses = []
     for batch in steps:
-        state, loss = backend.train_step(state, batch, 3e-3)
+        state, loss = backend.train_step(state, batch, learning_rate)
         losses.append(loss)
     return state, losses
 
@@ -72,3 +76,51 @@ def check_resume_equals_uninterrupted(make_backend, data: ImageData, folder: Pat
     for kind in ("params", "buffers", "exp_avg", "exp_avg_sq"):
         got, want = getattr(final, kind), getattr(expected, kind)
         assert got.keys() == want.keys() and all(np.array_equal(got[name], want[name]) for name in want), kind
+
+
+def torch_to_native(arrays: dict[str, np.ndarray], framework: str) -> dict[str, np.ndarray]:
+    """The torch FlowersCNN's parameters or buffers under the `framework` ("jax" or "tf") model's names and
+    layouts (convolution kernels [out, in, h, w] -> [h, w, in, out], dense [out, in] -> [in, out]); the batch-norm
+    step counter, which only torch keeps, is dropped."""
+    jax_names = {"weight": "scale", "bias": "bias", "running_mean": "mean", "running_var": "var"}
+    tf_names = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
+    converted = {}
+    for name, array in arrays.items():
+        module, leaf = name.rsplit(".", 1)
+        if module == "classifier":
+            converted[f"classifier.{'kernel' if leaf == 'weight' else 'bias'}"] = array.T if leaf == "weight" else array
+            continue
+        position = int(module.split(".")[1])  # features.<4 * block + layer>
+        block, layer = divmod(position, 4)
+        if layer == 0:
+            converted[f"conv_{block}.kernel" if framework == "jax" else f"convolutions.{block}.kernel"] = \
+                array.transpose(2, 3, 1, 0)
+        elif leaf != "num_batches_tracked":
+            if framework == "jax":
+                stats = leaf.startswith("running")
+                converted[f"{'batch_stats.' if stats else ''}norm_{block}.{jax_names[leaf]}"] = array
+            else:
+                converted[f"norms.{block}.{tf_names[leaf]}"] = array
+    return {name: np.ascontiguousarray(array, np.float32) for name, array in converted.items()}
+
+
+def check_follows_torch(make_backend, framework: str, data: ImageData, steps: int = 20) -> None:
+    """From the torch model's initial weights, `steps` dropout-off steps on the same augmented batches give
+    losses within 1e-3 relative of the torch backend's, at LEARNING_RATE."""
+    from tpuplex.config import RuntimeConfig
+    from tpuplex_torch.backend import TorchBackend
+
+    batches_ = batches(data, steps)
+    torch_backend = TorchBackend(RuntimeConfig(torch_mode="eager"))
+    torch_state = torch_backend.init(spec(data, dropout=False), OPTIMIZER)
+    start = torch_backend.state_to_arrays(torch_state)
+    _, torch_losses = train(torch_backend, spec(data, dropout=False), batches_, torch_state, LEARNING_RATE)
+    backend = make_backend()
+    state = backend.init(spec(data, dropout=False), OPTIMIZER)
+    params = torch_to_native(start.params, framework)
+    zeros = {name: np.zeros_like(array) for name, array in params.items()}
+    state = backend.state_from_arrays(state, PortableState(params, zeros, dict(zeros), 0,
+                                                           torch_to_native(start.buffers, framework)))
+    _, losses = train(backend, spec(data, dropout=False), batches_, state, LEARNING_RATE)
+    np.testing.assert_allclose(losses, torch_losses, rtol=1e-3)
+    assert torch_losses[-1] < torch_losses[0]  # it learns: the comparison is not between two constant curves

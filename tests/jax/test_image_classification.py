@@ -24,3 +24,7 @@ def test_batch_statistics_are_state_the_optimizer_never_touches(shared_images, t
     assert not set(arrays.buffers) & set(arrays.exp_avg)
     assert not np.allclose(arrays.buffers["batch_stats.norm_0.mean"], 0.0)
     assert all(np.isfinite(losses))
+
+
+def test_twenty_dropout_off_steps_follow_the_torch_backend(shared_images, tmp_path):
+    checks.check_follows_torch(lambda: backend(1), "jax", checks.flowers(shared_images, tmp_path / "flowers"))

@@ -19,7 +19,8 @@ class FlowersCNN(nn.Module):
         x = images  # [B, H, W, C]
         for index, width in enumerate(CHANNELS):
             x = nn.Conv(width, (3, 3), padding=1, use_bias=False, name=f"conv_{index}")(x)
-            x = nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, name=f"norm_{index}")(x)
+            x = nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, use_fast_variance=False,
+                             name=f"norm_{index}")(x)
             x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
         pooled = jnp.mean(x, axis=(1, 2))
         return nn.Dense(self.num_labels, name="classifier")(nn.Dropout(DROPOUT)(pooled, deterministic=deterministic))

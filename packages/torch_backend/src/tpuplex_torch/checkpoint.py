@@ -31,11 +31,16 @@ def to_portable(state: TorchState) -> PortableState:
     params, exp_avg, exp_avg_sq = {}, {}, {}
     for name, parameter in state.model.named_parameters():
         moments = state.optimizer.state[parameter]
-        params[name] = parameter.detach().cpu().numpy()
-        exp_avg[name] = moments["exp_avg"].cpu().numpy()
-        exp_avg_sq[name] = moments["exp_avg_sq"].cpu().numpy()
-    buffers = {name: buffer.detach().cpu().numpy() for name, buffer in _buffers(state).items()}
+        params[name] = _snapshot(parameter)
+        exp_avg[name] = _snapshot(moments["exp_avg"])
+        exp_avg_sq[name] = _snapshot(moments["exp_avg_sq"])
+    buffers = {name: _snapshot(buffer) for name, buffer in _buffers(state).items()}
     return PortableState(params=params, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, step=state.step, buffers=buffers)
+
+
+def _snapshot(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy copy of `tensor`: on the CPU `.numpy()` alone would share the memory the next step updates."""
+    return tensor.detach().cpu().numpy().copy()
 
 
 def _buffers(state: TorchState) -> dict[str, torch.Tensor]:
