@@ -38,6 +38,7 @@ def test_a_whole_run_writes_results_logs_tensorboard_and_checkpoints(write_confi
     assert results["train"]["examples"] == results["step"] * config.train.global_batch
     assert results["eval"]["examples"] == 37 * 3  # the dev split, once at the end of each epoch
     assert results["train"]["examples_per_s"] > 0 and results["eval"]["tokens_per_s"] > 0
+    assert 0 <= results["train"]["input_wait_share"] < 1 and results["train"]["input_wait_seconds"] >= 0
     assert 0 < results["padding_efficiency"]["train"] <= 1 and 0 < results["padding_efficiency"]["dev"] <= 1
     # Train and predict programs, each for at most every bucket length (16, 24 and max_length 32).
     assert 1 <= results["compile_count"] <= 2 * 3

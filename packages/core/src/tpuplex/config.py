@@ -125,6 +125,9 @@ class RuntimeConfig:
     host_timeout: float = 600.0
     """Multi-process runs: seconds a process waits for the others (in a step, evaluation or checkpoint barrier)
     before it stops with one line and exit status 69 (`tpuplex.hosts`); must cover the first step's compile."""
+    prefetch: int = 2
+    """Training batches prepared ahead of the step in a background thread (read, gathered, augmented); 0 prepares
+    each in the training loop."""
     cpu_devices: int = 0
     """On CPU, split the host into this many devices to exercise data parallelism (JAX: forced host platform
     device count; TF: logical devices; torch_xla: CPU_NUM_DEVICES); 0 keeps the framework's default."""
@@ -161,9 +164,10 @@ class Config:
 _UNSET = object()  # a task option has no default in Config(): any value given counts
 OUTPUT_FIELDS = (("data", "cache_dir"), ("runtime", "output_dir"), ("runtime", "eval_every"),
                  ("runtime", "checkpoint_every"), ("runtime", "keep_checkpoints"), ("runtime", "log_every"),
-                 ("runtime", "profile_steps"), ("runtime", "on_preempt"), ("runtime", "host_timeout"))
-"""Fields that change where results go, when they are written or how long processes wait for each other, never
-the parameters or metrics computed."""
+                 ("runtime", "profile_steps"), ("runtime", "on_preempt"), ("runtime", "host_timeout"),
+                 ("runtime", "prefetch"))
+"""Fields that change where results go, when they are written, how long processes wait for each other or how far
+ahead batches are prepared, never the parameters or metrics computed."""
 
 
 _CHOICES = {
@@ -176,7 +180,7 @@ _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_
              ("runtime", "log_every"), ("runtime", "host_timeout"), ("data", "bucket_multiple")}
 _NON_NEGATIVE = {("train", "weight_decay"), ("train", "epochs"), ("train", "max_steps"), ("train", "eval_batch"),
                  ("train", "clip_norm"), ("train", "adam_epsilon"), ("runtime", "eval_every"), ("data", "bucket_count"),
-                 ("runtime", "checkpoint_every"), ("runtime", "cpu_devices")}
+                 ("runtime", "checkpoint_every"), ("runtime", "cpu_devices"), ("runtime", "prefetch")}
 _UNIT_INTERVAL = {("train", "warmup_ratio"), ("train", "adam_beta1"), ("train", "adam_beta2")}
 _LABEL_LISTS = {("data", "labels")}
 

@@ -49,6 +49,7 @@ from tpuplex.config import Config
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import Hosts
 from tpuplex.preemption import Preempted, SignalWatch
+from tpuplex.prefetch import Prefetcher
 from tpuplex.protocol import Backend, Batch, PortableState
 from tpuplex.reporting import Reporter, headline
 from tpuplex.schedule import warmup_linear_decay, warmup_steps
@@ -60,27 +61,32 @@ PROFILE_DIR = "profile"
 @dataclasses.dataclass(frozen=True)
 class Throughput:
     """Work done in one phase of this process: examples (rows with some weight), tokens (their real, unpadded
-    tokens; 0 for batches without tokens) and seconds."""
+    tokens; 0 for batches without tokens), seconds, and the part of those seconds spent waiting for input."""
 
     examples: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    input_wait: float = 0.0
 
     def add(self, batch: Batch, seconds: float = 0.0) -> Throughput:
         real = batch["weight"].reshape(len(batch["weight"]), -1).max(axis=1) > 0
         tokens = int(batch["attention_mask"][real].sum()) if "attention_mask" in batch else 0
-        return Throughput(self.examples + int(real.sum()), self.tokens + tokens, self.seconds + seconds)
+        return Throughput(self.examples + int(real.sum()), self.tokens + tokens, self.seconds + seconds,
+                          self.input_wait)
 
     def __add__(self, other: Throughput) -> Throughput:
-        return Throughput(self.examples + other.examples, self.tokens + other.tokens, self.seconds + other.seconds)
+        return Throughput(self.examples + other.examples, self.tokens + other.tokens, self.seconds + other.seconds,
+                          self.input_wait + other.input_wait)
 
-    def timed(self, seconds: float) -> Throughput:
-        return dataclasses.replace(self, seconds=self.seconds + seconds)
+    def timed(self, seconds: float, input_wait: float = 0.0) -> Throughput:
+        return dataclasses.replace(self, seconds=self.seconds + seconds, input_wait=self.input_wait + input_wait)
 
     def summary(self) -> dict[str, float]:
         rate = 1.0 / self.seconds if self.seconds > 0 else 0.0
         return {"examples": self.examples, "tokens": self.tokens, "seconds": round(self.seconds, 3),
-                "examples_per_s": round(self.examples * rate, 2), "tokens_per_s": round(self.tokens * rate, 1)}
+                "examples_per_s": round(self.examples * rate, 2), "tokens_per_s": round(self.tokens * rate, 1),
+                "input_wait_seconds": round(self.input_wait, 3),
+                "input_wait_share": round(self.input_wait * rate, 4)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,19 +410,26 @@ class _Run:
     def epoch(self) -> None:
         """Train from the current position to the end of the epoch (or to the last step)."""
         trainer, at = self.trainer, self.at
-        batches = _Lookahead(trainer.train_batcher.train_batches(at.epoch, at.position))
+        # Each batch of the epoch is augmented for the step that trains on it (steps follow the batches in order).
+        epoch, first_step = trainer.train_batcher.train_batches(at.epoch, at.position), at.step + 1
+        prefetcher = Prefetcher((trainer.data.train_batch(batch, first_step + offset)
+                                 for offset, batch in enumerate(epoch)), trainer.config.runtime.prefetch)
+        batches = _Lookahead(prefetcher)
         stop = min(trainer.total_steps, at.step + trainer.steps_per_epoch - at.position)
-        while at.step < stop:
-            started = time.perf_counter()
-            group = self._next_group(batches, stop)
-            self.profiler.before_step(at.step + 1)
-            losses = self._run_group(group)
-            elapsed = time.perf_counter() - started
-            for batch in group:
-                self.train_throughput = self.train_throughput.add(batch)
-            self.train_throughput = self.train_throughput.timed(elapsed)
-            self._after_steps(losses)
-            self._stop_if_signalled()
+        try:
+            while at.step < stop:
+                started, waited = time.perf_counter(), prefetcher.waited
+                group = self._next_group(batches, stop)
+                self.profiler.before_step(at.step + 1)
+                losses = self._run_group(group)
+                elapsed = time.perf_counter() - started
+                for batch in group:
+                    self.train_throughput = self.train_throughput.add(batch)
+                self.train_throughput = self.train_throughput.timed(elapsed, prefetcher.waited - waited)
+                self._after_steps(losses)
+                self._stop_if_signalled()
+        finally:
+            prefetcher.close()
         if at.position == trainer.steps_per_epoch:
             at.epoch, at.position = at.epoch + 1, 0
             if self.cadence.eval_every == 0 and self.last_eval_step != at.step:
@@ -437,8 +450,7 @@ class _Run:
             # A shape change may cut the group short; `_run_group` then runs its batches one by one.
             while len(group) < k and batches.peek() is not None and shapes(batches.peek()) == shape:
                 group.append(next(batches))
-        task = self.trainer.data
-        return [task.train_batch(batch, self.at.step + 1 + offset) for offset, batch in enumerate(group)]
+        return group
 
     def _run_group(self, group: list[Batch]) -> list[float]:
         first = self.at.step + 1
