@@ -5,8 +5,8 @@
                   *ForSequenceClassification in "architectures"), model.safetensors (the portable checkpoint's
                   parameters, already under HF's names and layout) and the tokenizer files. Written by the core,
                   no framework needed.
-    saved_model   a TensorFlow SavedModel with a serving signature over token ids (written by the tf backend:
-                  `tpuplex_tf.export`).
+    saved_model   a TensorFlow SavedModel with a serving signature over token ids, or, for an image run, over
+                  encoded JPEG/PNG bytes (written by the tf backend: `tpuplex_tf.export`).
 
 Either is written into a hidden folder beside `out` and renamed into place: whole or absent.
 """
@@ -45,7 +45,7 @@ def export(path: str | Path, format: str, out: Path | None = None) -> Path:
     from tpuplex import workflow  # builds a backend: only for the formats a framework writes
 
     experiment, state = workflow.restore(found, FORMATS[format])
-    return write_atomically(out, lambda staging: experiment.backend.export(state, format, staging))
+    return write_atomically(out, lambda staging: experiment.backend.export(state, format, staging, experiment.data))
 
 
 def write_hf(found: runs.Found, folder: Path) -> None:

@@ -190,8 +190,9 @@ class BackendBase:
     def stop_profile(self) -> None:
         return None
 
-    def export(self, state: Any, format: str, folder: Path) -> None:
-        """Write `state` in the framework's own serving `format` into the empty `folder` (`tpuplex.export`)."""
+    def export(self, state: Any, format: str, folder: Path, data: Any) -> None:
+        """Write `state` in the framework's own serving `format` into the empty `folder` (`tpuplex.export`);
+        `data` (the run's `TaskData`) says what serving needs to know of the data: classes, image size."""
         raise TpuplexError(f"the {self.name} backend cannot export {format!r}")
 
     def host_allgather(self, values: np.ndarray) -> np.ndarray:

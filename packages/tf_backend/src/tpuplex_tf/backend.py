@@ -99,10 +99,10 @@ class TfBackend(BackendBase):
         """[n] -> [replicas, n]: `values` as every replica of every process holds it."""
         return self.strategy.gather(self.strategy.run(lambda: tf.expand_dims(tf.identity(values), 0)), axis=0)
 
-    def export(self, state: TfState, format: str, folder: Path) -> None:
+    def export(self, state: TfState, format: str, folder: Path, data) -> None:
         if format != "saved_model":
-            super().export(state, format, folder)
-        export.saved_model(state.steps.model, state.steps.task, folder)
+            super().export(state, format, folder, data)
+        export.saved_model(state.steps.model, state.steps.task, folder, data)
 
     def start_profile(self, logdir: Path) -> None:
         tf.profiler.experimental.start(str(logdir))

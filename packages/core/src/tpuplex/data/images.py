@@ -44,9 +44,9 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 PREPARED_FORMAT = 1
 MANIFEST = "manifest.json"
 RESIZE_RULE = ("center crop to the target aspect ratio (rounded down, offsets floor((size - crop) / 2)), then "
-               "Pillow's bilinear resize with antialiasing (Image.resize(BILINEAR, reducing_gap=None)); RGB via "
-               "Image.convert('RGB'): grayscale repeated, alpha dropped, CMYK by Pillow's conversion; EXIF "
-               "orientation not applied")
+               "tf.image.resize(method='bilinear', antialias=True) computed in numpy (`resize`), rounded half to "
+               "even and clipped to uint8; RGB via Pillow's Image.convert('RGB'): grayscale repeated, alpha dropped, "
+               "CMYK by Pillow's conversion; EXIF orientation not applied")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +92,18 @@ def scan_folder(root: str | Path) -> ImageList:
     return ImageList(tuple(paths), np.asarray(labels, np.int32), classes, str(root))
 
 
+def image_paths(path: str | Path) -> list[Path]:
+    """The images to predict at `path`: the file itself, or every .jpg/.jpeg/.png under the folder (any depth),
+    sorted."""
+    path = Path(path).expanduser()
+    found = ([path] if path.is_file() else
+             sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES))
+    if not found or any(p.suffix.lower() not in IMAGE_SUFFIXES for p in found):
+        raise TpuplexError(f"{path} holds no {'/'.join(IMAGE_SUFFIXES)} image: give an image file or a folder of "
+                           "them")
+    return found
+
+
 def read_listing(file: str | Path, classes: Sequence[str] = ()) -> ImageList:
     """The images a CSV (header `path,label`) or JSONL (`{"path": ..., "label": ...}`) file lists; relative paths
     are relative to the file. Classes are `classes` when given, else the sorted distinct labels."""
@@ -126,33 +138,80 @@ def read_listing(file: str | Path, classes: Sequence[str] = ()) -> ImageList:
 def decode(data: bytes, size: tuple[int, int] | None, name: str = "image") -> np.ndarray:
     """Encoded image bytes -> uint8 [H, W, 3] RGB, resized to `size` = (H, W) by RESIZE_RULE (as is when None).
 
-    Raises one TpuplexError naming `name` when the bytes are not a complete image Pillow can read."""
+    Pillow decodes (its JPEG decoder is libjpeg's accurate integer IDCT, the pixels TensorFlow's
+    `decode_jpeg(dct_method="INTEGER_ACCURATE")` gives); the resize is TensorFlow's, so an exported SavedModel
+    can apply the same decode and resize to the bytes it serves. Raises one TpuplexError naming `name` when the
+    bytes are not a complete image Pillow can read."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
-            rgb = image.convert("RGB")
+            rgb = np.asarray(image.convert("RGB"), np.uint8)
     except UnidentifiedImageError:
         raise TpuplexError(f"{name} is not an image Pillow can read: remove it or convert it to JPEG/PNG") from None
     except (OSError, SyntaxError, ValueError) as error:
         raise TpuplexError(f"{name} cannot be decoded ({error}): the file is damaged or truncated; remove or "
                            "replace it") from None
-    if size is not None:
-        rgb = _resize(rgb, size)
-    return np.asarray(rgb, np.uint8)
+    return rgb if size is None else resize(center_crop(rgb, size), size)
 
 
-def _resize(image, size: tuple[int, int]):
-    """RESIZE_RULE: the largest centered crop of the target aspect ratio, resized to `size` (H, W)."""
-    from PIL import Image
+def center_crop(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """The largest centred crop of `image` [h, w, C] with the aspect ratio of `size` (H, W), sizes rounded down."""
+    height, width = image.shape[:2]
+    crop_w = min(width, height * size[1] // size[0])
+    crop_h = min(height, width * size[0] // size[1])
+    top, left = (height - crop_h) // 2, (width - crop_w) // 2
+    return image[top : top + crop_h, left : left + crop_w]
 
-    height, width = size
-    crop_w = min(image.width, image.height * width // height)
-    crop_h = min(image.height, image.width * height // width)
-    left, top = (image.width - crop_w) // 2, (image.height - crop_h) // 2
-    box = (left, top, left + crop_w, top + crop_h)
-    return image.resize((width, height), Image.Resampling.BILINEAR, box=box, reducing_gap=None)
+
+def resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 [h, w, C] -> uint8 [H, W, C]: `tf.image.resize(image, size, "bilinear", antialias=True)` (TensorFlow's
+    ScaleAndTranslate with a triangle kernel widened by the downscale factor), rows then columns, each output a
+    float32 sum over its span in order, then rounded half to even and clipped, as `tf.round` and a saturating cast do.
+    """
+    rows_start, rows_weight = _spans(size[0], image.shape[0])
+    cols_start, cols_weight = _spans(size[1], image.shape[1])
+    pixels = image.astype(np.float32)
+    rows = np.zeros((size[0], image.shape[1], image.shape[2]), np.float32)
+    for j in range(rows_weight.shape[1]):
+        index = rows_start + j
+        inside = index < image.shape[0]
+        rows[inside] += rows_weight[inside, j, None, None] * pixels[index[inside]]
+    out = np.zeros((size[0], size[1], image.shape[2]), np.float32)
+    for j in range(cols_weight.shape[1]):
+        index = cols_start + j
+        inside = index < image.shape[1]
+        out[:, inside] += cols_weight[None, inside, j, None] * rows[:, index[inside]]
+    return np.clip(np.round(out), 0, 255).astype(np.uint8)
+
+
+def _spans(output_size: int, input_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """ScaleAndTranslate's spans for a triangle kernel with antialiasing (`ComputeSpansCore`), in float32:
+    the first input index int64 [output_size] and the normalised weights float32 [output_size, span]."""
+    f32 = np.float32
+    scale = f32(output_size) / f32(input_size)
+    inv_scale = f32(1.0 / float(scale))
+    kernel_scale = max(inv_scale, f32(1.0))
+    span = min(2 * int(np.ceil(kernel_scale)) + 1, input_size)
+    one_over_kernel_scale = f32(1.0) / kernel_scale
+    starts = np.zeros(output_size, np.int64)
+    weights = np.zeros((output_size, span), np.float32)
+    for x in range(output_size):
+        sample = (f32(x) + f32(0.5)) * inv_scale + f32(-0.0)
+        if sample < 0 or sample > input_size:
+            continue
+        start = min(max(int(np.ceil(sample - kernel_scale - f32(0.5))), 0), input_size - 1)
+        end = min(max(int(np.floor(sample + kernel_scale - f32(0.5))), 0), input_size - 1) + 1
+        taps, total = [], f32(0.0)
+        for source in range(start, end):
+            distance = np.abs((f32(source) + f32(0.5) - sample) * one_over_kernel_scale)
+            taps.append(f32(1.0) - distance if distance < 1 else f32(0.0))
+            total = f32(total + taps[-1])
+        if abs(total) >= 1000 * np.finfo(np.float32).tiny:
+            weights[x, : len(taps)] = np.asarray(taps, np.float32) * (f32(1.0) / total)
+        starts[x] = start
+    return starts, weights
 
 
 @dataclasses.dataclass(frozen=True)

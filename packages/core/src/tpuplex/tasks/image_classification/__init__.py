@@ -23,6 +23,7 @@ core from (seed, step), so every backend and replica count sees the same pixels.
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -48,6 +49,9 @@ class Options:
     validation_fraction: float = 0.1
     crop_padding: int = 0
     flip: bool = True
+    classes: tuple[str, ...] = ()
+    """The class names in index order; empty: the training images' (sorted folder names or labels). A run records
+    them, so its eval, predict and export use the classes it trained on."""
 
 
 @dataclasses.dataclass
@@ -109,6 +113,10 @@ class ImageClassification(Task):
         data, size = config.data, image_size(options)
         cache = Path(data.cache_dir).expanduser() / "images"
         train = prepared_images("data.train_file", data.train_file, size, cache)
+        if options.classes and tuple(options.classes) != train.classes:
+            raise TpuplexError(f"data.train_file = {data.train_file!r} now has the classes {list(train.classes)}, "
+                               f"but task.classes (the run's) are {list(options.classes)}: give the images the "
+                               "run was trained on")
         every = np.arange(len(train), dtype=np.int64)
         if data.eval_files:
             splits = {}
@@ -135,6 +143,37 @@ class ImageClassification(Task):
     def hf_class(self, family: Family, model_type: str) -> str:
         raise TpuplexError("an image model of your own has no HF class: export it with --format saved_model (tf) "
                            "or the framework's own format")
+
+    def prediction_sources(self, config: Any, split: str) -> dict[str, list[Path] | None]:
+        """`tpuplex predict --split`: an evaluation split of the run (None: its prepared images), or an image
+        file or folder (its images, read and resized as `tpuplex prepare` does)."""
+        path = Path(split).expanduser()
+        if path.exists():
+            return {path.stem: image_files.image_paths(path)}
+        held_out = [Path(spec).name for spec in config.data.eval_files] or ["validation"]
+        if split not in held_out:
+            raise TpuplexError(f"--split {split!r} is neither an evaluation split of the run ({', '.join(held_out)}) "
+                               "nor an image file or folder")
+        return {split: None}
+
+    def write_predictions(self, experiment: Any, state: Any, sources: dict[str, list[Path] | None], out: Path,
+                          write: bool) -> dict[str, Path]:
+        """One TSV per source: the image (its path, or its index in the evaluation split), the predicted class
+        index and name, and each class's probability (softmax of the logits, float64)."""
+        data, trainer, written = experiment.data, experiment.trainer, {}
+        for name, files in sources.items():
+            with tempfile.TemporaryDirectory() as folder:
+                if files is None:
+                    split, keys = data.eval[name], [str(index) for index in range(len(data.eval[name]))]
+                else:
+                    listing = image_files.ImageList(tuple(files), np.zeros(len(files), np.int32), data.classes,
+                                                    name)
+                    prepared = image_files.prepare(listing, Path(folder) / "images", data.image_shape[:2])
+                    split, keys = ImageSplit(prepared, np.arange(len(files), dtype=np.int64)), list(map(str, files))
+                logits, _ = trainer.predict(state, trainer.batcher(split))
+            if write:
+                written[name] = _write_tsv(out / f"{name}.tsv", keys, softmax(logits), data.classes)
+        return written
 
 
 def image_size(options: Options) -> tuple[int, int] | None:
@@ -168,6 +207,25 @@ def prepared_images(field: str, spec: str, size: tuple[int, int] | None, cache: 
         raise TpuplexError(f"{field} = {spec!r} has the classes {list(prepared.classes)}, the training images "
                            f"{list(classes)}: give every split the same class folders")
     return prepared
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Probabilities [N, C] of logits [N, C], in float64."""
+    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+    exponent = np.exp(shifted)
+    return exponent / exponent.sum(axis=1, keepdims=True)
+
+
+def _write_tsv(path: Path, keys: list[str], probabilities: np.ndarray, classes: tuple[str, ...]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}-", delete=False,
+                                     encoding="utf-8") as staging:
+        staging.write("\t".join(["image", "class", "label", *classes]) + "\n")
+        for key, row in zip(keys, probabilities, strict=True):
+            best = int(row.argmax())
+            staging.write("\t".join([key, str(best), classes[best], *(f"{p:.9g}" for p in row)]) + "\n")
+    Path(staging.name).replace(path)
+    return path
 
 
 TASK = ImageClassification()
