@@ -41,7 +41,8 @@ import numpy as np
 from tpuplex.errors import TpuplexError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
-PREPARED_FORMAT = 1
+PREPARED_FORMAT = 2
+"""Bumped whenever the pixels written for the same sources change (2: TensorFlow's resize instead of Pillow's)."""
 MANIFEST = "manifest.json"
 RESIZE_RULE = ("center crop to the target aspect ratio (rounded down, offsets floor((size - crop) / 2)), then "
                "tf.image.resize(method='bilinear', antialias=True) computed in numpy (`resize`), rounded half to "
@@ -62,9 +63,9 @@ class ImageList:
         return len(self.paths)
 
     def key(self) -> str:
-        """A cheap hash of the listing (paths, sizes, modification times, labels): a prepared cache is reused
-        while it is unchanged. The manifest also records a hash of the files' bytes."""
-        digest = hashlib.sha256(json.dumps(self.classes).encode())
+        """A cheap hash of the listing (paths, sizes, modification times, labels) and of how it is prepared: a
+        prepared cache is reused while both are unchanged. The manifest also records a hash of the files' bytes."""
+        digest = hashlib.sha256(json.dumps([PREPARED_FORMAT, RESIZE_RULE, self.classes]).encode())
         for path, label in zip(self.paths, self.labels.tolist(), strict=True):
             stat = path.stat()
             digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{label}\n".encode())
