@@ -7,6 +7,8 @@
                   no framework needed.
     saved_model   a TensorFlow SavedModel with a serving signature over token ids, or, for an image run, over
                   encoded JPEG/PNG bytes (written by the tf backend: `tpuplex_tf.export`).
+    torch_export  a `torch.export` program plain torch loads (`torch.export.load`), with `serving.json` saying
+                  what it takes (written by the torch backend: `tpuplex_torch.export`; image runs).
 
 Either is written into a hidden folder beside `out` and renamed into place: whole or absent.
 """
@@ -25,7 +27,7 @@ from safetensors.numpy import load_file, save_file
 from tpuplex import models, params, runs, tasks
 from tpuplex.errors import TpuplexError
 
-FORMATS = {"hf": "the core", "saved_model": "tf"}
+FORMATS = {"hf": "the core", "saved_model": "tf", "torch_export": "torch"}
 """Export format -> who writes it: the core, or the backend of that name."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                    "merges.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json")

@@ -12,7 +12,7 @@ from tpuplex import tasks
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
-from tpuplex_torch import checkpoint, devices, model, step
+from tpuplex_torch import checkpoint, devices, export, model, step
 from tpuplex_torch.step import TorchState
 
 
@@ -51,6 +51,11 @@ class TorchBackend(BackendBase):
         restored = checkpoint.restore(state, arrays, self.placement)
         self.placement.sync()
         return restored
+
+    def export(self, state: TorchState, format: str, folder: Path, data) -> None:
+        if format != "torch_export":
+            super().export(state, format, folder, data)
+        export.torch_export(state.model, state.task, folder, data)
 
     def compile_count(self) -> int:
         return self.placement.compile_count()

@@ -24,3 +24,28 @@ def unit_losses(outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> tor
 def predict_outputs(outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Logits float32 [b, classes]."""
     return outputs.float()
+
+
+class Serving(torch.nn.Module):
+    """images uint8 [batch, H, W, 3] -> (probabilities float32 [batch, classes], classes int64 [batch])."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(*model_inputs({"images": images})).float()
+        return logits.softmax(dim=-1), logits.argmax(dim=-1)
+
+
+def serving_module(model: torch.nn.Module, data) -> tuple:
+    """What `tpuplex export --format torch_export` writes for an image run: the wrapper, an example input, the
+    batch dimension left dynamic, and serving.json's contract."""
+    from tpuplex.data.images import RESIZE_RULE
+
+    example = torch.zeros((2, *data.image_shape), dtype=torch.uint8)
+    contract = {"inputs": {"images": f"uint8 [batch, {', '.join(map(str, data.image_shape))}] RGB pixels"},
+                "preprocessing": RESIZE_RULE + " (tpuplex.data.images.decode does all of it)",
+                "outputs": ["probabilities float32 [batch, classes]", "classes int64 [batch]"],
+                "classes": list(data.classes), "image_shape": list(data.image_shape)}
+    return Serving(model), (example,), {"images": {0: torch.export.Dim("batch", min=1)}}, contract
