@@ -69,11 +69,12 @@ def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> N
 
 
 def assert_same_final_state(output_dir: Path, reference_dir: Path) -> None:
-    """The two runs' last checkpoints hold the same step, data position, parameters and Adam moments, bit for bit."""
+    """The two runs' last checkpoints hold the same step, data position, parameters, Adam moments and non-trainable
+    state (batch-norm statistics), bit for bit."""
     (state, info), (expected, expected_info) = (checkpoint.load(checkpoint.latest(folder / "checkpoints"))
                                                 for folder in (output_dir, reference_dir))
     assert state.step == expected.step
     assert (info["epoch"], info["position"]) == (expected_info["epoch"], expected_info["position"])
-    for kind in ("params", "exp_avg", "exp_avg_sq"):
+    for kind in ("params", "exp_avg", "exp_avg_sq", "buffers"):
         ours, theirs = getattr(state, kind), getattr(expected, kind)
         assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours), kind

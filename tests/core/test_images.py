@@ -159,3 +159,18 @@ def test_the_real_flowers_prepare_into_five_classes_of_200(shared_images, tmp_pa
     assert [shard["count"] for shard in prepared.manifest["shards"]] == [300, 300, 300, 100]
     pixels = prepared.images(np.arange(0, 1000, 97))
     assert pixels.shape == (11, 64, 64, 3) and pixels.std() > 20  # real photos, not blank frames
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ('data.train_file="no/such/folder"', "data.train_file = 'no/such/folder' does not exist"),
+    ("task.image_size=[32]", "give [height, width] in pixels"),
+    ('model.architecture=""', "trains your own model: set model.architecture"),
+    ("task.validation_fraction=1.5", "task.validation_fraction = 1.5 is not allowed"),
+])
+def test_image_runs_check_their_settings_before_any_backend_starts(override, expected, tree, capsys) -> None:
+    config = tree.parent / "images.toml"
+    config.write_text(f'[task]\nname = "image_classification"\n[model]\narchitecture = "m:Net"\n'
+                      f'[data]\ntrain_file = "{tree}"\n')
+    assert cli.main(["train", str(config), "--backend", "numpy", "--set", override]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("tpuplex: error:") and expected in error

@@ -105,6 +105,9 @@ class ImageClassification(Task):
         if not config.data.eval_files and options.validation_fraction == 0:
             raise TpuplexError("the image_classification task needs held-out images: set data.eval_files or "
                                "task.validation_fraction (e.g. 0.1)")
+        for field, spec in (("data.train_file", config.data.train_file),
+                            *((f"data.eval_files[{i}]", spec) for i, spec in enumerate(config.data.eval_files))):
+            existing(field, spec)
         if not config.model.architecture:
             raise TpuplexError("the image_classification task trains your own model: set model.architecture "
                                '(e.g. "models.{backend}_cnn:FlowersCNN", see examples/flowers)')
@@ -186,12 +189,22 @@ def image_size(options: Options) -> tuple[int, int] | None:
     return int(options.image_size[0]), int(options.image_size[1])
 
 
+def existing(field: str, spec: str) -> Path:
+    """`spec` as a path, which must exist; relative paths are relative to the current folder."""
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise TpuplexError(f"{field} = {spec!r} does not exist (relative paths start from {Path.cwd()}): give a "
+                           "class-per-folder image tree, a .csv/.jsonl of (path, label), or a folder tpuplex prepare "
+                           "wrote")
+    return path
+
+
 def prepared_images(field: str, spec: str, size: tuple[int, int] | None, cache: Path,
                     classes: tuple[str, ...] = ()) -> image_files.PreparedImages:
     """The prepared images `spec` names: a prepared folder as it is, or raw images (folder tree or listing)
     prepared into `cache` once (reused while the listing is unchanged). `classes`: the training split's, which an
     evaluation split must match."""
-    path = Path(spec).expanduser()
+    path = existing(field, spec)
     if (path / image_files.MANIFEST).is_file():
         prepared = image_files.open_prepared(path)
         if size is not None and prepared.image_shape[:2] != size:
