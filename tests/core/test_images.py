@@ -174,3 +174,23 @@ def test_image_runs_check_their_settings_before_any_backend_starts(override, exp
     assert cli.main(["train", str(config), "--backend", "numpy", "--set", override]) == 2
     error = capsys.readouterr().err
     assert error.startswith("tpuplex: error:") and expected in error
+
+
+def test_a_step_s_augmented_pixels_do_not_depend_on_replicas_or_processes(tree, tmp_path) -> None:
+    from tpuplex.hosts import process_rows
+    from tpuplex.tasks.image_classification import ImageData
+
+    prepared = images.prepare(images.scan_folder(tree), tmp_path / "prepared", (12, 12))
+    data = ImageData("t", ImageSplit(prepared, np.arange(6, dtype=np.int64)), {}, prepared.classes, seed=3,
+                     crop_padding=2, flip=True)
+
+    def step_batches(replicas: int) -> list[np.ndarray]:
+        batcher = Batcher(data.train, global_batch=4, replicas=replicas, seed=3)
+        return [data.train_batch(batch, step)["images"] for step, batch in enumerate(batcher.train_batches(0), 1)]
+
+    one, two, four = step_batches(1), step_batches(2), step_batches(4)
+    assert len(one) == 2 and all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(one, two, four))
+    # Each of two processes takes its own rows of the same global batch: together they are the batch.
+    rows = [process_rows(4, process, 2) for process in (0, 1)]
+    np.testing.assert_array_equal(np.concatenate([one[0][r] for r in rows]), one[0])
+    assert not np.array_equal(one[0], step_batches(1)[0][:, :, ::-1])  # flips were drawn, not all or none
