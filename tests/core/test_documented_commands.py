@@ -1,6 +1,7 @@
 """Every `tpuplex` command the README and docs/ tell a user to paste is one the CLI accepts: its flags parse, the
-config it names exists (from the folder a preceding `cd` in the same block enters) and loads with its `--set`
-overrides, and its `--data-dir` exists. (The example configs themselves train in tests/torch/test_examples.py.)"""
+config it names exists (from the folder a preceding `cd` in the same block or line enters) and loads with its
+`--set` overrides, and its `--data-dir` (or the images `prepare` reads) exists. (The example configs themselves
+train in tests/torch/test_examples.py.)"""
 
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ def documented_commands() -> list[tuple[str, Path, list[str]]]:
         for block in BLOCK.findall(document.read_text()):
             folder = REPO
             for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-                words = shlex.split(line, comments=True)
-                if words[:1] == ["cd"]:
-                    folder = (folder / words[1]).resolve()
-                elif words[:1] == ["tpuplex"]:
-                    found.append((f"{document.relative_to(REPO)}: {line.strip()[:70]}", folder, words[1:]))
+                for command in line.split("&&"):
+                    words = shlex.split(command, comments=True)
+                    if words[:1] == ["cd"]:
+                        folder = (folder / words[1]).resolve()
+                    elif words[:1] == ["tpuplex"]:
+                        found.append((f"{document.relative_to(REPO)}: {command.strip()[:70]}", folder, words[1:]))
     return found
 
 
@@ -42,7 +44,7 @@ def test_the_docs_document_commands():
 
 
 @pytest.mark.parametrize(("where", "folder", "argv"), COMMANDS, ids=[where for where, _, _ in COMMANDS])
-def test_a_documented_command_is_one_the_cli_accepts(where, folder, argv, shared_glue):
+def test_a_documented_command_is_one_the_cli_accepts(where, folder, argv, shared_glue, shared_images):
     if argv[:1] == ["launch"]:
         argv = argv[argv.index("--") + 1:]
     args = cli._parser().parse_args(argv)
@@ -50,5 +52,7 @@ def test_a_documented_command_is_one_the_cli_accepts(where, folder, argv, shared
         path = folder / args.config
         assert path.is_file(), f"{where}: {path} does not exist"
         config.load(path, args.overrides)
+    if getattr(args, "images", None):
+        assert (folder / args.images).exists(), f"{where}: {args.images} does not exist"
     if getattr(args, "data_dir", None):
         assert (folder / args.data_dir).is_dir(), f"{where}: --data-dir {args.data_dir} does not exist"

@@ -189,7 +189,8 @@ def test_a_step_s_augmented_pixels_do_not_depend_on_replicas_or_processes(tree, 
         return [data.train_batch(batch, step)["images"] for step, batch in enumerate(batcher.train_batches(0), 1)]
 
     one, two, four = step_batches(1), step_batches(2), step_batches(4)
-    assert len(one) == 2 and all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(one, two, four))
+    assert len(one) == len(two) == len(four) == 2
+    assert all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(one, two, four, strict=True))
     # Each of two processes takes its own rows of the same global batch: together they are the batch.
     rows = [process_rows(4, process, 2) for process in (0, 1)]
     np.testing.assert_array_equal(np.concatenate([one[0][r] for r in rows]), one[0])
