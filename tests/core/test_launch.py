@@ -30,6 +30,16 @@ def test_only_train_commands_are_launched() -> None:
         launch.child_command(["devices"], 0)
 
 
-def test_free_ports_are_distinct() -> None:
+def test_free_ports_are_distinct_free_and_never_ones_the_kernel_hands_out() -> None:
+    import socket
+
     ports = launch.free_ports(4)
-    assert len(set(ports)) == 4
+    low, _ = launch._ephemeral_range()
+    assert len(set(ports)) == 4 and all(1024 <= port < low for port in ports)
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind((launch.LOCALHOST, port))
+    # A port the kernel assigns by itself comes from its ephemeral range, so it never collides with ours.
+    with socket.socket() as sock:
+        sock.bind((launch.LOCALHOST, 0))
+        assert sock.getsockname()[1] >= low

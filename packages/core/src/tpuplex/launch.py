@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from tpuplex.errors import TpuplexError
 from tpuplex.preemption import SIGNALS
@@ -76,12 +78,31 @@ def launch(command: Sequence[str], processes: int, cpu_devices: int = 0) -> int:
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports that were free a moment ago on localhost."""
-    sockets = [socket.socket() for _ in range(count)]
+    """`count` distinct TCP ports, free now on localhost, drawn below the kernel's ephemeral range.
+
+    The children bind them a moment later. Between the two, a port the kernel hands out by itself (to a `bind(0)`
+    or an outgoing connection anywhere on the machine) could be taken; ports below the ephemeral range are never
+    handed out that way, so only a program that binds that very port explicitly could."""
+    low = _ephemeral_range()[0]
+    candidates = random.Random().sample(range(max(1024, low - 12000), low), 200)
+    found = []
+    for port in candidates:
+        with socket.socket() as sock:
+            try:
+                sock.bind((LOCALHOST, port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise TpuplexError(f"found only {len(found)} free TCP ports of {count} on {LOCALHOST}: free some ports and "
+                       "launch again")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for automatically assigned ports (Linux's default when it cannot be read)."""
     try:
-        for sock in sockets:
-            sock.bind((LOCALHOST, 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
