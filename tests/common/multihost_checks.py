@@ -127,18 +127,23 @@ def check_written_once(output_dir: Path) -> None:
 
 
 def wait_for(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:
+    """Until `path` exists, polled every 5 ms (a run has 40 steps left after its first checkpoint: the poll sees it
+    long before the run ends); fails if the run ends first."""
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert process.poll() is None, finish(process)[1]
         assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
-        time.sleep(0.05)
+        time.sleep(0.005)
 
 
-def children(pid: int) -> list[int]:
-    """The child processes of `pid` (Linux /proc)."""
-    found = []
+def children(pid: int) -> dict[int, int]:
+    """The child processes of the launcher `pid` by their process index (the RANK it gave each; Linux /proc)."""
+    found = {}
     for thread in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(child) for child in (thread / "children").read_text().split()]
+        for child in (thread / "children").read_text().split():
+            variables = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            rank = next(v for v in variables if v.startswith(b"RANK=")).split(b"=", 1)[1]
+            found[int(rank)] = int(child)
     return found
 
 
@@ -148,6 +153,7 @@ def check_kill_all_and_resume(config: Path, backend: str, folder: Path, devices:
     output_dir = folder / "killed"
     run = tpuplex(launch_args(2, devices, config, backend, output_dir, *sets), start_new_session=True)
     wait_for(output_dir / "checkpoints" / f"step-{CHECKPOINT_EVERY:08d}", run)
+    os.killpg(run.pid, signal.SIGSTOP)  # at once: the kill below must land mid-run
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
     written = sorted(p.name for p in (output_dir / "checkpoints").iterdir() if not p.name.startswith("."))
@@ -161,7 +167,7 @@ def check_preempting_one_process_stops_all(config: Path, backend: str, folder: P
     output_dir = folder / "preempted"
     run = tpuplex(launch_args(2, devices, config, backend, output_dir, *sets))
     wait_for(output_dir / "checkpoints" / f"step-{CHECKPOINT_EVERY:08d}", run)
-    os.kill(sorted(children(run.pid))[1], signal.SIGTERM)
+    os.kill(children(run.pid)[1], signal.SIGTERM)
     status, output = finish(run)
     assert status == PREEMPTED_EXIT, output
     stops = re.findall(r"stopped by (SIGTERM|a signal to another process) after step (\d+)", output)
@@ -190,8 +196,7 @@ def check_lost_process(config: Path, backend: str, folder: Path, devices: int, t
     output_dir = folder / "lost"
     run = tpuplex(launch_args(2, devices, config, backend, output_dir, f"runtime.host_timeout={timeout}", *sets))
     wait_for(output_dir / "checkpoints" / f"step-{CHECKPOINT_EVERY:08d}", run)
-    first, second = sorted(children(run.pid))  # started in process order
-    os.kill(second, signal.SIGKILL)
+    os.kill(children(run.pid)[1], signal.SIGKILL)
     killed = time.monotonic()
     status, output = finish(run, timeout=timeout + 60)
     seconds = time.monotonic() - killed

@@ -170,49 +170,51 @@ def resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """uint8 [h, w, C] -> uint8 [H, W, C]: `tf.image.resize(image, size, "bilinear", antialias=True)` (TensorFlow's
     ScaleAndTranslate with a triangle kernel widened by the downscale factor), rows then columns, each output a
     float32 sum over its span in order, then rounded half to even and clipped, as `tf.round` and a saturating cast do.
-    """
+    (Taps past the image's edge have weight 0: adding 0 * x leaves each float32 sum as TensorFlow's, which skips
+    them.)"""
     rows_start, rows_weight = _spans(size[0], image.shape[0])
     cols_start, cols_weight = _spans(size[1], image.shape[1])
     pixels = image.astype(np.float32)
-    rows = np.zeros((size[0], image.shape[1], image.shape[2]), np.float32)
-    for j in range(rows_weight.shape[1]):
-        index = rows_start + j
-        inside = index < image.shape[0]
-        rows[inside] += rows_weight[inside, j, None, None] * pixels[index[inside]]
-    out = np.zeros((size[0], size[1], image.shape[2]), np.float32)
-    for j in range(cols_weight.shape[1]):
-        index = cols_start + j
-        inside = index < image.shape[1]
-        out[:, inside] += cols_weight[None, inside, j, None] * rows[:, index[inside]]
-    return np.clip(np.round(out), 0, 255).astype(np.uint8)
+    rows = _weighted_taps(pixels, rows_start, rows_weight, axis=0)
+    out = _weighted_taps(rows, cols_start, cols_weight, axis=1)
+    return np.clip(np.round(out, out=out), 0, 255, out=out).astype(np.uint8)
+
+
+def _weighted_taps(values: np.ndarray, starts: np.ndarray, weights: np.ndarray, axis: int) -> np.ndarray:
+    """Along `axis`: output i = sum over taps t, in order, of weights[i, t] * values[starts[i] + t] (float32)."""
+    shape = [1, 1, 1]
+    shape[axis] = len(starts)
+    out = np.zeros(values.shape[:axis] + (len(starts),) + values.shape[axis + 1 :], np.float32)
+    product = np.empty_like(out)
+    last = values.shape[axis] - 1
+    for tap in range(weights.shape[1]):
+        gathered = np.take(values, np.minimum(starts + tap, last), axis=axis)
+        np.multiply(weights[:, tap].reshape(shape), gathered, out=product)
+        out += product
+    return out
 
 
 def _spans(output_size: int, input_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """ScaleAndTranslate's spans for a triangle kernel with antialiasing (`ComputeSpansCore`), in float32:
-    the first input index int64 [output_size] and the normalised weights float32 [output_size, span]."""
+    """ScaleAndTranslate's spans for a triangle kernel with antialiasing (its `ComputeSpansCore`, the same float32
+    operations, vectorised over the outputs): each output's first input index int64 [output_size] and normalised
+    weights float32 [output_size, span], 0 past its own span."""
     f32 = np.float32
-    scale = f32(output_size) / f32(input_size)
-    inv_scale = f32(1.0 / float(scale))
+    inv_scale = f32(1.0 / float(f32(output_size) / f32(input_size)))
     kernel_scale = max(inv_scale, f32(1.0))
     span = min(2 * int(np.ceil(kernel_scale)) + 1, input_size)
-    one_over_kernel_scale = f32(1.0) / kernel_scale
-    starts = np.zeros(output_size, np.int64)
-    weights = np.zeros((output_size, span), np.float32)
-    for x in range(output_size):
-        sample = (f32(x) + f32(0.5)) * inv_scale + f32(-0.0)
-        if sample < 0 or sample > input_size:
-            continue
-        start = min(max(int(np.ceil(sample - kernel_scale - f32(0.5))), 0), input_size - 1)
-        end = min(max(int(np.floor(sample + kernel_scale - f32(0.5))), 0), input_size - 1) + 1
-        taps, total = [], f32(0.0)
-        for source in range(start, end):
-            distance = np.abs((f32(source) + f32(0.5) - sample) * one_over_kernel_scale)
-            taps.append(f32(1.0) - distance if distance < 1 else f32(0.0))
-            total = f32(total + taps[-1])
-        if abs(total) >= 1000 * np.finfo(np.float32).tiny:
-            weights[x, : len(taps)] = np.asarray(taps, np.float32) * (f32(1.0) / total)
-        starts[x] = start
-    return starts, weights
+    sample = (np.arange(output_size, dtype=np.float32) + f32(0.5)) * inv_scale + f32(-0.0)
+    starts = np.clip(np.ceil(sample - kernel_scale - f32(0.5)), 0, input_size - 1).astype(np.int64)
+    ends = np.clip(np.floor(sample + kernel_scale - f32(0.5)), 0, input_size - 1).astype(np.int64) + 1
+    taps = np.zeros((output_size, span), np.float32)
+    total = np.zeros(output_size, np.float32)
+    for tap in range(span):
+        source = starts + tap
+        distance = np.abs((source.astype(np.float32) + f32(0.5) - sample) * (f32(1.0) / kernel_scale))
+        taps[:, tap] = np.where((source < ends) & (distance < 1), f32(1.0) - distance, f32(0.0))
+        total += taps[:, tap]  # in tap order, as TensorFlow sums them
+    usable = (np.abs(total) >= 1000 * np.finfo(np.float32).tiny) & (sample >= 0) & (sample <= input_size)
+    weights = np.where(usable[:, None], taps * (f32(1.0) / np.where(usable, total, f32(1.0)))[:, None], f32(0.0))
+    return np.where(usable, starts, 0), weights.astype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
