@@ -174,8 +174,9 @@ def keras_side(name: str, out: Path, steps: int) -> None:
 # --- torch DataLoader ------------------------------------------------------------------------------------------
 
 class JpegFolder:
-    """A torch Dataset over the JPEGs: Pillow decode, RGB, resize (the image's own size kept when None), then the
-    same zero-padded random crop and flip, returning float32 [3, H, W] in [0, 1]."""
+    """A torch Dataset over the JPEGs as a usual script writes it: Pillow decode, RGB, Pillow's own antialiased
+    bilinear resize of the centre crop (torchvision's Resize; the image's own size kept when None), then the same
+    zero-padded random crop and flip, returning float32 [3, H, W] in [0, 1]."""
 
     def __init__(self, listing: images.ImageList, size: tuple[int, int] | None, padding: int):
         self.listing, self.size, self.padding = listing, size, padding
@@ -184,9 +185,18 @@ class JpegFolder:
         return len(self.listing)
 
     def __getitem__(self, index: int):
+        from PIL import Image
+
         import torch
 
-        pixels = images.decode(self.listing.paths[index].read_bytes(), self.size)
+        with Image.open(self.listing.paths[index]) as image:
+            image = image.convert("RGB")
+            if self.size is not None:
+                box = images.center_crop(np.zeros((image.height, image.width, 1)), self.size).shape
+                left, top = (image.width - box[1]) // 2, (image.height - box[0]) // 2
+                image = image.resize(self.size[::-1], Image.Resampling.BILINEAR,
+                                     box=(left, top, left + box[1], top + box[0]))
+            pixels = np.asarray(image)
         rng = np.random.default_rng()
         top, left = rng.integers(0, 2 * self.padding + 1, size=2)
         padded = np.pad(pixels, [(self.padding, self.padding), (self.padding, self.padding), (0, 0)])

@@ -124,3 +124,24 @@ def check_follows_torch(make_backend, framework: str, data: ImageData, steps: in
     _, losses = train(backend, spec(data, dropout=False), batches_, state, LEARNING_RATE)
     np.testing.assert_allclose(losses, torch_losses, rtol=1e-3)
     assert torch_losses[-1] < torch_losses[0]  # it learns: the comparison is not between two constant curves
+
+
+def check_killed_and_resumed(backend: str, backend_class: str, shared_images: Path, folder: Path, kills: int) -> None:
+    """The real flowers example through the CLI (at 32 x 32, crops, flips and dropout on), SIGKILLed `kills` times
+    (every third inside a checkpoint write), then finished: parameters, Adam moments and batch-norm statistics
+    equal an uninterrupted run's, bit for bit."""
+    import json
+
+    from kill_campaign import run_campaign
+
+    killed, whole = folder / "killed", folder / "whole"
+
+    def argv(output_dir: Path) -> list[str]:
+        return ["train", str(EXAMPLE / "flowers.toml"), "--backend", backend, "--set", "task.image_size=[32, 32]",
+                "--set", f"data.train_file={json.dumps(str(shared_images / 'flowers'))}",
+                "--set", "train.max_steps=30", "--set", "runtime.checkpoint_every=2", "--set", "runtime.eval_every=10",
+                "--set", f"data.cache_dir={json.dumps(str(folder / 'cache'))}",
+                "--set", f"runtime.output_dir={json.dumps(str(output_dir))}"]
+
+    landed = run_campaign(argv(killed), killed, argv(whole), whole, backend_class, kills=kills, startup_seconds=6.0)
+    assert len(landed) == kills and landed.count("write") >= -(-kills // 3)  # every third kill is aimed at one

@@ -195,3 +195,28 @@ def test_a_step_s_augmented_pixels_do_not_depend_on_replicas_or_processes(tree, 
     rows = [process_rows(4, process, 2) for process in (0, 1)]
     np.testing.assert_array_equal(np.concatenate([one[0][r] for r in rows]), one[0])
     assert not np.array_equal(one[0], step_batches(1)[0][:, :, ::-1])  # flips were drawn, not all or none
+
+
+def test_a_killed_prepare_leaves_nothing_in_use_and_the_next_one_cleans_up(shared_images, tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "flowers"
+    argv = [sys.executable, "-m", "tpuplex", "prepare", str(shared_images / "flowers"), "--out", str(out),
+            "--image-size", "64", "64", "--shard-size", "100"]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".flowers.partial-*/images-00002.npy")):  # two shards written, a third begun
+        assert process.poll() is None and time.monotonic() < deadline, "prepare ended before it could be killed"
+        time.sleep(0.005)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not out.exists() and len(list(tmp_path.glob(".flowers.partial-*"))) == 1
+    with pytest.raises(TpuplexError, match="no manifest.json"):
+        images.open_prepared(out)
+    assert subprocess.run(argv, capture_output=True, check=False).returncode == 0
+    prepared = images.open_prepared(out)
+    assert len(prepared) == 1000 and not list(tmp_path.glob(".flowers.partial-*"))

@@ -28,3 +28,7 @@ def test_batch_statistics_are_state_the_optimizer_never_touches(shared_images, t
 
 def test_twenty_dropout_off_steps_follow_the_torch_backend(shared_images, tmp_path):
     checks.check_follows_torch(lambda: backend(1), "jax", checks.flowers(shared_images, tmp_path / "flowers"))
+
+
+def test_the_flowers_example_killed_and_resumed_ends_as_an_uninterrupted_run(shared_images, tmp_path):
+    checks.check_killed_and_resumed("jax", "tpuplex_jax.backend:JaxBackend", shared_images, tmp_path, kills=2)

@@ -24,3 +24,7 @@ def test_batch_norm_statistics_are_state_the_optimizer_never_touches(shared_imag
     assert int(arrays.buffers["features.1.num_batches_tracked"]) == 2
     assert not np.allclose(arrays.buffers["features.1.running_mean"], 0.0)
     assert all(np.isfinite(losses))
+
+
+def test_the_flowers_example_killed_and_resumed_ends_as_an_uninterrupted_run(shared_images, tmp_path):
+    checks.check_killed_and_resumed("torch", "tpuplex_torch.backend:TorchBackend", shared_images, tmp_path, kills=4)

@@ -4,12 +4,9 @@ the run ends bit for bit as an uninterrupted one (the same campaign as tests/cor
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from kill_campaign import run_campaign
 from tiny_glue import write_run_config, write_tiny_model, write_tiny_mrpc
-
-FLOWERS = Path(__file__).resolve().parents[2] / "examples" / "flowers" / "flowers.toml"
 
 
 def test_ten_kills_then_resume_equal_an_uninterrupted_run(tmp_path) -> None:
@@ -26,19 +23,3 @@ def test_ten_kills_then_resume_equal_an_uninterrupted_run(tmp_path) -> None:
     print("kills landed:", landed)
     assert len(landed) == 10 and landed.count("write") >= 4
 
-
-def test_the_flowers_cnn_killed_and_resumed_ends_as_an_uninterrupted_run(shared_images, tmp_path) -> None:
-    """The real flowers example (at 32 x 32, crops, flips and dropout on): parameters, Adam moments and batch-norm
-    statistics bit for bit after four kills."""
-    killed, whole = tmp_path / "killed", tmp_path / "whole"
-
-    def argv(output_dir):
-        return ["train", str(FLOWERS), "--backend", "torch", "--set", "task.image_size=[32, 32]",
-                "--set", f"data.train_file={json.dumps(str(shared_images / 'flowers'))}",
-                "--set", "train.max_steps=30", "--set", "runtime.checkpoint_every=2", "--set", "runtime.eval_every=10",
-                "--set", f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}",
-                "--set", f"runtime.output_dir={json.dumps(str(output_dir))}"]
-
-    landed = run_campaign(argv(killed), killed, argv(whole), whole, "tpuplex_torch.backend:TorchBackend", kills=4,
-                          startup_seconds=4.0)
-    assert len(landed) == 4 and landed.count("write") >= 2

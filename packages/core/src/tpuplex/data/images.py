@@ -19,7 +19,8 @@ CPU; a shard is read by numpy alone; and a split larger than memory is read page
 H * W * 3 bytes per image (76,800 at 160 x 160, about the JPEG's own size for the flower photos).
 
 The folder is written under a temporary name and renamed into place when complete, so an interrupted `prepare`
-never leaves a shard that a run would read; the next `prepare` starts afresh.
+never leaves a shard that a run would read; the next `prepare` of that folder starts afresh and deletes what a
+killed one left.
 """
 
 from __future__ import annotations
@@ -287,7 +288,8 @@ def prepare(images: ImageList, folder: str | Path, size: tuple[int, int] | None,
     if folder.exists():
         raise TpuplexError(f"{folder} already exists: choose a new folder for the prepared images (or remove it)")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    _remove_abandoned(folder)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-{os.getpid()}-", dir=folder.parent))
     try:
         manifest = _write_shards(images, staging, size, shard_size, workers or os.cpu_count() or 1)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
@@ -296,6 +298,26 @@ def prepare(images: ImageList, folder: str | Path, size: tuple[int, int] | None,
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return PreparedImages(folder, manifest)
+
+
+def _remove_abandoned(folder: Path) -> None:
+    """Delete what a killed `prepare` of `folder` left: staging folders whose process is gone (a live one may be
+    another `prepare` of the same folder at work)."""
+    for staging in folder.parent.glob(f".{folder.name}.partial-*"):
+        pid = staging.name.removeprefix(f".{folder.name}.partial-").split("-")[0]
+        if not pid.isdigit() or not _alive(int(pid)):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (signal 0 tests it without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _write_shards(images: ImageList, folder: Path, size: tuple[int, int] | None, shard_size: int,
