@@ -1,5 +1,5 @@
 """Interrupted runs. `start`: `tpuplex train` in a child process made slow where a test needs time to signal it:
-from optimizer step `from_step` on, each step writes its step to `busy` and sleeps `step_seconds`; each checkpoint
+from optimizer step `from_step` on (for backends whose state keeps no `step`, the steps this process has run), each step writes its step to `busy` and sleeps `step_seconds`; each checkpoint
 file, once written, is announced in `writing` for `write_seconds` (before the staging folder is renamed into place).
 `assert_same_final_state`: what an interrupted run must end with."""
 
@@ -28,9 +28,14 @@ busy, from_step, step_seconds = Path(sys.argv[2]), int(sys.argv[3]), float(sys.a
 writing, write_seconds = Path(sys.argv[5]), float(sys.argv[6])
 train_step, save_file = backend.train_step, checkpoint.save_file
 
+calls = 0
+
 def slow_train_step(self, state, batch, learning_rate):
-    if state.step >= from_step:
-        busy.write_text(str(state.step))
+    global calls
+    step = getattr(state, "step", calls)  # the jax and tf states keep their step on the device
+    calls += 1
+    if step >= from_step:
+        busy.write_text(str(step))
         time.sleep(step_seconds)
     return train_step(self, state, batch, learning_rate)
 
