@@ -64,7 +64,7 @@ def run_scenario(scenario: str, settings: list[str], backend: str, out: Path) ->
     # The output directory is a template filled in per backend, so every backend runs the same config (same hash).
     output_template = out / f"{scenario}-{{backend}}-run"
     config = config_lib.load(HERE / "configs" / "mrpc.toml", [*settings, f'runtime.output_dir="{output_template}"'])
-    scratch = run_lib.output_directory(config, glue.get_dataset(config.data.dataset), backend)
+    scratch = run_lib.output_directory(config, backend)
     shutil.rmtree(scratch, ignore_errors=True)  # a parity run starts fresh, never from an older checkpoint
     experiment = run_lib.prepare(config, backend)
     first_dev = next(experiment.trainer.eval_batchers["dev"].eval_batches())
