@@ -17,7 +17,8 @@ Data: images are decoded and resized once into memory-mapped shards (`tpuplex.da
 images prepares them into `data.cache_dir` itself. Batches: images uint8 [B, H, W, 3] (each backend's task module
 scales them to [0, 1] on the device), labels int32 [B], weight [B]; the training crops and flips are drawn by the
 core from (seed, step), so every backend and replica count sees the same pixels. Loss: cross-entropy. Metrics:
-`accuracy` and `loss`.
+`accuracy` and `loss`. Predictions: a TSV per eval split or image folder (`tpuplex predict --split`). Export: a
+SavedModel served from encoded bytes (`tf.py`), or a `torch.export` program (`torch.py`); see docs/images.md.
 """
 
 from __future__ import annotations
