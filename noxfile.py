@@ -81,7 +81,7 @@ def tests_core(session: nox.Session) -> None:
 
 @nox.session(name="tests-tf", python="3.11")
 def tests_tf(session: nox.Session) -> None:
-    _install(session, CORE, f"{TF}[cpu]", *TEST_DEPS, *TORCH_REFERENCE, MINILM)
+    _install(session, f"{CORE}[images]", f"{TF}[cpu]", *TEST_DEPS, *TORCH_REFERENCE, MINILM)
     _pytest(session, "tf", TF_CPP_MIN_LOG_LEVEL="2")
 
 
@@ -100,7 +100,7 @@ def tests_torch_xla(session: nox.Session) -> None:
 
 @nox.session(name="tests-jax", python="3.11")
 def tests_jax(session: nox.Session) -> None:
-    _install(session, CORE, JAX, *TEST_DEPS, *TORCH_REFERENCE, MINILM)
+    _install(session, f"{CORE}[images]", JAX, *TEST_DEPS, *TORCH_REFERENCE, MINILM)
     _pytest(session, "jax", XLA_FLAGS="--xla_force_host_platform_device_count=8")
 
 

@@ -145,3 +145,35 @@ def check_killed_and_resumed(backend: str, backend_class: str, shared_images: Pa
 
     landed = run_campaign(argv(killed), killed, argv(whole), whole, backend_class, kills=kills, startup_seconds=6.0)
     assert len(landed) == kills and landed.count("write") >= -(-kills // 3)  # every third kill is aimed at one
+
+
+def check_state_is_not_trained(make_backend, data: ImageData, buffers: set[str]) -> dict[str, np.ndarray]:
+    """After two training steps the state holds the non-trainable `buffers` (at least), none of which has Adam
+    moments, and the first of them has moved off its initial zeros. Returns the buffers."""
+    backend = make_backend()
+    state, losses = train(backend, spec(data), batches(data, 2))
+    arrays = backend.state_to_arrays(state)
+    assert buffers <= set(arrays.buffers) and not set(arrays.buffers) & set(arrays.exp_avg)
+    assert not np.allclose(arrays.buffers[sorted(buffers)[0]], 0.0)
+    assert all(np.isfinite(losses))
+    return arrays.buffers
+
+
+def predicted_run(backend: str, shared_images: Path, folder: Path, every: int) -> tuple[Path, Path, list[dict]]:
+    """A 6-step flowers run at 48 x 48 on `backend` through the CLI and `tpuplex predict` of every `every`-th flower
+    photo (copied into `<folder>/photos`): (the run, the photos, the prediction TSV's rows)."""
+    import csv
+    import shutil
+
+    from fresh_process import tpuplex
+
+    run, photos = folder / "run", folder / "photos"
+    tpuplex("train", "flowers.toml", "--backend", backend, "--set", "train.max_steps=6",
+            "--set", "task.image_size=[48, 48]", "--set", f'runtime.output_dir="{run}"',
+            "--set", f'data.cache_dir="{folder / "cache"}"', cwd=EXAMPLE)
+    photos.mkdir()
+    for path in sorted((shared_images / "flowers").rglob("*.jpg"))[::every]:
+        shutil.copy(path, photos / f"{path.parent.name}-{path.name}")
+    tpuplex("predict", str(run), "--backend", backend, "--split", str(photos), "--out", str(folder / "predicted"))
+    with (folder / "predicted" / "photos.tsv").open() as handle:
+        return run, photos, list(csv.DictReader(handle, delimiter="\t"))

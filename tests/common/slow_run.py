@@ -1,6 +1,7 @@
 """Interrupted runs. `start`: `tpuplex train` in a child process made slow where a test needs time to signal it:
-from optimizer step `from_step` on (for backends whose state keeps no `step`, the steps this process has run), each step writes its step to `busy` and sleeps `step_seconds`; each checkpoint
-file, once written, is announced in `writing` for `write_seconds` (before the staging folder is renamed into place).
+from optimizer step `from_step` on (on backends whose state keeps no `step`: from this process's `from_step`-th
+step), each step writes its step to `busy` and sleeps `step_seconds`; each checkpoint file, once written, is
+announced in `writing` for `write_seconds` (before the staging folder is renamed into place).
 `assert_same_final_state`: what an interrupted run must end with."""
 
 from __future__ import annotations

@@ -3,14 +3,13 @@ loaded by plain TensorFlow, classifies raw files as `tpuplex predict` does."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import image_checks
 import numpy as np
 import tensorflow as tf
 from fresh_process import tpuplex
@@ -44,20 +43,8 @@ print(json.dumps({"names": [f.name for f in files], "classes": out["classes"].nu
 
 
 def test_the_saved_model_classifies_raw_jpegs_as_tpuplex_predict_does(shared_images, tmp_path):
-    run = tmp_path / "run"
-    tpuplex("train", "flowers.toml", "--backend", "tf", "--set", "train.max_steps=6",
-            "--set", "task.image_size=[48, 48]", "--set", f'runtime.output_dir="{run}"',
-            "--set", f'data.cache_dir="{tmp_path / "cache"}"',
-            cwd=REPO / "examples" / "flowers")
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    for path in sorted((shared_images / "flowers").rglob("*.jpg"))[::40]:
-        shutil.copy(path, photos / f"{path.parent.name}-{path.name}")
+    run, photos, rows = image_checks.predicted_run("tf", shared_images, tmp_path, every=40)
     tpuplex("export", str(run), "--format", "saved_model", "--out", str(tmp_path / "served"))
-    tpuplex("predict", str(run), "--backend", "tf", "--split", str(photos), "--out", str(tmp_path / "predicted"))
-
-    with (tmp_path / "predicted" / "photos.tsv").open() as handle:
-        rows = list(csv.DictReader(handle, delimiter="\t"))
     classes = json.loads((run / "results.json").read_text())["data"]["classes"]
     done = subprocess_json(SERVE, str(tmp_path / "served"), str(photos))
     assert [Path(row["image"]).name for row in rows] == done["names"] and len(rows) == 25

@@ -3,13 +3,12 @@ preprocessing, gives `tpuplex predict`'s classes and probabilities."""
 
 from __future__ import annotations
 
-import csv
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import image_checks
 import numpy as np
 from fresh_process import tpuplex
 
@@ -26,17 +25,8 @@ print(json.dumps({"probabilities": probabilities.tolist(), "classes": classes.to
 
 
 def test_plain_torch_runs_the_exported_program_as_tpuplex_predict_does(shared_images, tmp_path):
-    run = tmp_path / "run"
-    tpuplex("train", "flowers.toml", "--backend", "torch", "--set", "train.max_steps=6",
-            "--set", "task.image_size=[48, 48]", "--set", f'runtime.output_dir="{run}"',
-            "--set", f'data.cache_dir="{tmp_path / "cache"}"', cwd=REPO / "examples" / "flowers")
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    for path in sorted((shared_images / "flowers").rglob("*.jpg"))[::50]:
-        shutil.copy(path, photos / f"{path.parent.name}-{path.name}")
+    run, photos, rows = image_checks.predicted_run("torch", shared_images, tmp_path, every=50)
     tpuplex("export", str(run), "--format", "torch_export", "--out", str(tmp_path / "exported"))
-    tpuplex("predict", str(run), "--backend", "torch", "--split", str(photos), "--out", str(tmp_path / "predicted"))
-
     contract = json.loads((tmp_path / "exported" / "serving.json").read_text())
     assert contract["image_shape"] == [48, 48, 3]
     files = sorted(photos.iterdir())
@@ -45,8 +35,6 @@ def test_plain_torch_runs_the_exported_program_as_tpuplex_predict_does(shared_im
     done = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path / "exported" / "model.pt2"),
                            str(tmp_path / "pixels.npy")], capture_output=True, text=True, check=True, timeout=300)
     served = json.loads(done.stdout.strip().splitlines()[-1])
-    with (tmp_path / "predicted" / "photos.tsv").open() as handle:
-        rows = list(csv.DictReader(handle, delimiter="\t"))
     assert [Path(row["image"]).name for row in rows] == [path.name for path in files] and len(rows) == 20
     assert [int(row["class"]) for row in rows] == served["classes"]
     predicted = np.array([[float(row[name]) for name in contract["classes"]] for row in rows])
