@@ -144,6 +144,7 @@ def decode(data: bytes, size: tuple[int, int] | None, name: str = "image") -> np
     `decode_jpeg(dct_method="INTEGER_ACCURATE")` gives); the resize is TensorFlow's, so an exported SavedModel
     can apply the same decode and resize to the bytes it serves. Raises one TpuplexError naming `name` when the
     bytes are not a complete image Pillow can read."""
+    require_pillow()
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -156,6 +157,15 @@ def decode(data: bytes, size: tuple[int, int] | None, name: str = "image") -> np
         raise TpuplexError(f"{name} cannot be decoded ({error}): the file is damaged or truncated; remove or "
                            "replace it") from None
     return rgb if size is None else resize(center_crop(rgb, size), size)
+
+
+def require_pillow() -> None:
+    """One clear error when Pillow, which decodes the images, is not installed."""
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        raise TpuplexError("image tasks decode images with Pillow, which is not installed: pip install "
+                           "'tpuplex-core[images]' (or pip install pillow)") from None
 
 
 def center_crop(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:

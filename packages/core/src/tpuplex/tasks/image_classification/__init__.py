@@ -94,6 +94,7 @@ class ImageClassification(Task):
     tokenized: ClassVar[bool] = False
 
     def check(self, config: Any, options: Options) -> None:
+        image_files.require_pillow()
         image_size(options)
         if not 0 <= options.validation_fraction < 1:
             raise TpuplexError(f"task.validation_fraction = {options.validation_fraction} is not allowed: use a "
