@@ -220,3 +220,11 @@ def test_a_killed_prepare_leaves_nothing_in_use_and_the_next_one_cleans_up(share
     assert subprocess.run(argv, capture_output=True, check=False).returncode == 0
     prepared = images.open_prepared(out)
     assert len(prepared) == 1000 and not list(tmp_path.glob(".flowers.partial-*"))
+
+
+def test_without_pillow_an_image_run_says_how_to_install_it(monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "PIL", None)  # `import PIL` now raises ImportError
+    with pytest.raises(TpuplexError, match=r"pip install 'tpuplex-core\[images\]'"):
+        images.decode(b"", None)
