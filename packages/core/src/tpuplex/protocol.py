@@ -48,6 +48,11 @@ IMAGE_INPUTS: tuple[str, ...] = ("images",)
 BATCH_KEYS: tuple[str, ...] = (*MODEL_INPUTS, *IMAGE_INPUTS, "labels", "weight")
 
 
+def batch_rows(batch: Mapping[str, Any]) -> int:
+    """B, the rows of `batch` (its model inputs' first dimension; a predict batch may have no labels)."""
+    return len(next(batch[key] for key in (*MODEL_INPUTS, *IMAGE_INPUTS) if key in batch))
+
+
 def head_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
     """The batch's entries beyond BATCH_KEYS: integer arrays [B, ...] the task's head takes as keyword arguments
     (the masked LM's `masked_positions` [B, P]); every backend passes them through unchanged."""

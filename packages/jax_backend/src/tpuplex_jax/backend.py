@@ -34,6 +34,7 @@ from tpuplex.protocol import (
     ModelSpec,
     OptimizerSpec,
     PortableState,
+    batch_rows,
     head_inputs,
 )
 from tpuplex_jax import checkpoint, step
@@ -162,7 +163,7 @@ class JaxBackend(BackendBase):
     def _local_rows(self, batch: Batch, programs: _Programs, per_replica_split: int,
                     keys: tuple[str, ...]) -> dict[str, np.ndarray]:
         """This process's rows of a global batch [B, ...], as [local replicas, rows per replica, ...]."""
-        global_batch, length = len(batch["labels"]), batch["input_ids"].shape[1] if "input_ids" in batch else 0
+        global_batch, length = batch_rows(batch), batch["input_ids"].shape[1] if "input_ids" in batch else 0
         replicas = self._topology.device_count
         check_micro_batches(global_batch, replicas, per_replica_split)
         if length > programs.max_length:

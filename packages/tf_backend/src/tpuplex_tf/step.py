@@ -44,7 +44,7 @@ import tensorflow as tf
 
 from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.errors import TpuplexError
-from tpuplex.protocol import IMAGE_INPUTS, MODEL_INPUTS, Batch, OptimizerSpec, decays, head_inputs
+from tpuplex.protocol import IMAGE_INPUTS, MODEL_INPUTS, Batch, OptimizerSpec, batch_rows, decays, head_inputs
 from tpuplex_tf.model import TaskModel, UserClassifier, text_inputs
 
 
@@ -95,7 +95,7 @@ class Steps:
         if len(shapes) != 1:
             raise TpuplexError(f"train_steps got batches of shapes {sorted(shapes)}: one call takes batches of "
                                "one shape (group steps_per_execution batches by bucket length)")
-        rows = len(batches[0]["labels"])
+        rows = batch_rows(batches[0])
         check_micro_batches(rows, self.strategy.num_replicas_in_sync, self.optimizer.grad_accum)
         keys = (*_inputs(batches[0]), "labels", "weight", *head_inputs(batches[0]))
         arrays = {key: np.concatenate([_train_array(b, key) for b in batches]) for key in keys}
@@ -104,10 +104,10 @@ class Steps:
 
     def predict(self, batch: Batch) -> np.ndarray:
         """The task's predict outputs [B, ...] for every row of `batch`."""
-        rows = len(batch["labels"])
+        rows = batch_rows(batch)
         check_divisible(rows, self.strategy.num_replicas_in_sync, "the evaluation batch size")
         keys = (*_inputs(batch), "labels", *head_inputs(batch))
-        arrays = {key: _train_array(batch, key) for key in keys}
+        arrays = {key: _train_array(batch, key) for key in keys if key in batch}
         return self._program(self._predict, arrays, rows)(arrays).numpy()
 
     def _program(self, body: Callable, arrays: dict[str, np.ndarray], rows: int) -> Callable:
@@ -127,7 +127,7 @@ class Steps:
     def _train_loop(self, arrays: dict[str, tf.Tensor], rows: int) -> tf.Tensor:
         """One optimizer step per batch of `arrays` (each [k * rows, ...]) -> losses float32 [k]."""
         self.traces += 1
-        count = tf.shape(arrays["labels"])[0] // rows
+        count = tf.shape(arrays[_inputs(arrays)[0]])[0] // rows
         losses = tf.TensorArray(tf.float32, size=count)
         replica_step = functools.partial(self._replica_step, rows=rows)
         for index in tf.range(count):
