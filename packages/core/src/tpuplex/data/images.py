@@ -28,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures
 import csv
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -246,27 +247,30 @@ class PreparedImages:
     def __len__(self) -> int:
         return int(self.manifest["count"])
 
-    @property
+    @functools.cached_property
     def labels(self) -> np.ndarray:
-        """int32 [N], every shard's labels in order."""
+        """int32 [N], every shard's labels in order (read once)."""
         return np.concatenate([np.load(self.folder / shard["labels"]) for shard in self.manifest["shards"]])
 
     def images(self, rows: np.ndarray) -> np.ndarray:
         """uint8 [len(rows), H, W, 3]: the images at global indices `rows`, read from their shards' pages."""
         rows = np.asarray(rows, np.int64)
-        offsets = np.cumsum([0] + [shard["count"] for shard in self.manifest["shards"]])
-        shard_of = np.searchsorted(offsets, rows, side="right") - 1
+        shard_of = np.searchsorted(self._offsets, rows, side="right") - 1
         out = np.empty((len(rows), *self.image_shape), np.uint8)
         for shard in np.unique(shard_of):
             chosen = shard_of == shard
-            out[chosen] = self._shard(int(shard))[rows[chosen] - offsets[shard]]
+            out[chosen] = self._shards[shard][rows[chosen] - self._offsets[shard]]
         return out
 
-    def _shard(self, index: int) -> np.ndarray:
-        cache = self.__dict__.setdefault("_maps", {})
-        if index not in cache:
-            cache[index] = np.load(self.folder / self.manifest["shards"][index]["images"], mmap_mode="r")
-        return cache[index]
+    @functools.cached_property
+    def _offsets(self) -> np.ndarray:
+        """int64 [shards + 1]: the global index of each shard's first image, then the count."""
+        return np.cumsum([0] + [shard["count"] for shard in self.manifest["shards"]])
+
+    @functools.cached_property
+    def _shards(self) -> list[np.ndarray]:
+        """Each shard's images as a read-only memory map (opened once; pages are read as rows are taken)."""
+        return [np.load(self.folder / shard["images"], mmap_mode="r") for shard in self.manifest["shards"]]
 
     def fingerprint(self) -> str:
         """The hash of the shards' content, as the manifest records it."""
