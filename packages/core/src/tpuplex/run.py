@@ -94,7 +94,9 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
         _check_vocabulary(data.splits(), arch.vocab_size, checkpoint_dir)
     trainer = Trainer(backend, config, data, output_dir)
     head = task.head(family, arch, hf_config, data)
-    vocab_size = load_tokenizer(checkpoint_dir, config.data.max_length).get_vocab_size() if checkpoint_dir else 0
+    # Only a model of your own needs the vocabulary size (its embedding table); a family's checkpoint says it.
+    vocab_size = (load_tokenizer(checkpoint_dir, config.data.max_length).get_vocab_size()
+                  if user_model and checkpoint_dir else 0)
     model = ModelSpec(
         task=task, head=head, hf_config=hf_config, dropout=config.model.dropout,
         params={} if user_model else params.initial_params(checkpoint_dir, hf_config, head, config.train.seed),
