@@ -127,7 +127,7 @@ class Steps:
     def _train_loop(self, arrays: dict[str, tf.Tensor], rows: int) -> tf.Tensor:
         """One optimizer step per batch of `arrays` (each [k * rows, ...]) -> losses float32 [k]."""
         self.traces += 1
-        count = tf.shape(arrays[_inputs(arrays)[0]])[0] // rows
+        count = tf.shape(arrays["labels"])[0] // rows
         losses = tf.TensorArray(tf.float32, size=count)
         replica_step = functools.partial(self._replica_step, rows=rows)
         for index in tf.range(count):

@@ -39,8 +39,9 @@ def to_portable(state: TorchState) -> PortableState:
 
 
 def _snapshot(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy copy of `tensor`: on the CPU `.numpy()` alone would share the memory the next step updates."""
-    return tensor.detach().cpu().numpy().copy()
+    """A numpy copy of `tensor` (one copy, from any device): on the CPU `.numpy()` alone would share the memory
+    the next step updates."""
+    return tensor.detach().to("cpu", copy=True).numpy()
 
 
 def _buffers(state: TorchState) -> dict[str, torch.Tensor]:

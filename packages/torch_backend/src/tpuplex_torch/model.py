@@ -103,8 +103,9 @@ def user_logits(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], arch
                 model_inputs: Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]) -> torch.Tensor:
     """A user module's logits [b, num_labels] from `model_inputs(inputs)` (the task module's, or `text_inputs`);
     its output is checked, since nothing else constrains it."""
-    logits = model(*model_inputs(inputs))
+    arguments = model_inputs(inputs)
+    logits = model(*arguments)
     shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-    user.check_logits(architecture, shape, inputs["labels"].shape[0], num_labels)
+    user.check_logits(architecture, shape, arguments[0].shape[0], num_labels)
     return logits
 
