@@ -153,3 +153,14 @@ class Task:
         """Predict `sources` with `state` and, when `write` (process 0), write one file per split into the folder
         `out`; returns split -> file."""
         raise TpuplexError(f"the {self.name} task writes no predictions")
+
+
+def check_held_out(config: Any, fraction: float, task: str, held_out: str, example: float) -> None:
+    """`task.validation_fraction` (`fraction`) in [0, 1), and some held-out data: `data.eval_files`, or that fraction
+    of the training data. `held_out` names the data in the message ("text", "images"), `example` is a fraction."""
+    if not 0 <= fraction < 1:
+        raise TpuplexError(f"task.validation_fraction = {fraction} is not allowed: use a number in [0, 1), e.g. "
+                           f"{example}")
+    if not config.data.eval_files and fraction == 0:
+        raise TpuplexError(f"the {task} task needs held-out {held_out}: set data.eval_files or "
+                           f"task.validation_fraction (e.g. {example})")

@@ -36,7 +36,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData
+from tpuplex.tasks.base import Task, TaskData, check_held_out
 from tpuplex.tasks.image_classification.data import ImageSplit, augment, held_out
 from tpuplex.tasks.sequence_classification.heads import ClassifierHead
 
@@ -96,17 +96,12 @@ class ImageClassification(Task):
     def check(self, config: Any, options: Options) -> None:
         image_files.require_pillow()
         image_size(options)
-        if not 0 <= options.validation_fraction < 1:
-            raise TpuplexError(f"task.validation_fraction = {options.validation_fraction} is not allowed: use a "
-                               "number in [0, 1), e.g. 0.1")
+        check_held_out(config, options.validation_fraction, self.name, "images", 0.1)
         if options.crop_padding < 0:
             raise TpuplexError(f"task.crop_padding = {options.crop_padding}: use 0 (no crops) or more pixels")
         if not config.data.train_file:
             raise TpuplexError("data.train_file is empty: name a class-per-folder image tree, a .csv/.jsonl of "
                                "(path, label), or a folder tpuplex prepare wrote")
-        if not config.data.eval_files and options.validation_fraction == 0:
-            raise TpuplexError("the image_classification task needs held-out images: set data.eval_files or "
-                               "task.validation_fraction (e.g. 0.1)")
         for field, spec in (("data.train_file", config.data.train_file),
                             *((f"data.eval_files[{i}]", spec) for i, spec in enumerate(config.data.eval_files))):
             existing(field, spec)

@@ -33,7 +33,7 @@ from tpuplex.collate import Encoded
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData
+from tpuplex.tasks.base import Task, TaskData, check_held_out
 from tpuplex.tasks.masked_lm import data as text
 from tpuplex.tasks.masked_lm.heads import FAMILY_HEADS, MaskedLMHead, masked_lm_head
 
@@ -95,15 +95,10 @@ class MaskedLM(Task):
         if not 0 < options.mask_probability < 1:
             raise TpuplexError(f"task.mask_probability = {options.mask_probability} is not allowed: use a number "
                                "in (0, 1), e.g. 0.15")
-        if not 0 <= options.validation_fraction < 1:
-            raise TpuplexError(f"task.validation_fraction = {options.validation_fraction} is not allowed: use a "
-                               "number in [0, 1), e.g. 0.05")
+        check_held_out(config, options.validation_fraction, self.name, "text", 0.05)
         if not config.data.train_file:
             raise TpuplexError("data.train_file is empty: the masked_lm task trains on raw text, e.g. "
                                'train_file = "corpus.txt"')
-        if not config.data.eval_files and options.validation_fraction == 0:
-            raise TpuplexError("the masked_lm task needs held-out text: set data.eval_files or "
-                               "task.validation_fraction (e.g. 0.05)")
         text.text_file("data.train_file", config.data.train_file)
         for index, spec in enumerate(config.data.eval_files):
             text.text_file(f"data.eval_files[{index}]", spec)
