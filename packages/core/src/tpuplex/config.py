@@ -39,6 +39,9 @@ class ModelConfig:
     architecture: str = ""
     """Your own classifier, `package.module:Class` in the backend's framework (see tpuplex.models.user); the
     checkpoint then only provides the tokenizer. Empty builds the checkpoint's own HF family."""
+    batch_norm: str = "cross_replica"
+    """Batch-norm statistics (ResNets): "cross_replica" over the global batch, so R replicas or processes train
+    as one; "per_replica" over each replica's rows (what DDP, pmap and MirroredStrategy do by default)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +177,7 @@ _CHOICES = {
     ("runtime", "device"): ("auto", "tpu", "gpu", "cpu"),
     ("runtime", "torch_mode"): ("auto", "eager", "compile", "xla"),
     ("runtime", "on_preempt"): ("checkpoint", "exit"),
+    ("model", "batch_norm"): ("cross_replica", "per_replica"),
 }
 _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_accum"),
              ("train", "steps_per_execution"), ("train", "learning_rate"), ("runtime", "keep_checkpoints"),

@@ -81,6 +81,10 @@ class ModelSpec:
         and the backend builds `factory(**model_arguments)` in its framework.
     model_arguments: what the task builds a user model with (`Task.model_arguments`: text tasks `vocab_size` and
         `num_labels`, images `num_labels` and `image_shape`).
+    buffers: an image family's initial non-trainable state under HF names (batch-norm running statistics,
+        float32, and update counts, int64); empty for the text families.
+    batch_norm: "cross_replica" (statistics over the global batch: R replicas train as one) or "per_replica"
+        (each replica's own rows, the frameworks' default), for families with batch norm.
     """
 
     task: Any
@@ -91,6 +95,8 @@ class ModelSpec:
     checkpoint_dir: Path | None = None
     architecture: str = ""
     model_arguments: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    buffers: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    batch_norm: str = "cross_replica"
 
     @property
     def num_labels(self) -> int:

@@ -82,25 +82,34 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
     topology = backend.topology()
     _check_batch_sizes(config, topology.device_count)
 
-    # A task without text (images) takes no tokenizer, so no checkpoint: its model is your own.
-    checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint) if task.tokenized else None
+    # A task without text (images) takes no tokenizer: a checkpoint only for a family's model (ResNet, ViT).
     user_model = config.model.architecture
+    checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint) if task.tokenized or not user_model \
+        else None
     hf_config = {} if user_model else params.read_hf_config(checkpoint_dir)
-    if not user_model:
-        _check_max_length(config, hf_config)
-    data = task.prepare(config, options, checkpoint_dir)
     family, arch = (None, None) if user_model else models.architecture_of(hf_config)
-    if not user_model:
+    if family is not None:
+        _check_family_kind(task, family, checkpoint_dir)
+    if family is not None and task.tokenized:
+        _check_max_length(config, hf_config)
+    data = task.prepare(config, options, checkpoint_dir if task.tokenized else None)
+    if family is not None and task.tokenized:
         _check_vocabulary(data.splits(), arch.vocab_size, checkpoint_dir)
     trainer = Trainer(backend, config, data, output_dir)
     head = task.head(family, arch, hf_config, data)
     # Only a model of your own needs the vocabulary size (its embedding table); a family's checkpoint says it.
     vocab_size = (load_tokenizer(checkpoint_dir, config.data.max_length).get_vocab_size()
                   if user_model and checkpoint_dir else 0)
+    if user_model:
+        initial, buffers = {}, {}
+    elif task.tokenized:
+        initial, buffers = params.initial_params(checkpoint_dir, hf_config, head, config.train.seed), {}
+    else:
+        initial, buffers = params.initial_image_state(checkpoint_dir, hf_config, head.num_labels, config.train.seed)
     model = ModelSpec(
-        task=task, head=head, hf_config=hf_config, dropout=config.model.dropout,
-        params={} if user_model else params.initial_params(checkpoint_dir, hf_config, head, config.train.seed),
-        checkpoint_dir=checkpoint_dir, architecture=user_model,
+        task=task, head=head, hf_config=hf_config, dropout=config.model.dropout, params=initial,
+        checkpoint_dir=checkpoint_dir, architecture=user_model, buffers=buffers,
+        batch_norm=config.model.batch_norm,
         model_arguments=task.model_arguments(data, head, vocab_size) if user_model else {})
     with trainer.hosts.watchdog.watch("building the model"):
         state = backend.init(model, optimizer_spec(config))
@@ -228,6 +237,17 @@ def _check_vocabulary(encoded: dict[str, Any], rows: int, checkpoint_dir: Path) 
         if largest >= rows:
             raise TpuplexError(f"the tokenizer in {checkpoint_dir} gives token id {largest} on {split}, but the "
                                f"model has {rows} word embeddings: use the tokenizer saved with this model")
+
+
+def _check_family_kind(task: Task, family: Any, checkpoint_dir: Path) -> None:
+    """A text task needs a text encoder, an image task an image family."""
+    is_text = family in models.FAMILIES
+    if is_text != task.tokenized:
+        kinds = ", ".join(models.SUPPORTED_MODEL_TYPES if task.tokenized else models.IMAGE_MODEL_TYPES)
+        raise TpuplexError(f"model.checkpoint {checkpoint_dir} is a {family.name} model, which the {task.name} task "
+                           f"cannot train: give a checkpoint folder of a {kinds} model"
+                           + ("" if task.tokenized else " (config.json alone trains one from scratch), or set "
+                              "model.architecture to a model of your own"))
 
 
 def _check_max_length(config: Config, hf_config: dict[str, Any]) -> None:

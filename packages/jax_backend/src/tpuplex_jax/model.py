@@ -129,13 +129,25 @@ def _is_kernel(path: tuple[Any, ...]) -> bool:
     return getattr(path[-1], "key", path[-1]) == "kernel"
 
 
+_TORCH_AXES = {2: (1, 0), 4: (3, 2, 0, 1)}
+"""Flax kernel axes -> torch's: Dense [in, out] -> [out, in]; Conv HWIO -> OIHW."""
+
+
+def to_torch_layout(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array.transpose(_TORCH_AXES[array.ndim]))
+
+
+def from_torch_layout(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array.transpose(np.argsort(_TORCH_AXES[array.ndim])))
+
+
 @dataclasses.dataclass(frozen=True)
 class Naming:
     """How the paths of a Flax tree become portable names.
 
     names: canonical name -> portable name (HF names for a family, from `Family.hf_names`).
-    torch_layout: Dense kernels are transposed to torch's [out, in] (HF families); a user model's arrays keep
-        their Flax layout.
+    torch_layout: kernels take torch's layout (Dense [out, in], Conv OIHW) for HF families; a user model's
+        arrays keep their Flax layout.
     """
 
     names: Mapping[str, str]
@@ -148,6 +160,14 @@ class Naming:
         return cls({canonical_name(path): ".".join(str(getattr(key, "key", key)) for key in path)
                     for path, _ in flat}, torch_layout=False)
 
+    @classmethod
+    def hf(cls, tree: Any, collection: bool = False) -> Naming:
+        """A tree whose module names are already HF's (the image families): the canonical names as they are,
+        without the Flax collection's name (`batch_stats`) when `collection`."""
+        flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+        names = (canonical_name(path) for path, _ in flat)
+        return cls({name: name.split(".", 1)[1] if collection else name for name in names})
+
     def of(self, path: tuple[Any, ...]) -> str:
         return self.names[canonical_name(path)]
 
@@ -157,8 +177,8 @@ class Naming:
     def shapes(self, template: Any) -> dict[str, tuple[int, ...]]:
         """Portable name -> portable shape of every leaf of `template`."""
         flat = jax.tree_util.tree_flatten_with_path(template)[0]
-        return {self.of(path): tuple(leaf.shape)[::-1] if self.transposed(path) else tuple(leaf.shape)
-                for path, leaf in flat}
+        return {self.of(path): tuple(leaf.shape[axis] for axis in _TORCH_AXES[len(leaf.shape)])
+                if self.transposed(path) else tuple(leaf.shape) for path, leaf in flat}
 
 
 def param_template(model: nn.Module) -> Any:
@@ -168,17 +188,19 @@ def param_template(model: nn.Module) -> Any:
 
 
 def to_flax(arrays: Mapping[str, np.ndarray], template: Any, naming: Naming) -> Any:
-    """Portable float32 arrays -> a Flax tree shaped like `template` (numpy leaves)."""
+    """Portable arrays -> a Flax tree shaped like `template` (numpy leaves of the template's dtypes)."""
     def convert(path, leaf):
-        array = np.asarray(arrays[naming.of(path)], dtype=np.float32)
-        return np.ascontiguousarray(array.T) if naming.transposed(path) else array
+        array = np.asarray(arrays[naming.of(path)], dtype=leaf.dtype)
+        return from_torch_layout(array) if naming.transposed(path) else array
 
     return jax.tree_util.tree_map_with_path(convert, template)
 
 
 def to_portable_arrays(tree: Any, naming: Naming) -> dict[str, np.ndarray]:
-    """A Flax tree (parameters or Adam moments) -> portable float32 numpy arrays."""
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {naming.of(path): np.ascontiguousarray(
-                np.asarray(leaf, dtype=np.float32).T if naming.transposed(path) else np.asarray(leaf, np.float32))
-            for path, leaf in flat}
+    """A Flax tree (parameters, Adam moments, batch statistics) -> portable numpy arrays: float32, counts int64."""
+    def portable(path, leaf) -> np.ndarray:
+        array = np.asarray(leaf)
+        array = array.astype(np.int64 if np.issubdtype(array.dtype, np.integer) else np.float32)
+        return to_torch_layout(array) if naming.transposed(path) else np.array(array, order="C")  # 0-d stays 0-d
+
+    return {naming.of(path): portable(path, leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}

@@ -66,6 +66,12 @@ def apply(model: nn.Module, model_call: Callable, params: Any, model_state: Any,
     return model.apply(variables, *args, rngs=rngs, **kwargs), model_state
 
 
+def replica_mean(model_state: Any) -> Any:
+    """Floating state (batch-norm statistics) averaged over the replicas; counts are equal on every replica."""
+    return jax.tree.map(lambda v: jax.lax.pmean(v, AXIS) if jnp.issubdtype(v.dtype, jnp.inexact) else v,
+                        model_state)
+
+
 def make_optimizer(spec: OptimizerSpec, params: Any, naming: Naming) -> optax.GradientTransformation:
     """Global-norm clip then AdamW; the learning rate is a hyperparameter set before every update.
 
@@ -138,8 +144,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, g
         opt_state = optax.tree_utils.tree_set(state.opt_state, learning_rate=learning_rate)
         updates, opt_state = optimizer.update(grads, opt_state, state.params)
         loss = jax.lax.psum(loss_sum, AXIS) / denominator
-        return TrainState(optax.apply_updates(state.params, updates), opt_state,
-                          jax.lax.pmean(model_state, AXIS)), loss
+        return TrainState(optax.apply_updates(state.params, updates), opt_state, replica_mean(model_state)), loss
 
     return step
 

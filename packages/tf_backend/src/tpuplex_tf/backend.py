@@ -10,12 +10,12 @@ from typing import ClassVar
 import numpy as np
 import tensorflow as tf
 
-from tpuplex import tasks
+from tpuplex import models, tasks
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
-from tpuplex_tf import checkpoint, export, model
+from tpuplex_tf import checkpoint, export, image_models, model
 from tpuplex_tf.devices import build_strategy, use_xla
 from tpuplex_tf.step import Steps
 
@@ -56,11 +56,14 @@ class TfBackend(BackendBase):
             if model_spec.architecture:  # the user's model starts from its own initialisation
                 keras_model = model.build_user_model(model_spec, optimizer.seed,
                                                      getattr(task, "model_inputs", model.text_inputs))
+            elif models.family_of(model_spec.hf_config) in models.IMAGE_FAMILIES:
+                keras_model = image_models.build_image_model(model_spec, task.model_inputs)
             else:
                 keras_model = model.build(model_spec, task)
             steps = Steps(self.strategy, keras_model, optimizer, task, self.jit_compile)
         if not model_spec.architecture:
             checkpoint.load_params(steps, model_spec.params, "the initial parameters")
+            checkpoint.load_buffers(steps, model_spec.buffers, "the initial batch-norm statistics")
         self._steps.append(steps)
         return TfState(steps)
 

@@ -1,6 +1,7 @@
 """Between the TF training state and `tpuplex.protocol.PortableState` (HF names, torch layout, numpy).
 
-Dense kernels (and their Adam moments) are transposed on the way in and out; everything else keeps its layout.
+Kernels (and their Adam moments) change layout on the way in and out (Dense [in, out] <-> [out, in], Conv2D
+HWIO <-> OIHW); everything else keeps its layout. Batch-norm counts are int64 in the checkpoint.
 Writes go through `Variable.assign` in cross-replica context, so every replica's copy gets the same value.
 """
 
@@ -13,7 +14,7 @@ import tensorflow as tf
 
 from tpuplex.params import check_names
 from tpuplex.protocol import PortableState
-from tpuplex_tf.model import swap_layout
+from tpuplex_tf.model import from_torch_layout, to_torch_layout, torch_shape
 from tpuplex_tf.step import Steps
 
 
@@ -21,14 +22,22 @@ def to_portable(steps: Steps) -> PortableState:
     """Parameters, Adam moments and the optimizer step as numpy arrays under HF names."""
     return PortableState(params=_read(steps, steps.variables), exp_avg=_read(steps, steps.exp_avg),
                          exp_avg_sq=_read(steps, steps.exp_avg_sq), step=int(steps.step.numpy()),
-                         buffers={name: v.numpy() for name, v in zip(steps.state_names, steps.state_variables,
-                                                                      strict=True)})
+                         buffers={name: _portable_state(v.numpy())
+                                  for name, v in zip(steps.state_names, steps.state_variables, strict=True)})
 
 
 def load_params(steps: Steps, params: Mapping[str, np.ndarray], what: str) -> None:
     """Assign HF-named parameters (torch layout) to the model's variables, after checking names and shapes."""
     check_names(_hf_shapes(steps), params, what)
     _write(steps, steps.variables, params)
+
+
+def load_buffers(steps: Steps, buffers: Mapping[str, np.ndarray], what: str) -> None:
+    """Assign the model's non-trainable state (an image family's batch-norm statistics) by name."""
+    named_state = dict(zip(steps.state_names, steps.state_variables, strict=True))
+    check_names({name: tuple(v.shape) for name, v in named_state.items()}, buffers, what)
+    for name, variable in named_state.items():
+        variable.assign(np.asarray(buffers[name], variable.dtype.as_numpy_dtype))
 
 
 def from_portable(steps: Steps, state: PortableState) -> None:
@@ -40,25 +49,26 @@ def from_portable(steps: Steps, state: PortableState) -> None:
     _write(steps, steps.variables, state.params)
     _write(steps, steps.exp_avg, state.exp_avg)
     _write(steps, steps.exp_avg_sq, state.exp_avg_sq)
-    named_state = dict(zip(steps.state_names, steps.state_variables, strict=True))
-    check_names({name: tuple(v.shape) for name, v in named_state.items()}, state.buffers,
-                "the checkpoint's non-trainable state")
-    for name, variable in named_state.items():
-        variable.assign(np.asarray(state.buffers[name], variable.dtype.as_numpy_dtype))
+    load_buffers(steps, state.buffers, "the checkpoint's non-trainable state")
     steps.step.assign(state.step)
 
 
 def _hf_shapes(steps: Steps) -> dict[str, tuple[int, ...]]:
     """HF name -> torch-layout shape of every model parameter."""
-    return {name: tuple(reversed(v.shape)) if transposed else tuple(v.shape)
+    return {name: torch_shape(tuple(v.shape)) if transposed else tuple(v.shape)
             for name, transposed, v in zip(steps.names, steps.transposed, steps.variables, strict=True)}
 
 
 def _read(steps: Steps, variables: Sequence[tf.Variable]) -> dict[str, np.ndarray]:
-    return {name: swap_layout(v.numpy(), transposed)
+    return {name: to_torch_layout(v.numpy()) if transposed else v.numpy()
             for name, transposed, v in zip(steps.names, steps.transposed, variables, strict=True)}
 
 
 def _write(steps: Steps, variables: Sequence[tf.Variable], arrays: Mapping[str, np.ndarray]) -> None:
     for name, transposed, variable in zip(steps.names, steps.transposed, variables, strict=True):
-        variable.assign(swap_layout(np.asarray(arrays[name], np.float32), transposed))
+        array = np.asarray(arrays[name], np.float32)
+        variable.assign(from_torch_layout(array) if transposed else array)
+
+
+def _portable_state(array: np.ndarray) -> np.ndarray:
+    return array.astype(np.int64) if np.issubdtype(array.dtype, np.integer) else array

@@ -81,7 +81,11 @@ class Steps:
             self.exp_avg_sq = [tf.Variable(tf.zeros(v.shape), trainable=False) for v in self.variables]
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.traces = 0
-        self._replica_gradients_xla = tf.function(self._replica_gradients, jit_compile=jit_compile)
+        # A forward pass that synchronises the replicas itself (cross-replica batch norm) cannot run in a nested
+        # tf.function under MirroredStrategy: it runs inside the outer program (which TPUStrategy compiles whole).
+        synchronises = getattr(model, "synchronises_replicas", False) and strategy.num_replicas_in_sync > 1
+        self._replica_gradients_program = self._replica_gradients if synchronises else \
+            tf.function(self._replica_gradients, jit_compile=jit_compile)
         self._adamw_xla = tf.function(self._adamw, jit_compile=jit_compile)
         self._logits_xla = tf.function(self._logits, jit_compile=jit_compile)
         self._programs: dict[tuple, Callable] = {}
@@ -158,16 +162,19 @@ class Steps:
         replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
         seed = tf.stack([tf.constant(self.optimizer.seed, tf.int32),
                          tf.cast(self.step, tf.int32) * replicas + replica])
-        gradients, loss_sum, weight_sum, model_state = self._replica_gradients_xla(batch, seed)
-        state_count = len(model_state)
+        gradients, loss_sum, weight_sum, model_state = self._replica_gradients_program(batch, seed)
+        # Floating state (batch-norm statistics) is averaged over the replicas; counts are equal on every replica
+        # (and int32 lives in host memory, which an all-reduce with device tensors refuses).
+        floating = [index for index, value in enumerate(model_state) if value.dtype.is_floating]
         *sums, loss_sum, weight_sum = context.all_reduce(
-            tf.distribute.ReduceOp.SUM, [*gradients, *model_state, loss_sum, weight_sum])
-        gradient_sums, state_sums = sums[: len(sums) - state_count], sums[len(sums) - state_count :]
-        gradients = [g / tf.maximum(weight_sum, 1.0) for g in gradient_sums]
+            tf.distribute.ReduceOp.SUM, [*gradients, *(model_state[i] for i in floating), loss_sum, weight_sum])
+        gradients = [g / tf.maximum(weight_sum, 1.0) for g in sums[: len(gradients)]]
+        averaged = dict(zip(floating, (total / replicas for total in sums[len(gradients) :]), strict=True))
+        model_state = [averaged.get(index, value) for index, value in enumerate(model_state)]
         updated = self._adamw_xla([v.read_value() for v in self.variables], [m.read_value() for m in self.exp_avg],
                                   [v.read_value() for v in self.exp_avg_sq], gradients, learning_rate,
                                   self.step + 1)
-        context.merge_call(self._write, args=(*updated, [s / replicas for s in state_sums]))
+        context.merge_call(self._write, args=(*updated, model_state))
         return loss_sum / tf.maximum(weight_sum, 1.0)
 
     def _write(self, strategy: tf.distribute.Strategy, params, exp_avg, exp_avg_sq, model_state) -> None:

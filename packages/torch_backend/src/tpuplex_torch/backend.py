@@ -11,6 +11,7 @@ import torch
 from tpuplex import tasks
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
+from tpuplex.errors import TpuplexError
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
 from tpuplex_torch import checkpoint, devices, export, model, step
 from tpuplex_torch.step import TorchState
@@ -32,11 +33,23 @@ class TorchBackend(BackendBase):
 
     def init(self, model_spec: ModelSpec, optimizer: OptimizerSpec) -> TorchState:
         built = model.build(model_spec, optimizer.seed)
-        module = built.module.to(self.placement.device)
+        module = self._batch_norm_across_processes(built.module, model_spec).to(self.placement.device)
         state = TorchState(module, step.make_optimizer(module, optimizer), optimizer, built.forward,
                            self.placement.compiled(built.forward), tasks.backend_module(model_spec.task, "torch"),
                            tuple(built.buffers))
         return self.state_from_arrays(state, checkpoint.initial(built.params, built.buffers))
+
+    def _batch_norm_across_processes(self, module: torch.nn.Module, model_spec: ModelSpec) -> torch.nn.Module:
+        """Cross-replica batch norm over several processes is torch's SyncBatchNorm (GPUs only); one process, or
+        torch_xla SPMD (one program over the global batch), normalises over the global batch by itself."""
+        has_batch_norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
+        if not has_batch_norm or self.placement.row_processes == 1 or model_spec.batch_norm != "cross_replica":
+            return module
+        if self.placement.device.type != "cuda":
+            raise TpuplexError(f"model.batch_norm = \"cross_replica\" over {self.placement.row_processes} torch "
+                               f"processes on {self.placement.device.type} is not supported (torch's SyncBatchNorm "
+                               "runs on GPUs): set model.batch_norm = \"per_replica\", or use the jax or tf backend")
+        return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
 
     def train_step(self, state: TorchState, batch: Batch, learning_rate: float) -> tuple[TorchState, float]:
         return state, step.train_step(state, self.placement, batch, learning_rate)

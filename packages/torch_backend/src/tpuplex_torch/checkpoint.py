@@ -50,6 +50,13 @@ def _buffers(state: TorchState) -> dict[str, torch.Tensor]:
     return {name: named[name] for name in state.buffer_names}
 
 
+def _like(uploaded: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """`uploaded` in the memory format `current` has: convolution kernels stay channels-last."""
+    if current.dim() == 4 and current.is_contiguous(memory_format=torch.channels_last):
+        return uploaded.contiguous(memory_format=torch.channels_last)
+    return uploaded
+
+
 def restore(state: TorchState, portable: PortableState, placement: Placement) -> TorchState:
     """Overwrite `state` with `portable`; TpuplexError names any missing, unexpected or mis-shaped array."""
     named = dict(state.model.named_parameters())
@@ -58,7 +65,7 @@ def restore(state: TorchState, portable: PortableState, placement: Placement) ->
     check_names(expected, portable.exp_avg, "the checkpoint's exp_avg moments")
     check_names(expected, portable.exp_avg_sq, "the checkpoint's exp_avg_sq moments")
     for name, parameter in named.items():
-        parameter.data = placement.upload(portable.params[name])
+        parameter.data = _like(placement.upload(portable.params[name]), parameter.data)
         state.optimizer.state[parameter] = {
             "step": torch.tensor(float(portable.step), dtype=torch.float32),  # AdamW keeps it on the CPU
             "exp_avg": placement.upload(portable.exp_avg[name]),

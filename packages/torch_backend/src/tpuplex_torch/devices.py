@@ -35,7 +35,7 @@ from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows
-from tpuplex.protocol import IMAGE_INPUTS, MODEL_INPUTS, Batch, head_inputs
+from tpuplex.protocol import IMAGE_INPUTS, MODEL_INPUTS, Batch, batch_rows, head_inputs
 
 if TYPE_CHECKING:
     from tpuplex_torch.model import Forward
@@ -63,10 +63,12 @@ def claim(runtime: RuntimeConfig) -> Placement:
 def host_tensors(batch: Batch) -> dict[str, torch.Tensor]:
     """A host batch as CPU tensors: ids and mask int64 [B, L] (images uint8 [B, H, W, 3] as they are), the task's
     labels int64 (float32 for regression) and weight float32 of the labels' shape ([B], or [B, L] per token; ones
-    when the batch has none), and the head's inputs int64."""
+    when the batch has none), and the head's inputs int64. A predict batch may come without labels."""
     tensors = {key: torch.from_numpy(np.asarray(batch[key], dtype=np.int64))
                for key in (*MODEL_INPUTS, *head_inputs(batch)) if key in batch}
     tensors |= {key: torch.from_numpy(np.ascontiguousarray(batch[key])) for key in IMAGE_INPUTS if key in batch}
+    if "labels" not in batch:
+        return tensors
     labels = np.asarray(batch["labels"])
     tensors["labels"] = torch.from_numpy(labels.astype(np.float32 if labels.dtype.kind == "f" else np.int64))
     weight = batch.get("weight")
@@ -180,7 +182,7 @@ class EagerPlacement(Placement):
         self._graphs_before = _compiled_graphs() if self._compiles else 0
 
     def put(self, batch: Batch) -> dict[str, torch.Tensor]:
-        mine = process_rows(len(batch["labels"]), self.topology.process_index, self.row_processes)
+        mine = process_rows(batch_rows(batch), self.topology.process_index, self.row_processes)
         return {name: t[mine].to(self.device) for name, t in host_tensors(batch).items()}
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -285,7 +287,7 @@ class XlaPlacement(Placement):
         return tensor
 
     def put(self, batch: Batch) -> dict[str, torch.Tensor]:
-        check_divisible(len(batch["labels"]), self.replicas_in_view)
+        check_divisible(batch_rows(batch), self.replicas_in_view)
         placed = {}
         for name, tensor in host_tensors(batch).items():
             placed[name] = tensor.to(self.device)

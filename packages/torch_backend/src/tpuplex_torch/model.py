@@ -24,7 +24,7 @@ Forward = Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
 @dataclasses.dataclass(frozen=True)
 class Built:
     """A model on the CPU in float32, how to call it, its initial parameters and its non-trainable state (numpy,
-    by name: a user model's persistent buffers, such as batch-norm statistics; none for HF models)."""
+    by name: batch-norm statistics of a ResNet or of a user model; none for the text families)."""
 
     module: torch.nn.Module
     forward: Forward
@@ -38,15 +38,11 @@ def build(spec: ModelSpec, seed: int) -> Built:
     naming them."""
     if spec.architecture:
         return _build_user_model(spec, seed)
-    settings = dict(spec.hf_config)
     task = tasks.backend_module(spec.task, "torch")
-    config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings, **task.head_config(spec.head))
-    if not spec.dropout:
-        for key, value in config.to_dict().items():
-            # hidden_dropout_prob, attention_probs_dropout_prob, classifier_dropout (None: falls back to hidden)...
-            if "dropout" in key and (value is None or isinstance(value, float)):
-                setattr(config, key, 0.0)
-    model = getattr(transformers, spec.task.auto_class).from_config(config, dtype=torch.float32)
+    model = _hf_model(spec, task.head_config(spec.head))
+    family = models.family_of(spec.hf_config)
+    if family in models.IMAGE_FAMILIES:
+        return _with_image_family_weights(model, family, spec, task)
     expected = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
     check_names(expected, spec.params, "the initial parameters")
     # Tied parameters (the MLM decoder) appear once in named_parameters, under both names in the state dict.
@@ -57,6 +53,45 @@ def build(spec: ModelSpec, seed: int) -> Built:
     head_forward = getattr(task, "forward", None)
     return Built(model, functools.partial(forward_outputs, token_types=token_types, head_forward=head_forward),
                  spec.params)
+
+
+def _hf_model(spec: ModelSpec, head_config: Mapping) -> torch.nn.Module:
+    """transformers' model for the task (`spec.task.auto_class`) from the checkpoint's config.json, float32;
+    every dropout rate 0 unless `spec.dropout`."""
+    settings = dict(spec.hf_config)
+    config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings, **head_config)
+    if not spec.dropout:
+        for key, value in config.to_dict().items():
+            # hidden_dropout_prob, attention_probs_dropout_prob, classifier_dropout (None: falls back to hidden)...
+            if "dropout" in key and (value is None or isinstance(value, float)):
+                setattr(config, key, 0.0)
+    return getattr(transformers, spec.task.auto_class).from_config(config, dtype=torch.float32)
+
+
+def _with_image_family_weights(model: torch.nn.Module, family: models.ImageFamily, spec: ModelSpec,
+                               task) -> Built:
+    """HF's ResNet or ViT with the core's parameters and batch-norm statistics, in channels-last memory format
+    (convolutions read NHWC directly: the host batch's own layout). A ResNet's stem follows the plan
+    (`tpuplex.models.resnet`: the CIFAR stem swaps HF's 7x7 convolution and max-pool for its own)."""
+    arch = family.architecture(spec.hf_config)
+    if family is models.RESNET:
+        stem, embedder = arch.stem, model.resnet.embedder
+        embedder.embedder.convolution = torch.nn.Conv2d(stem.in_channels, stem.out_channels, stem.kernel,
+                                                        stem.stride, stem.padding, bias=False)
+        if not arch.embedding_pooling:
+            embedder.pooler = torch.nn.Identity()
+    expected = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
+    check_names(expected, spec.params, "the initial parameters")
+    state = {name: torch.from_numpy(np.array(array)) for name, array in {**spec.params, **spec.buffers}.items()}
+    model.load_state_dict(state, strict=True)
+    model = model.to(memory_format=torch.channels_last)
+    return Built(model, functools.partial(image_logits, model_inputs=task.model_inputs), spec.params, spec.buffers)
+
+
+def image_logits(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor],
+                 model_inputs: Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]) -> torch.Tensor:
+    """An HF image classifier's logits [b, classes] for the task's `model_inputs(inputs)` (pixel_values)."""
+    return model(*model_inputs(inputs)).logits
 
 
 def _build_user_model(spec: ModelSpec, seed: int) -> Built:

@@ -1,8 +1,8 @@
-"""Encoder families, each described once (`tpuplex.models.<family>`), and the lookup by `model_type`.
+"""Model families, each described once (`tpuplex.models.<family>`), and the lookup by `model_type`.
 
-    family = family_of(hf_config)                # Family: names, config reader
-    arch = family.architecture(hf_config)        # Architecture: sizes and switches, framework-free
-    family.hf_shapes(arch)                       # HF name -> shape of every encoder parameter
+    family = family_of(hf_config)                # Family (text encoders) or ImageFamily (resnet, vit)
+    arch = family.architecture(hf_config)        # Architecture (text) or the image family's plan: framework-free
+    family.hf_shapes(arch)                       # text: HF name -> shape of every encoder parameter
 """
 
 from __future__ import annotations
@@ -18,26 +18,31 @@ from tpuplex.models.bert import BERT
 from tpuplex.models.distilbert import DISTILBERT
 from tpuplex.models.electra import ELECTRA
 from tpuplex.models.family import Family
+from tpuplex.models.image_family import RESNET, VIT, ImageFamily
 from tpuplex.models.roberta import ROBERTA
 
 FAMILIES: tuple[Family, ...] = (BERT, ROBERTA, DISTILBERT, ELECTRA, ALBERT)
+IMAGE_FAMILIES: tuple[ImageFamily, ...] = (RESNET, VIT)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for family in FAMILIES for t in family.model_types)
+IMAGE_MODEL_TYPES: tuple[str, ...] = tuple(t for family in IMAGE_FAMILIES for t in family.model_types)
 
 
-def family_of(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> Family:
+def family_of(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> Family | ImageFamily:
     """The family whose `model_type` the config names; one clear error naming the supported ones otherwise."""
     model_type = hf_config.get("model_type")
-    for family in FAMILIES:
+    for family in (*FAMILIES, *IMAGE_FAMILIES):
         if model_type in family.model_types:
             return family
     raise TpuplexError(f"model_type {model_type!r} in {path} is not supported: tpuplex builds "
-                       f"{', '.join(SUPPORTED_MODEL_TYPES)} encoders")
+                       f"{', '.join(SUPPORTED_MODEL_TYPES)} encoders and {', '.join(IMAGE_MODEL_TYPES)} image "
+                       "models")
 
 
 def architecture_of(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> tuple[Family, Architecture]:
+    """(family, architecture); for an image family (`ImageFamily`), its plan (`resnet.ResNet`, `vit.ViT`)."""
     family = family_of(hf_config, path)
     return family, family.architecture(hf_config, path)
 
 
-__all__ = ["ACTIVATIONS", "BLOCK_MODULES", "FAMILIES", "SUPPORTED_MODEL_TYPES", "Architecture", "Family",
-           "architecture_of", "canonical_shapes", "family_of"]
+__all__ = ["ACTIVATIONS", "BLOCK_MODULES", "FAMILIES", "IMAGE_FAMILIES", "IMAGE_MODEL_TYPES", "SUPPORTED_MODEL_TYPES",
+           "Architecture", "Family", "ImageFamily", "architecture_of", "canonical_shapes", "family_of"]

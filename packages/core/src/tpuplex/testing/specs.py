@@ -1,5 +1,6 @@
 """ModelSpecs for tests: a checkpoint's model with a task's head (sequence classification, masked LM, token
-classification), as `tpuplex.run.prepare` builds them (heads and initial parameters from the core)."""
+classification, image classification), as `tpuplex.run.prepare` builds them (heads and initial parameters from
+the core)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from tpuplex import models
-from tpuplex.params import initial_params
+from tpuplex.params import initial_image_state, initial_params, read_hf_config
 from tpuplex.protocol import ModelSpec
 from tpuplex.tasks.base import Head
+from tpuplex.tasks.image_classification import TASK as IMAGE_CLASSIFICATION
 from tpuplex.tasks.masked_lm import TASK as MASKED_LM
 from tpuplex.tasks.masked_lm.heads import masked_lm_head
 from tpuplex.tasks.sequence_classification import TASK as SEQUENCE_CLASSIFICATION
-from tpuplex.tasks.sequence_classification.heads import classifier_head
+from tpuplex.tasks.sequence_classification.heads import ClassifierHead, classifier_head
 from tpuplex.tasks.token_classification import TASK as TOKEN_CLASSIFICATION
 from tpuplex.tasks.token_classification.heads import token_classifier_head
 
@@ -53,3 +55,12 @@ def token_classifier_spec(directory: Path, hf_config: Mapping[str, Any], num_lab
     head = token_classifier_head(*models.architecture_of(hf_config), hf_config, num_labels)
     return ModelSpec(task=TOKEN_CLASSIFICATION, head=head, hf_config=hf_config,
                      params=initial_params(directory, hf_config, head, seed), **fields)
+
+
+def image_family_spec(directory: Path, num_labels: int = 3, seed: int = 0, **fields: Any) -> ModelSpec:
+    """The ResNet or ViT that `directory`'s config.json describes as an image classifier, its parameters and
+    batch-norm statistics from the core (`tpuplex.params.initial_image_state`)."""
+    hf_config = read_hf_config(directory)
+    params, buffers = initial_image_state(directory, hf_config, num_labels, seed)
+    return ModelSpec(task=IMAGE_CLASSIFICATION, head=ClassifierHead({}, {}, (), num_labels=num_labels),
+                     hf_config=hf_config, params=params, buffers=buffers, checkpoint_dir=directory, **fields)

@@ -1,4 +1,6 @@
-"""Image classification (keras-hub's `ImageClassifier`): one class per image, your own model trained from scratch.
+"""Image classification (keras-hub's `ImageClassifier`): one class per image, with a ResNet or ViT described by
+an HF config.json (`model.checkpoint`: a folder with config.json, and model.safetensors to start from trained
+weights) or your own model (`model.architecture`).
 
     [task]
     name = "image_classification"
@@ -31,10 +33,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from tpuplex import models, params
 from tpuplex.data import images as image_files
 from tpuplex.errors import TpuplexError
 from tpuplex.metrics import cross_entropy
-from tpuplex.models import Architecture, Family
+from tpuplex.models import ImageFamily
 from tpuplex.protocol import Batch
 from tpuplex.tasks.base import Task, TaskData, check_held_out
 from tpuplex.tasks.image_classification.data import ImageSplit, augment, held_out
@@ -102,12 +105,11 @@ class ImageClassification(Task):
         if not config.data.train_file:
             raise TpuplexError("data.train_file is empty: name a class-per-folder image tree, a .csv/.jsonl of "
                                "(path, label), or a folder tpuplex prepare wrote")
+        if not config.model.architecture:
+            image_family_checkpoint(config.model.checkpoint)
         for field, spec in (("data.train_file", config.data.train_file),
                             *((f"data.eval_files[{i}]", spec) for i, spec in enumerate(config.data.eval_files))):
             existing(field, spec)
-        if not config.model.architecture:
-            raise TpuplexError("the image_classification task trains your own model: set model.architecture "
-                               '(e.g. "models.{backend}_cnn:FlowersCNN", see examples/flowers)')
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path | None) -> ImageData:
         data, size = config.data, image_size(options)
@@ -133,16 +135,27 @@ class ImageClassification(Task):
         return ImageData(data.dataset, train_split, splits, train.classes, config.train.seed, options.crop_padding,
                          options.flip)
 
-    def head(self, family: Family | None, arch: Architecture | None, hf_config: Mapping[str, Any],
+    def head(self, family: ImageFamily | None, arch: Any, hf_config: Mapping[str, Any],
              data: ImageData) -> ClassifierHead:
+        """The family's classifier is part of its plan (`arch.parameter_shapes`): the head says only its size."""
+        if arch is not None:
+            if arch.num_channels != 3:
+                raise TpuplexError(f"the {family.name} config.json has num_channels = {arch.num_channels}, but "
+                                   "images are RGB: set num_channels to 3")
+            if getattr(arch, "image_size", data.image_shape[:2]) != data.image_shape[:2]:
+                raise TpuplexError(f"the ViT config.json is for {list(arch.image_size)} images, the data is "
+                                   f"{list(data.image_shape[:2])}: set task.image_size = {list(arch.image_size)}")
         return ClassifierHead(modules={}, shapes={}, drawn=(), num_labels=len(data.classes))
 
     def model_arguments(self, data: ImageData, head: ClassifierHead, vocab_size: int) -> dict[str, Any]:
         return {"num_labels": len(data.classes), "image_shape": data.image_shape}
 
-    def hf_class(self, family: Family, model_type: str) -> str:
-        raise TpuplexError("an image model of your own has no HF class: export it with --format saved_model (tf) "
-                           "or the framework's own format")
+    def hf_class(self, family: ImageFamily, model_type: str) -> str:
+        return family.hf_class
+
+    def export_config(self, config: Any) -> dict[str, Any]:
+        classes = list(config.task.options.get("classes", ()))
+        return {"id2label": dict(enumerate(classes)), "label2id": {name: i for i, name in enumerate(classes)}}
 
     def prediction_sources(self, config: Any, split: str) -> dict[str, list[Path] | None]:
         """`tpuplex predict --split`: an evaluation split of the run (None: its prepared images), or an image
@@ -174,6 +187,17 @@ class ImageClassification(Task):
             if write:
                 written[name] = _write_tsv(out / f"{name}.tsv", keys, softmax(logits), data.classes)
         return written
+
+
+def image_family_checkpoint(checkpoint: str) -> None:
+    """`model.checkpoint` names a ResNet or ViT (a folder, or a hub id), checked before any backend starts."""
+    family = None
+    if checkpoint != params.MINILM_ALIAS:
+        family = models.family_of(params.read_hf_config(params.resolve_checkpoint(checkpoint)))
+    if family not in models.IMAGE_FAMILIES:
+        raise TpuplexError(f"model.checkpoint = {checkpoint!r} is not an image model: give a folder with a ResNet "
+                           "or ViT config.json (and model.safetensors to start from trained weights), or set "
+                           'model.architecture to a model of your own (e.g. "models.{backend}_cnn:FlowersCNN")')
 
 
 def image_size(options: Options) -> tuple[int, int] | None:

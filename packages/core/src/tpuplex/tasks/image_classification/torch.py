@@ -49,3 +49,8 @@ def serving_module(model: torch.nn.Module, data) -> tuple:
                 "outputs": ["probabilities float32 [batch, classes]", "classes int64 [batch]"],
                 "classes": list(data.classes), "image_shape": list(data.image_shape)}
     return Serving(model), (example,), {"images": {0: torch.export.Dim("batch", min=1)}}, contract
+
+
+def head_config(head) -> dict[str, int]:
+    """What HF's *ForImageClassification config takes from the head (a ResNet's or ViT's classifier size)."""
+    return {"num_labels": head.num_labels}

@@ -1,0 +1,146 @@
+"""The image families (`tpuplex.models.resnet`, `tpuplex.models.vit`) in Flax linen, walking the core's plan.
+
+Modules are named with HF's module names (`resnet.encoder.stages.0.layers.1.layer.0.convolution`), so a
+parameter's tree path is its HF name once the leaf is renamed (kernel -> weight, scale -> weight) and its kernel
+put in torch's layout (`Naming.hf`, `to_torch_layout`). Batch norm is torch's `BatchNorm2d` (momentum 0.1, the
+running variance unbiased), with its statistics in the `batch_stats` collection under torch's buffer names, so
+the three backends and transformers share one checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+import jax
+from tpuplex.models.resnet import Conv, ResNet
+from tpuplex.models.vit import ViT
+from tpuplex_jax.model import ACTIVATIONS
+
+MOMENTUM, EPSILON = 0.1, 1e-5
+"""torch.nn.BatchNorm2d's defaults, which HF's ResNet keeps."""
+
+
+class BatchNorm(nn.Module):
+    """torch's BatchNorm2d on NHWC: [B, H, W, C] -> the same shape.
+
+    Training normalises with the batch's mean and (biased) variance, over every replica's rows when `axis_name`
+    is set (cross-replica: R replicas compute what one replica computes on the global batch), and moves the
+    running statistics by MOMENTUM, the variance corrected to unbiased with the count of rows it saw.
+    Statistics are float32 whatever the compute dtype.
+    """
+
+    axis_name: str | None
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        channels = x.shape[-1]
+        weight = self.param("weight", nn.initializers.ones, (channels,))
+        bias = self.param("bias", nn.initializers.zeros, (channels,))
+        running_mean = self.variable("batch_stats", "running_mean", jnp.zeros, (channels,), jnp.float32)
+        running_var = self.variable("batch_stats", "running_var", jnp.ones, (channels,), jnp.float32)
+        count = self.variable("batch_stats", "num_batches_tracked", jnp.zeros, (), jnp.int32)
+        values = x.astype(jnp.float32)
+        if train:
+            mean = self._across_replicas(values.mean(axis=(0, 1, 2)))
+            variance = self._across_replicas(jnp.square(values - mean).mean(axis=(0, 1, 2)))
+            rows = values.shape[0] * values.shape[1] * values.shape[2]
+            rows *= jax.lax.psum(1, self.axis_name) if self.axis_name else 1
+            if not self.is_initializing():
+                running_mean.value = (1 - MOMENTUM) * running_mean.value + MOMENTUM * mean
+                unbiased = variance * rows / jnp.maximum(rows - 1, 1)
+                running_var.value = (1 - MOMENTUM) * running_var.value + MOMENTUM * unbiased
+                count.value = count.value + 1
+        else:
+            mean, variance = running_mean.value, running_var.value
+        normalised = (values - mean) / jnp.sqrt(variance + EPSILON) * weight + bias
+        return normalised.astype(self.dtype)
+
+    def _across_replicas(self, value: jax.Array) -> jax.Array:
+        return jax.lax.pmean(value, self.axis_name) if self.axis_name else value
+
+
+class ResNetClassifier(nn.Module):
+    """images float32 [B, H, W, C] -> logits float32 [B, num_labels], the plan's convolutions in order."""
+
+    arch: ResNet
+    num_labels: int
+    axis_name: str | None
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, images: jax.Array, train: bool = False, deterministic: bool = True) -> jax.Array:
+        def conv_norm(x: jax.Array, conv: Conv) -> jax.Array:
+            pad = ((conv.padding, conv.padding),) * 2
+            x = nn.Conv(conv.out_channels, (conv.kernel, conv.kernel), (conv.stride, conv.stride), pad,
+                        use_bias=False, dtype=self.dtype, name=f"{conv.name}.convolution")(x)
+            x = BatchNorm(self.axis_name, self.dtype, name=f"{conv.name}.normalization")(x, train)
+            return nn.relu(x) if conv.relu else x
+
+        x = conv_norm(images.astype(self.dtype), self.arch.stem)
+        if self.arch.embedding_pooling:
+            x = nn.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
+        for residual in self.arch.residuals():
+            out = x
+            for conv in residual.convs:
+                out = conv_norm(out, conv)
+            x = nn.relu(out + (conv_norm(x, residual.shortcut) if residual.shortcut else x))
+        pooled = x.astype(jnp.float32).mean(axis=(1, 2))
+        return nn.Dense(self.num_labels, name="classifier.1")(pooled)
+
+
+class ViTClassifier(nn.Module):
+    """images float32 [B, H, W, C] -> logits float32 [B, num_labels] (see `tpuplex.models.vit`)."""
+
+    arch: ViT
+    num_labels: int
+    axis_name: str | None = None
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, images: jax.Array, train: bool = False, deterministic: bool = True) -> jax.Array:
+        a = self.arch
+        dense = lambda features, name, bias=True: nn.Dense(features, use_bias=bias, dtype=self.dtype,  # noqa: E731
+                                                           name=name)
+        norm = lambda name: nn.LayerNorm(epsilon=a.layer_norm_eps, dtype=self.dtype, name=name)  # noqa: E731
+        hidden_dropout = nn.Dropout(a.hidden_dropout, deterministic=deterministic)
+        patches = nn.Conv(a.hidden_size, a.patch_size, a.patch_size, "VALID", dtype=self.dtype,
+                          name="vit.embeddings.patch_embeddings.projection")(images.astype(self.dtype))
+        patches = patches.reshape(patches.shape[0], -1, a.hidden_size)  # row-major, as torch's flatten(2)
+        cls = self.param("vit.embeddings.cls_token", nn.initializers.zeros, (1, 1, a.hidden_size))
+        positions = self.param("vit.embeddings.position_embeddings", nn.initializers.zeros,
+                               (1, a.num_patches + 1, a.hidden_size))
+        x = jnp.concatenate([jnp.broadcast_to(cls, (patches.shape[0], 1, a.hidden_size)).astype(self.dtype),
+                             patches], axis=1) + positions.astype(self.dtype)
+        x = hidden_dropout(x)
+        head_dim = a.hidden_size // a.num_heads
+        for index in range(a.num_layers):
+            layer = f"vit.layers.{index}"
+            inputs = norm(f"{layer}.layernorm_before")(x)
+
+            def heads(name: str, inputs: jax.Array = inputs, layer: str = layer) -> jax.Array:
+                y = dense(a.hidden_size, f"{layer}.attention.{name}", a.qkv_bias)(inputs)
+                return y.reshape(*y.shape[:2], a.num_heads, head_dim).transpose(0, 2, 1, 3)
+
+            scores = jnp.einsum("bhqd,bhkd->bhqk", heads("q_proj"), heads("k_proj")).astype(jnp.float32)
+            probs = jax.nn.softmax(scores / math.sqrt(head_dim), axis=-1)
+            probs = nn.Dropout(a.attention_dropout, deterministic=deterministic)(probs)
+            context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(self.dtype), heads("v_proj"))
+            context = context.transpose(0, 2, 1, 3).reshape(x.shape)
+            x = x + hidden_dropout(dense(a.hidden_size, f"{layer}.attention.o_proj")(context))
+            inner = ACTIVATIONS[a.hidden_act](dense(a.intermediate_size, f"{layer}.mlp.fc1")(
+                norm(f"{layer}.layernorm_after")(x)))
+            x = x + hidden_dropout(dense(a.hidden_size, f"{layer}.mlp.fc2")(inner))
+        first = norm("vit.layernorm")(x)[:, 0]
+        return nn.Dense(self.num_labels, name="classifier")(first.astype(jnp.float32))
+
+
+def image_model(arch: ResNet | ViT, num_labels: int, axis_name: str | None, dtype: Any) -> nn.Module:
+    """The family's Flax classifier for `arch`; `axis_name`: the replica axis batch norm averages over (None:
+    per-replica statistics)."""
+    module = ResNetClassifier if isinstance(arch, ResNet) else ViTClassifier
+    return module(arch, num_labels, axis_name, dtype)

@@ -1,0 +1,233 @@
+"""The image families (`tpuplex.models.resnet`, `tpuplex.models.vit`) in Keras 3 layers, walking the core's plan.
+
+Each layer is kept under its HF module name (`hf_variables` lists the variables under HF names, with whether
+each is a kernel in Keras' layout: Dense [in, out], Conv2D HWIO). Batch norm is torch's `BatchNorm2d` (momentum
+0.1, the running variance unbiased), its statistics non-trainable variables under torch's buffer names; the
+count is int32 here (int64 in the checkpoint), which every device all-reduces.
+
+Convolutions pad explicitly (kernel // 2 on each side, as torch does) instead of Keras' "same", which pads a
+stride-2 convolution on one side only; the stem's max-pool pads with -inf, as torch's does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import tensorflow as tf
+
+from tpuplex import models
+from tpuplex.models import user
+from tpuplex.models.image_family import example_image_shape
+from tpuplex.models.resnet import Conv, ResNet
+from tpuplex.models.vit import ViT
+from tpuplex.protocol import ModelSpec
+from tpuplex_tf.model import ACTIVATIONS, Variables, dense_variables, dropout, norm_variables
+
+MOMENTUM, EPSILON = 0.1, 1e-5
+"""torch.nn.BatchNorm2d's defaults, which HF's ResNet keeps."""
+
+
+class BatchNorm(keras.layers.Layer):
+    """torch's BatchNorm2d on NHWC: [B, H, W, C] -> the same shape; with `cross_replica`, training statistics
+    are the mean over every replica's rows (R replicas compute what one computes on the global batch)."""
+
+    def __init__(self, channels: int, cross_replica: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.cross_replica = cross_replica
+        self.weight = self.add_weight(shape=(channels,), initializer="ones", name="weight")
+        self.bias = self.add_weight(shape=(channels,), initializer="zeros", name="bias")
+        stat = lambda name, init, dtype="float32": self.add_weight(  # noqa: E731
+            shape=(channels,) if name != "num_batches_tracked" else (), initializer=init, dtype=dtype,
+            trainable=False, name=name)
+        self.running_mean, self.running_var = stat("running_mean", "zeros"), stat("running_var", "ones")
+        self.num_batches_tracked = stat("num_batches_tracked", "zeros", "int32")
+
+    def call(self, x: tf.Tensor, training: bool) -> tf.Tensor:
+        if training:
+            mean = self._across_replicas(tf.reduce_mean(x, axis=(0, 1, 2)))
+            variance = self._across_replicas(tf.reduce_mean(tf.square(x - mean), axis=(0, 1, 2)))
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync if self.cross_replica else 1
+            rows = tf.cast(tf.shape(x)[0] * tf.shape(x)[1] * tf.shape(x)[2] * replicas, tf.float32)
+            self.running_mean.assign((1 - MOMENTUM) * self.running_mean + MOMENTUM * mean)
+            self.running_var.assign((1 - MOMENTUM) * self.running_var
+                                    + MOMENTUM * variance * rows / tf.maximum(rows - 1, 1.0))
+            self.num_batches_tracked.assign(self.num_batches_tracked + 1)
+        else:
+            mean, variance = self.running_mean, self.running_var
+        return (x - mean) / tf.sqrt(variance + EPSILON) * self.weight + self.bias
+
+    def _across_replicas(self, value: tf.Tensor) -> tf.Tensor:
+        context = tf.distribute.get_replica_context()
+        if not self.cross_replica or context is None or context.num_replicas_in_sync == 1:
+            return value
+        return context.all_reduce(tf.distribute.ReduceOp.MEAN, value)
+
+    def hf_variables(self, module: str) -> Variables:
+        return {f"{module}.weight": (self.weight, False), f"{module}.bias": (self.bias, False)}
+
+    def state_variables(self, module: str) -> dict[str, keras.Variable]:
+        return {f"{module}.{name}": getattr(self, name)
+                for name in ("running_mean", "running_var", "num_batches_tracked")}
+
+
+class ConvNorm(keras.layers.Layer):
+    """One entry of the plan (`tpuplex.models.resnet.Conv`): padded convolution, batch norm, ReLU if it says."""
+
+    def __init__(self, conv: Conv, cross_replica: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = conv
+        self.convolution = keras.layers.Conv2D(conv.out_channels, conv.kernel, conv.stride, use_bias=False)
+        self.normalization = BatchNorm(conv.out_channels, cross_replica)
+
+    def call(self, x: tf.Tensor, training: bool) -> tf.Tensor:
+        pad = self.conv.padding
+        x = self.normalization(self.convolution(tf.pad(x, [[0, 0], [pad, pad], [pad, pad], [0, 0]])),
+                               training=training)
+        return tf.nn.relu(x) if self.conv.relu else x
+
+    def hf_variables(self) -> Variables:
+        return {f"{self.conv.name}.convolution.weight": (self.convolution.kernel, True),
+                **self.normalization.hf_variables(f"{self.conv.name}.normalization")}
+
+
+class ResNetClassifier(keras.Model):
+    """images float32 [B, H, W, C] -> logits float32 [B, num_labels]; `seed` set: training (batch statistics)."""
+
+    def __init__(self, arch: ResNet, num_labels: int, cross_replica: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.arch = arch
+        self.synchronises_replicas = cross_replica  # its batch norm all-reduces in the forward pass
+        self.residual_plan = arch.residuals()
+        self.stem = ConvNorm(arch.stem, cross_replica)
+        self.residual_layers = [[ConvNorm(conv, cross_replica) for conv in residual.convs]
+                                for residual in self.residual_plan]
+        self.shortcuts = [ConvNorm(residual.shortcut, cross_replica) if residual.shortcut else None
+                          for residual in self.residual_plan]
+        self.classifier = keras.layers.Dense(num_labels)
+
+    def call(self, images: tf.Tensor, seed: tf.Tensor | None = None) -> tf.Tensor:
+        training = seed is not None
+        x = self.stem(images, training=training)
+        if self.arch.embedding_pooling:
+            x = tf.nn.max_pool2d(tf.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]], constant_values=-math.inf), 3, 2,
+                                 "VALID")
+        for layers, shortcut in zip(self.residual_layers, self.shortcuts, strict=True):
+            out = x
+            for layer in layers:
+                out = layer(out, training=training)
+            x = tf.nn.relu(out + (shortcut(x, training=training) if shortcut is not None else x))
+        return self.classifier(tf.reduce_mean(x, axis=(1, 2)))
+
+    def _conv_norms(self) -> list[ConvNorm]:
+        return [self.stem, *(layer for layers in self.residual_layers for layer in layers),
+                *(shortcut for shortcut in self.shortcuts if shortcut is not None)]
+
+    def hf_variables(self) -> Variables:
+        found: Variables = {}
+        for layer in self._conv_norms():
+            found |= layer.hf_variables()
+        return found | dense_variables("classifier.1", self.classifier)
+
+    def state_variables(self) -> dict[str, keras.Variable]:
+        found: dict[str, keras.Variable] = {}
+        for layer in self._conv_norms():
+            found |= layer.normalization.state_variables(f"{layer.conv.name}.normalization")
+        return found
+
+
+class ViTLayer(keras.layers.Layer):
+    """A pre-LayerNorm block: x += attention(layernorm_before(x)); x += mlp(layernorm_after(x))."""
+
+    DROPOUT_SITES = 3
+
+    def __init__(self, arch: ViT, **kwargs):
+        super().__init__(**kwargs)
+        self.arch = arch
+        norm = lambda: keras.layers.LayerNormalization(epsilon=arch.layer_norm_eps)  # noqa: E731
+        self.layernorm_before, self.layernorm_after = norm(), norm()
+        self.projections = {name: keras.layers.Dense(arch.hidden_size, use_bias=arch.qkv_bias or name == "o_proj")
+                            for name in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        self.fc1, self.fc2 = keras.layers.Dense(arch.intermediate_size), keras.layers.Dense(arch.hidden_size)
+
+    def call(self, x: tf.Tensor, seed: tf.Tensor | None, site: int) -> tf.Tensor:
+        a = self.arch
+        head_dim = a.hidden_size // a.num_heads
+        inputs = self.layernorm_before(x)
+
+        def heads(name: str) -> tf.Tensor:  # [B, N, hidden] -> [B, heads, N, head_dim]
+            y = self.projections[name](inputs)
+            return tf.transpose(tf.reshape(y, [tf.shape(y)[0], -1, a.num_heads, head_dim]), [0, 2, 1, 3])
+
+        scores = tf.matmul(heads("q_proj"), heads("k_proj"), transpose_b=True) / math.sqrt(head_dim)
+        probs = dropout(tf.nn.softmax(scores, axis=-1), a.attention_dropout, seed, site)
+        context = tf.reshape(tf.transpose(tf.matmul(probs, heads("v_proj")), [0, 2, 1, 3]), tf.shape(x))
+        x = x + dropout(self.projections["o_proj"](context), a.hidden_dropout, seed, site + 1)
+        inner = ACTIVATIONS[a.hidden_act](self.fc1(self.layernorm_after(x)))
+        return x + dropout(self.fc2(inner), a.hidden_dropout, seed, site + 2)
+
+    def hf_variables(self, layer: str) -> Variables:
+        found = {**norm_variables(f"{layer}.layernorm_before", self.layernorm_before),
+                 **norm_variables(f"{layer}.layernorm_after", self.layernorm_after),
+                 **dense_variables(f"{layer}.mlp.fc1", self.fc1), **dense_variables(f"{layer}.mlp.fc2", self.fc2)}
+        for name, projection in self.projections.items():
+            found[f"{layer}.attention.{name}.weight"] = (projection.kernel, True)
+            if projection.use_bias:
+                found[f"{layer}.attention.{name}.bias"] = (projection.bias, False)
+        return found
+
+
+class ViTClassifier(keras.Model):
+    """images float32 [B, H, W, C] -> logits float32 [B, num_labels] (see `tpuplex.models.vit`)."""
+
+    def __init__(self, arch: ViT, num_labels: int, cross_replica: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.arch = arch
+        self.projection = keras.layers.Conv2D(arch.hidden_size, arch.patch_size, arch.patch_size)
+        self.cls_token = self.add_weight(shape=(1, 1, arch.hidden_size), initializer="zeros", name="cls_token")
+        self.position_embeddings = self.add_weight(shape=(1, arch.num_patches + 1, arch.hidden_size),
+                                                   initializer="zeros", name="position_embeddings")
+        self.vit_layers = [ViTLayer(arch) for _ in range(arch.num_layers)]
+        self.layernorm = keras.layers.LayerNormalization(epsilon=arch.layer_norm_eps)
+        self.classifier = keras.layers.Dense(num_labels)
+
+    def call(self, images: tf.Tensor, seed: tf.Tensor | None = None) -> tf.Tensor:
+        a = self.arch
+        patches = self.projection(images)
+        patches = tf.reshape(patches, [tf.shape(patches)[0], a.num_patches, a.hidden_size])
+        cls = tf.tile(self.cls_token, [tf.shape(patches)[0], 1, 1])
+        x = dropout(tf.concat([cls, patches], axis=1) + self.position_embeddings, a.hidden_dropout, seed, 0)
+        for index, layer in enumerate(self.vit_layers):
+            x = layer(x, seed=seed, site=1 + ViTLayer.DROPOUT_SITES * index)
+        return self.classifier(self.layernorm(x)[:, 0])
+
+    def hf_variables(self) -> Variables:
+        found: Variables = {"vit.embeddings.cls_token": (self.cls_token, False),
+                            "vit.embeddings.position_embeddings": (self.position_embeddings, False),
+                            "vit.embeddings.patch_embeddings.projection.weight": (self.projection.kernel, True),
+                            "vit.embeddings.patch_embeddings.projection.bias": (self.projection.bias, False)}
+        for index, layer in enumerate(self.vit_layers):
+            found |= layer.hf_variables(f"vit.layers.{index}")
+        return found | norm_variables("vit.layernorm", self.layernorm) | dense_variables("classifier",
+                                                                                         self.classifier)
+
+    def state_variables(self) -> dict[str, keras.Variable]:
+        return {}
+
+
+def image_model(arch: ResNet | ViT, num_labels: int, cross_replica: bool) -> ResNetClassifier | ViTClassifier:
+    """The family's Keras classifier for `arch`, its variables not created yet (call it once)."""
+    module = ResNetClassifier if isinstance(arch, ResNet) else ViTClassifier
+    return module(arch, num_labels, cross_replica)
+
+
+def build_image_model(spec: ModelSpec, model_inputs) -> ResNetClassifier | ViTClassifier:
+    """The image family's classifier with every variable created (call under the strategy's scope); the core's
+    parameters and statistics are assigned afterwards (`tpuplex_tf.checkpoint`)."""
+    arch = models.family_of(spec.hf_config).architecture(spec.hf_config)
+    if not spec.dropout and isinstance(arch, ViT):
+        arch = arch.without_dropout()
+    module = image_model(arch, spec.num_labels, spec.batch_norm == "cross_replica")
+    example = user.example_batch({"image_shape": example_image_shape(arch)})
+    module(*model_inputs({"images": tf.constant(example["images"])}))
+    return module

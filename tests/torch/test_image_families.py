@@ -1,0 +1,61 @@
+"""ResNet and ViT on the torch backend: HF transformers' own classes (channels-last) with the core's weights,
+equal to transformers' logits, and checkpoints every backend reads (tests/common/image_family_checks.py)."""
+
+from __future__ import annotations
+
+import image_family_checks as checks
+import numpy as np
+import pytest
+
+import torch
+from tpuplex.config import RuntimeConfig
+from tpuplex.errors import TpuplexError
+from tpuplex.testing.specs import image_family_spec
+from tpuplex_torch.backend import TorchBackend
+
+
+def test_logits_equal_transformers(tmp_path):
+    checks.check_logits_equal_hf(lambda: TorchBackend(RuntimeConfig(device="cpu")), tmp_path)
+
+
+def test_cifar_stem_replaces_hf_stem_under_hf_names(tmp_path):
+    folder = checks.write_config(tmp_path, checks.TRAINING["resnet-cifar"])
+    spec = image_family_spec(folder, checks.NUM_LABELS)
+    backend = TorchBackend(RuntimeConfig(device="cpu"))
+    state = backend.init(spec, checks.OPTIMIZER)
+    embedder = state.model.resnet.embedder
+    assert embedder.embedder.convolution.kernel_size == (3, 3) and embedder.embedder.convolution.stride == (1, 1)
+    assert isinstance(embedder.pooler, torch.nn.Identity)
+    assert backend.state_to_arrays(state).params.keys() == spec.params.keys()
+    # No pooling and stride 1: a 16 x 16 image reaches the classifier at 16 / 2 (one downsampling stage) = 8.
+    features = state.model.resnet(torch.zeros(1, 3, 16, 16)).last_hidden_state
+    assert features.shape[-2:] == (8, 8)
+
+
+def test_images_stay_channels_last(tmp_path):
+    """The NHWC host batch reaches the convolutions as a channels-last view, not a copy per step."""
+    folder = checks.write_config(tmp_path, checks.CONFIGS["resnet-basic"])
+    backend = TorchBackend(RuntimeConfig(device="cpu"))
+    state = backend.init(image_family_spec(folder, checks.NUM_LABELS), checks.OPTIMIZER)
+    pixels = state.task.model_inputs({"images": torch.from_numpy(checks.images(2))})[0]
+    assert pixels.shape == (2, 3, checks.SIZE, checks.SIZE)
+    assert pixels.is_contiguous(memory_format=torch.channels_last)
+    weight = state.model.resnet.embedder.embedder.convolution.weight
+    assert weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_trained_statistics_are_in_the_portable_state(tmp_path):
+    folder = checks.write_config(tmp_path, checks.TRAINING["resnet-cifar"])
+    spec = image_family_spec(folder, checks.NUM_LABELS, dropout=False)
+    losses, state = checks.train(TorchBackend(RuntimeConfig(device="cpu")), spec, steps=3)
+    moved = [name for name, value in state.buffers.items() if name.endswith("running_mean") and np.abs(value).max()]
+    assert len(moved) == sum(name.endswith("running_mean") for name in spec.buffers) and all(np.isfinite(losses))
+    assert {int(v) for k, v in state.buffers.items() if k.endswith("num_batches_tracked")} == {3}
+
+
+def test_cross_replica_batch_norm_refused_on_cpu_processes(tmp_path, monkeypatch):
+    folder = checks.write_config(tmp_path, checks.TRAINING["resnet-cifar"])
+    backend = TorchBackend(RuntimeConfig(device="cpu"))
+    monkeypatch.setattr(backend.placement, "row_processes", 2)
+    with pytest.raises(TpuplexError, match="per_replica"):
+        backend.init(image_family_spec(folder, checks.NUM_LABELS), checks.OPTIMIZER)
