@@ -16,9 +16,9 @@ from tpuplex import checkpoint
 from tpuplex import config as config_lib
 from tpuplex.collate import Encoded
 from tpuplex.errors import TpuplexError
-from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex.protocol import ModelSpec, OptimizerSpec, decays
 from tpuplex.reporting import Reporter
-from tpuplex.schedule import warmup_linear_decay, warmup_steps
+from tpuplex.schedule import warmup_cosine_decay, warmup_linear_decay, warmup_steps
 from tpuplex.tasks.base import TaskData
 from tpuplex.tasks.sequence_classification import mean_loss
 from tpuplex.testing.numpy_backend import NumpyBackend
@@ -232,6 +232,24 @@ def test_every_step_gets_the_scheduled_learning_rate(tmp_path, model_dir) -> Non
     warmup = math.ceil(total * 0.25)
     assert [lr for _, lr in backend.steps] == [warmup_linear_decay(i, peak=0.05, warmup=warmup, total=total)
                                               for i in range(total)]
+
+
+def test_the_cosine_schedule_is_followed_when_chosen(tmp_path, model_dir) -> None:
+    trainer, backend, _ = fit(tmp_path, model_dir, "train.warmup_ratio=0.25", 'train.schedule="cosine"')
+    total, warmup = trainer.total_steps, trainer.warmup
+    rates = [lr for _, lr in backend.steps]
+    assert rates == [warmup_cosine_decay(i, peak=0.05, warmup=warmup, total=total) for i in range(total)]
+    assert rates != [warmup_linear_decay(i, peak=0.05, warmup=warmup, total=total) for i in range(total)]
+    assert max(rates) == rates[warmup] == 0.05
+
+
+def test_weight_decay_spares_biases_and_every_norm() -> None:
+    spared = ["bert.encoder.layer.0.output.LayerNorm.weight", "vit.layers.3.layernorm_before.weight",
+              "vit.layernorm.weight", "resnet.encoder.stages.0.layers.0.layer.1.normalization.weight",
+              "distilbert.transformer.layer.0.sa_layer_norm.weight", "classifier.1.bias"]
+    decayed = ["resnet.embedder.embedder.convolution.weight", "vit.layers.0.attention.q_proj.weight",
+               "vit.embeddings.position_embeddings", "classifier.1.weight", "bert.embeddings.word_embeddings.weight"]
+    assert not any(decays(name) for name in spared) and all(decays(name) for name in decayed)
 
 
 def test_max_steps_overrides_epochs(tmp_path, model_dir) -> None:

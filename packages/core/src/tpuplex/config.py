@@ -89,6 +89,8 @@ class TrainConfig:
     learning_rate: float = 3e-5
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
+    schedule: str = "linear"
+    """After the warmup: "linear" decay to 0 (BERT's), or "cosine" (half a cosine to 0, the usual image recipe)."""
     epochs: int = 3
     max_steps: int = 0
     """Stop after this many optimizer steps; 0 runs all epochs."""
@@ -178,6 +180,7 @@ _CHOICES = {
     ("runtime", "torch_mode"): ("auto", "eager", "compile", "xla"),
     ("runtime", "on_preempt"): ("checkpoint", "exit"),
     ("model", "batch_norm"): ("cross_replica", "per_replica"),
+    ("train", "schedule"): ("linear", "cosine"),
 }
 _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_accum"),
              ("train", "steps_per_execution"), ("train", "learning_rate"), ("runtime", "keep_checkpoints"),

@@ -60,8 +60,11 @@ def head_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def decays(name: str) -> bool:
-    """Whether AdamW applies weight decay to the parameter `name` (HF naming): not to biases nor LayerNorm."""
-    return not (name.endswith(".bias") or "LayerNorm" in name or "layer_norm" in name)
+    """Whether AdamW applies weight decay to the parameter `name` (HF naming): not to biases, LayerNorms
+    (`LayerNorm`, `layer_norm`, ViT's `layernorm_before`) nor batch norms (a ResNet's `normalization`)."""
+    lowered = name.lower()
+    return not (name.endswith(".bias") or "layernorm" in lowered or "layer_norm" in lowered
+                or ".normalization." in name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,3 +20,17 @@ def warmup_linear_decay(step: int, *, peak: float, warmup: int, total: int) -> f
     if step < warmup:
         return peak * step / max(1, warmup)
     return peak * max(0.0, (total - step) / max(1, total - warmup))
+
+
+def warmup_cosine_decay(step: int, *, peak: float, warmup: int, total: int) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup to `peak`, then half a cosine to 0 at
+    `total`, as HF's `get_cosine_schedule_with_warmup` (num_cycles 0.5): peak * 0.5 * (1 + cos(pi * progress)),
+    progress = (step - warmup) / (total - warmup), never below 0."""
+    if step < warmup:
+        return peak * step / max(1, warmup)
+    progress = (step - warmup) / max(1, total - warmup)
+    return max(0.0, peak * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+SCHEDULES = {"linear": warmup_linear_decay, "cosine": warmup_cosine_decay}
+"""`train.schedule` -> the learning rate of each step."""

@@ -3,7 +3,7 @@
 The Trainer owns everything that must be identical on every framework: the data order (`Batcher`), the learning
 rate of each step (`tpuplex.schedule`), when to evaluate, log and checkpoint, and how to resume. Steps are
 counted as optimizer updates; "step n" is the n-th update (1-based), and `lr` of update n is
-`warmup_linear_decay(n - 1, ...)`.
+`SCHEDULES[train.schedule](n - 1, ...)` (linear or cosine decay after the warmup).
 
 Cadence (`runtime`):
     eval_every / checkpoint_every    every this many steps; 0 means at the end of each epoch
@@ -52,7 +52,7 @@ from tpuplex.preemption import Preempted, SignalWatch
 from tpuplex.prefetch import Prefetcher
 from tpuplex.protocol import Backend, Batch, PortableState
 from tpuplex.reporting import Reporter, headline
-from tpuplex.schedule import warmup_linear_decay, warmup_steps
+from tpuplex.schedule import SCHEDULES, warmup_steps
 from tpuplex.tasks.base import TaskData
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -165,8 +165,8 @@ class Trainer:
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of update `step` (1-based)."""
-        return warmup_linear_decay(step - 1, peak=self.config.train.learning_rate, warmup=self.warmup,
-                                   total=self.total_steps)
+        schedule = SCHEDULES[self.config.train.schedule]
+        return schedule(step - 1, peak=self.config.train.learning_rate, warmup=self.warmup, total=self.total_steps)
 
     def fit(self, state: Any, reporter: Reporter, resume: ResumePoint | None | Literal["latest"] = "latest"
             ) -> TrainResult:
