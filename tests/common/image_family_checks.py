@@ -88,14 +88,17 @@ def check_logits_equal_hf(make_backend: Callable[[], Backend], folder: Path) -> 
         assert np.ptp(expected, axis=0).max() > 1e-3, f"{name}: the images must give different logits"
 
 
-def train(backend: Backend, spec: ModelSpec, steps: int = 20) -> tuple[list[float], PortableState]:
+def train(backend: Backend, spec: ModelSpec, steps: int = 20, optimizer: OptimizerSpec = OPTIMIZER,
+          resume_at: int = 0) -> tuple[list[float], PortableState]:
     """`steps` updates on batches of 16 random labelled images (batch norm in training mode); the losses and
     final state. (16 rows: TensorFlow 2.21's CPU kernels corrupt memory when 8 MirroredStrategy replicas train
     convolutions on one image each.)"""
     rng = np.random.default_rng(0)
-    state = backend.init(spec, OPTIMIZER)
+    state = backend.init(spec, optimizer)
     losses = []
     for step in range(steps):
+        if resume_at and step == resume_at:  # through the portable state, into a fresh state
+            state = backend.state_from_arrays(backend.init(spec, optimizer), backend.state_to_arrays(state))
         batch = {"images": images(16, seed=step), "labels": rng.integers(0, NUM_LABELS, 16).astype(np.int32),
                  "weight": np.ones(16, np.float32)}
         state, loss = backend.train_step(state, batch, LEARNING_RATE)
@@ -120,6 +123,27 @@ def check_training_follows_torch(make_backend: Callable[[], Backend], folder: Pa
                 np.testing.assert_allclose(mine[key], theirs[key], rtol=0, atol=STATE_BOUND, err_msg=f"{name} {key}")
         counts = [value for key, value in got.buffers.items() if key.endswith("num_batches_tracked")]
         assert all(int(count) == 20 for count in counts) and got.step == 20
+
+
+SGD = dataclasses.replace(OPTIMIZER, optimizer="sgd", momentum=0.9, nesterov=True, weight_decay=5e-4)
+"""The usual ResNet recipe's update (torch.optim.SGD, Nesterov momentum, weight decay added to the gradient)."""
+
+
+def check_sgd_follows_torch_and_resumes(make_backend: Callable[[], Backend], folder: Path) -> None:
+    """SGD with Nesterov momentum: 20 losses within 1e-3 relative of the torch backend's (torch.optim.SGD), and a
+    run resumed at step 10 through the portable state (the momentum buffer is its exp_avg) ends bit for bit where
+    the uninterrupted run ends."""
+    spec = image_family_spec(write_config(folder / "resnet", TRAINING["resnet-cifar"]), NUM_LABELS, dropout=False)
+    expected_losses, expected = train(TorchBackend(RuntimeConfig(device="cpu")), spec, optimizer=SGD)
+    losses, state = train(make_backend(), spec, optimizer=SGD)
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-3)
+    assert abs(expected_losses[-1] - expected_losses[0]) > 1e-3
+    assert max(np.abs(v).max() for v in state.exp_avg.values()) > 0
+    assert all(not np.any(v) for v in state.exp_avg_sq.values())
+    resumed_losses, resumed = train(make_backend(), spec, optimizer=SGD, resume_at=10)
+    assert resumed_losses == losses and resumed.step == state.step == 20
+    for what in ("params", "exp_avg", "buffers"):
+        assert all(np.array_equal(getattr(resumed, what)[k], v) for k, v in getattr(state, what).items()), what
 
 
 def check_reads_torch_checkpoint(make_backend: Callable[[], Backend], folder: Path) -> None:

@@ -102,7 +102,9 @@ def fit(tmp_path: Path, model_dir: Path, *overrides: str, backend_cls=SpyBackend
     backend = backend_cls(config.runtime)
     data = SplitData("tiny", train or split(120, seed=1), {"dev": dev or split(37, seed=2)}, metric_fn)
     trainer = Trainer(backend, config, data, tmp_path / "run")
-    state = backend.init(model_spec(model_dir), OptimizerSpec(seed=config.train.seed))
+    optimizer = OptimizerSpec(seed=config.train.seed, optimizer=config.train.optimizer,
+                              momentum=config.train.momentum, nesterov=config.train.nesterov)
+    state = backend.init(model_spec(model_dir), optimizer)
     with Reporter(tmp_path / "run") as reporter:
         return trainer, backend, trainer.fit(state, reporter)
 
@@ -250,6 +252,15 @@ def test_weight_decay_spares_biases_and_every_norm() -> None:
     decayed = ["resnet.embedder.embedder.convolution.weight", "vit.layers.0.attention.q_proj.weight",
                "vit.embeddings.position_embeddings", "classifier.1.weight", "bert.embeddings.word_embeddings.weight"]
     assert not any(decays(name) for name in spared) and all(decays(name) for name in decayed)
+
+
+def test_sgd_keeps_its_momentum_in_exp_avg(tmp_path, model_dir) -> None:
+    """train.optimizer = "sgd" reaches the backend: the checkpoint holds a momentum buffer and no second moment
+    (the backends' SGD is checked against torch.optim.SGD in tests/*/test_image_families.py)."""
+    _, _, result = fit(tmp_path, model_dir, 'train.optimizer="sgd"', "train.momentum=0.8")
+    arrays, _ = checkpoint.load(checkpoint.latest(tmp_path / "run" / "checkpoints"))
+    assert any(np.abs(v).max() > 0 for v in arrays.exp_avg.values())
+    assert all(not np.any(v) for v in arrays.exp_avg_sq.values()) and all(np.isfinite(result.losses))
 
 
 def test_max_steps_overrides_epochs(tmp_path, model_dir) -> None:

@@ -28,3 +28,7 @@ def test_reads_a_torch_checkpoint(tmp_path):
 
 def test_per_replica_batch_norm_is_a_choice(tmp_path):
     checks.check_per_replica_differs(replicas, tmp_path)
+
+
+def test_sgd_follows_the_torch_backend_and_resumes_exactly(tmp_path):
+    checks.check_sgd_follows_torch_and_resumes(replicas, tmp_path)

@@ -59,3 +59,7 @@ def test_cross_replica_batch_norm_refused_on_cpu_processes(tmp_path, monkeypatch
     monkeypatch.setattr(backend.placement, "row_processes", 2)
     with pytest.raises(TpuplexError, match="per_replica"):
         backend.init(image_family_spec(folder, checks.NUM_LABELS), checks.OPTIMIZER)
+
+
+def test_sgd_resumes_exactly(tmp_path):
+    checks.check_sgd_follows_torch_and_resumes(lambda: TorchBackend(RuntimeConfig(device="cpu")), tmp_path)

@@ -100,6 +100,13 @@ class TrainConfig:
     seed: int = 42
     grad_accum: int = 1
     clip_norm: float = 1.0
+    optimizer: str = "adamw"
+    """"adamw" (decoupled weight decay, BERT's) or "sgd" (momentum, torch.optim.SGD's update with weight decay
+    added to the gradient: the usual ResNet recipe)."""
+    momentum: float = 0.9
+    """SGD's momentum."""
+    nesterov: bool = True
+    """SGD: Nesterov momentum."""
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
@@ -181,6 +188,7 @@ _CHOICES = {
     ("runtime", "on_preempt"): ("checkpoint", "exit"),
     ("model", "batch_norm"): ("cross_replica", "per_replica"),
     ("train", "schedule"): ("linear", "cosine"),
+    ("train", "optimizer"): ("adamw", "sgd"),
 }
 _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_accum"),
              ("train", "steps_per_execution"), ("train", "learning_rate"), ("runtime", "keep_checkpoints"),
@@ -188,7 +196,7 @@ _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_
 _NON_NEGATIVE = {("train", "weight_decay"), ("train", "epochs"), ("train", "max_steps"), ("train", "eval_batch"),
                  ("train", "clip_norm"), ("train", "adam_epsilon"), ("runtime", "eval_every"), ("data", "bucket_count"),
                  ("runtime", "checkpoint_every"), ("runtime", "cpu_devices"), ("runtime", "prefetch")}
-_UNIT_INTERVAL = {("train", "warmup_ratio"), ("train", "adam_beta1"), ("train", "adam_beta2")}
+_UNIT_INTERVAL = {("train", "warmup_ratio"), ("train", "adam_beta1"), ("train", "adam_beta2"), ("train", "momentum")}
 _LABEL_LISTS = {("data", "labels")}
 
 

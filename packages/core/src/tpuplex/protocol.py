@@ -27,6 +27,10 @@ Semantics every backend implements the same way:
 - AdamW (decoupled weight decay, bias-corrected moments):
       m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  t += 1
       p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)  +  lr * weight_decay * p   [decay only where decays(name)]
+  or, with `OptimizerSpec.optimizer = "sgd"`, torch.optim.SGD's momentum (dampening 0):
+      g += weight_decay * p   [only where decays(name)];  m = momentum m + g;  t += 1
+      p -= lr * (g + momentum m if nesterov else m)
+  whose buffer m is the portable state's `exp_avg` (`exp_avg_sq` stays zero).
 - the learning rate of each step comes from the Trainer (see `tpuplex.schedule`); backends never compute it.
 """
 
@@ -119,6 +123,9 @@ class OptimizerSpec:
     grad_accum: int = 1
     bf16: bool = False
     seed: int = 0
+    optimizer: str = "adamw"
+    momentum: float = 0.9
+    nesterov: bool = True
 
 
 @dataclasses.dataclass

@@ -196,7 +196,8 @@ def optimizer_spec(config: Config) -> OptimizerSpec:
     train = config.train
     return OptimizerSpec(weight_decay=train.weight_decay, beta1=train.adam_beta1, beta2=train.adam_beta2,
                          epsilon=train.adam_epsilon, clip_norm=train.clip_norm, grad_accum=train.grad_accum,
-                         bf16=train.bf16, seed=train.seed)
+                         bf16=train.bf16, seed=train.seed, optimizer=train.optimizer, momentum=train.momentum,
+                         nesterov=train.nesterov)
 
 
 def loss_summary(result: TrainResult, window: int) -> dict[str, Any]:

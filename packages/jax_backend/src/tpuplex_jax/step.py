@@ -73,18 +73,42 @@ def replica_mean(model_state: Any) -> Any:
 
 
 def make_optimizer(spec: OptimizerSpec, params: Any, naming: Naming) -> optax.GradientTransformation:
-    """Global-norm clip then AdamW; the learning rate is a hyperparameter set before every update.
+    """Global-norm clip then AdamW (or SGD with momentum, `spec.optimizer`); the learning rate is a hyperparameter
+    set before every update.
 
     Weight decay follows `tpuplex.protocol.decays` of each parameter's portable (HF) name.
     `clip_norm` = 0 turns clipping off (as HF's max_grad_norm = 0 does) instead of zeroing every gradient.
     """
     mask = jax.tree_util.tree_map_with_path(lambda path, _: decays(naming.of(path)), params)
-    adamw = optax.inject_hyperparams(optax.adamw)(
-        learning_rate=0.0, b1=spec.beta1, b2=spec.beta2, eps=spec.epsilon, eps_root=0.0,
-        weight_decay=spec.weight_decay, mask=mask)
+    if spec.optimizer == "sgd":
+        update = optax.inject_hyperparams(lambda learning_rate: optax.chain(
+            optax.add_decayed_weights(spec.weight_decay, mask), sgd_momentum(spec.momentum, spec.nesterov),
+            optax.scale_by_learning_rate(learning_rate)))(learning_rate=0.0)
+    else:
+        update = optax.inject_hyperparams(optax.adamw)(
+            learning_rate=0.0, b1=spec.beta1, b2=spec.beta2, eps=spec.epsilon, eps_root=0.0,
+            weight_decay=spec.weight_decay, mask=mask)
     if spec.clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(spec.clip_norm), adamw)
-    return optax.chain(adamw)
+        return optax.chain(optax.clip_by_global_norm(spec.clip_norm), update)
+    return optax.chain(update)
+
+
+def sgd_momentum(momentum: float, nesterov: bool) -> optax.GradientTransformation:
+    """torch.optim.SGD's momentum (dampening 0): m = momentum m + g, then g + momentum m (Nesterov) or m.
+
+    Its state is optax's ScaleByAdamState (count, mu = the buffer, nu unused and zero), so checkpoints, resume and
+    the dropout key read the same fields for SGD as for AdamW (the portable exp_avg is the buffer).
+    """
+    def init(params: Any) -> optax.ScaleByAdamState:
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros, nu=jax.tree.map(jnp.zeros_like, params))
+
+    def update(updates: Any, state: optax.ScaleByAdamState, params: Any = None) -> tuple[Any, Any]:
+        buffer = jax.tree.map(lambda m, g: momentum * m + g, state.mu, updates)
+        direction = jax.tree.map(lambda g, m: g + momentum * m, updates, buffer) if nesterov else buffer
+        return direction, optax.ScaleByAdamState(count=optax.safe_increment(state.count), mu=buffer, nu=state.nu)
+
+    return optax.GradientTransformation(init, update)
 
 
 def adam_state(opt_state: Any) -> optax.ScaleByAdamState:

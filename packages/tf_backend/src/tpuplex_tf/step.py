@@ -7,8 +7,8 @@ One training step, per replica (inside `strategy.run`, inside one `tf.function`)
      XLA: MirroredStrategy cannot compile collectives into a jit_compile function, so the strategy runs it.
      The summed gradients divided by the global weight are the gradient of the global batch's weighted mean
      loss, also when replicas hold different weights (an epoch's short batch, filled up with weight-0 rows).
-  3. `_adamw` (XLA): global-norm clip and AdamW on the reduced gradients; every replica gets the same inputs, so
-     every replica computes the same new values.
+  3. `_adamw` or `_sgd` (XLA): global-norm clip and the update on the reduced gradients; every replica gets the
+     same inputs, so every replica computes the same new values.
   4. `merge_call` -> `extended.update`: each replica writes the new values into its own copy of the variables.
 On TPUStrategy the whole tf.function becomes one TPU program anyway.
 
@@ -86,7 +86,8 @@ class Steps:
         synchronises = getattr(model, "synchronises_replicas", False) and strategy.num_replicas_in_sync > 1
         self._replica_gradients_program = self._replica_gradients if synchronises else \
             tf.function(self._replica_gradients, jit_compile=jit_compile)
-        self._adamw_xla = tf.function(self._adamw, jit_compile=jit_compile)
+        self._update_xla = tf.function(self._sgd if optimizer.optimizer == "sgd" else self._adamw,
+                                       jit_compile=jit_compile)
         self._logits_xla = tf.function(self._logits, jit_compile=jit_compile)
         self._programs: dict[tuple, Callable] = {}
 
@@ -171,7 +172,7 @@ class Steps:
         gradients = [g / tf.maximum(weight_sum, 1.0) for g in sums[: len(gradients)]]
         averaged = dict(zip(floating, (total / replicas for total in sums[len(gradients) :]), strict=True))
         model_state = [averaged.get(index, value) for index, value in enumerate(model_state)]
-        updated = self._adamw_xla([v.read_value() for v in self.variables], [m.read_value() for m in self.exp_avg],
+        updated = self._update_xla([v.read_value() for v in self.variables], [m.read_value() for m in self.exp_avg],
                                   [v.read_value() for v in self.exp_avg_sq], gradients, learning_rate,
                                   self.step + 1)
         context.merge_call(self._write, args=(*updated, model_state))
@@ -224,10 +225,7 @@ class Steps:
 
         `step` is the count including this update (t). Returns (params, exp_avg, exp_avg_sq), each a list.
         """
-        spec = self.optimizer
-        if spec.clip_norm > 0:  # 0 turns clipping off
-            scale = tf.minimum(1.0, spec.clip_norm / tf.linalg.global_norm(gradients))
-            gradients = [g * scale for g in gradients]
+        spec, gradients = self.optimizer, self._clipped(gradients)
         t = tf.cast(step, tf.float32)
         correction1, correction2 = 1.0 - spec.beta1 ** t, 1.0 - spec.beta2 ** t
         new_params, new_exp_avg, new_exp_avg_sq = [], [], []
@@ -241,6 +239,26 @@ class Steps:
             new_exp_avg.append(m)
             new_exp_avg_sq.append(v)
         return new_params, new_exp_avg, new_exp_avg_sq
+
+    def _clipped(self, gradients: list[tf.Tensor]) -> list[tf.Tensor]:
+        """g * min(1, clip_norm / global_norm(g)); clip_norm 0 turns clipping off."""
+        if self.optimizer.clip_norm <= 0:
+            return gradients
+        scale = tf.minimum(1.0, self.optimizer.clip_norm / tf.linalg.global_norm(gradients))
+        return [g * scale for g in gradients]
+
+    def _sgd(self, params, exp_avg, exp_avg_sq, gradients, learning_rate, step):
+        """Clip by global norm, then torch.optim.SGD's momentum update (the protocol's formula); `exp_avg` holds
+        the momentum buffer, `exp_avg_sq` stays zero. Returns (params, exp_avg, exp_avg_sq), each a list."""
+        spec, gradients = self.optimizer, self._clipped(gradients)
+        new_params, buffers = [], []
+        for p, m, g, decay in zip(params, exp_avg, gradients, self._decays, strict=True):
+            if decay:
+                g = g + spec.weight_decay * p
+            m = spec.momentum * m + g
+            new_params.append(p - learning_rate * (g + spec.momentum * m if spec.nesterov else m))
+            buffers.append(m)
+        return new_params, buffers, list(exp_avg_sq)
 
     def _replica_logits(self, arrays: dict[str, tf.Tensor], rows: int) -> tf.Tensor:
         # A plain Python function around the XLA one: passing the tf.function to strategy.run directly places

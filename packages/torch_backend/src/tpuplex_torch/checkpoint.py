@@ -27,13 +27,15 @@ def initial(params: Mapping[str, np.ndarray], buffers: Mapping[str, np.ndarray])
 
 
 def to_portable(state: TorchState) -> PortableState:
-    """Parameters and Adam moments as float32 numpy arrays under HF names, and the optimizer step."""
+    """Parameters and Adam moments (SGD: the momentum buffer as exp_avg, exp_avg_sq zero) as float32 numpy arrays
+    under HF names, and the optimizer step."""
     params, exp_avg, exp_avg_sq = {}, {}, {}
+    sgd = isinstance(state.optimizer, torch.optim.SGD)
     for name, parameter in state.model.named_parameters():
         moments = state.optimizer.state[parameter]
         params[name] = _snapshot(parameter)
-        exp_avg[name] = _snapshot(moments["exp_avg"])
-        exp_avg_sq[name] = _snapshot(moments["exp_avg_sq"])
+        exp_avg[name] = _snapshot(moments["momentum_buffer" if sgd else "exp_avg"])
+        exp_avg_sq[name] = np.zeros_like(params[name]) if sgd else _snapshot(moments["exp_avg_sq"])
     buffers = {name: _snapshot(buffer) for name, buffer in _buffers(state).items()}
     return PortableState(params=params, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, step=state.step, buffers=buffers)
 
@@ -64,8 +66,12 @@ def restore(state: TorchState, portable: PortableState, placement: Placement) ->
     check_names(expected, portable.params, "the checkpoint's parameters")
     check_names(expected, portable.exp_avg, "the checkpoint's exp_avg moments")
     check_names(expected, portable.exp_avg_sq, "the checkpoint's exp_avg_sq moments")
+    sgd = isinstance(state.optimizer, torch.optim.SGD)
     for name, parameter in named.items():
         parameter.data = _like(placement.upload(portable.params[name]), parameter.data)
+        if sgd:  # a zero buffer makes the first update's buffer the gradient itself, as torch's first step does
+            state.optimizer.state[parameter] = {"momentum_buffer": placement.upload(portable.exp_avg[name])}
+            continue
         state.optimizer.state[parameter] = {
             "step": torch.tensor(float(portable.step), dtype=torch.float32),  # AdamW keeps it on the CPU
             "exp_avg": placement.upload(portable.exp_avg[name]),

@@ -18,6 +18,7 @@ import numpy as np
 
 import torch
 from tpuplex.collate import check_micro_batches
+from tpuplex.errors import TpuplexError
 from tpuplex.protocol import Batch, OptimizerSpec, decays
 from tpuplex_torch.devices import Placement
 from tpuplex_torch.model import Forward
@@ -31,7 +32,7 @@ class TorchState:
     user model's batch-norm statistics); step: optimizer updates applied so far."""
 
     model: torch.nn.Module
-    optimizer: torch.optim.AdamW
+    optimizer: torch.optim.Optimizer
     spec: OptimizerSpec
     forward: Forward
     train_forward: Forward
@@ -40,16 +41,20 @@ class TorchState:
     step: int = 0
 
 
-def make_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.AdamW:
-    """AdamW with decay on the parameters `decays(name)` selects and none on the rest.
+def make_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.Optimizer:
+    """AdamW (or SGD with momentum, `spec.optimizer`) with decay on the parameters `decays(name)` selects and none
+    on the rest.
 
-    Its state (exp_avg, exp_avg_sq, step) is what checkpoints hold; on XLA `adamw_on_xla` applies the update.
+    Its state (exp_avg, exp_avg_sq, step; SGD's momentum_buffer) is what checkpoints hold; on XLA `adamw_on_xla`
+    applies the update.
     `foreach`: torch picks it by itself only on GPUs; on the CPU it updates the same bits as the per-parameter
     loop, in fewer, larger kernels (`fused` would be faster still but rounds differently).
     """
     named = list(model.named_parameters())
     groups = [{"params": [p for name, p in named if decays(name)], "weight_decay": spec.weight_decay},
               {"params": [p for name, p in named if not decays(name)], "weight_decay": 0.0}]
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=0.0, momentum=spec.momentum, nesterov=spec.nesterov, foreach=True)
     return torch.optim.AdamW(groups, lr=0.0, betas=(spec.beta1, spec.beta2), eps=spec.epsilon, foreach=True)
 
 
@@ -79,6 +84,9 @@ def train_step(state: TorchState, placement: Placement, batch: Batch, learning_r
     if spec.clip_norm > 0:
         _clip_by_global_norm(parameters, spec.clip_norm)
     if placement.mode == "xla":
+        if spec.optimizer != "adamw":
+            raise TpuplexError(f"train.optimizer = {spec.optimizer!r} is not built for torch_xla yet: use "
+                               "\"adamw\" on torch_xla, or the jax or tf backend")
         adamw_on_xla(state.optimizer, placement, learning_rate)
     else:
         for group in state.optimizer.param_groups:

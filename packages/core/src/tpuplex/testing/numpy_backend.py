@@ -88,7 +88,8 @@ class NumpyBackend(BackendBase):
                                     strict=True)]
         grad = {name: np.mean([g[i] for g in grads], axis=0) for i, name in enumerate(TRAINED)}
         loss = _loss_and_grads(weight_matrix, bias, features, labels, weight, state.num_labels)[0]
-        new_state = _adamw(state, _clip(grad, state.optimizer.clip_norm), learning_rate)
+        update = _sgd if state.optimizer.optimizer == "sgd" else _adamw
+        new_state = update(state, _clip(grad, state.optimizer.clip_norm), learning_rate)
         if self._trace is not None:
             self._trace.append({"step": new_state.step, "shape": list(batch["input_ids"].shape),
                                 "ms": 1000 * (time.perf_counter() - started)})
@@ -189,3 +190,16 @@ def _adamw(state: NumpyState, grad: dict[str, np.ndarray], learning_rate: float)
         params[name] = (p - learning_rate * update - learning_rate * decay).astype(np.float32)
         exp_avg[name], exp_avg_sq[name] = m.astype(np.float32), v.astype(np.float32)
     return dataclasses.replace(state, params=params, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, step=step)
+
+
+def _sgd(state: NumpyState, grad: dict[str, np.ndarray], learning_rate: float) -> NumpyState:
+    """torch.optim.SGD with momentum (dampening 0), weight decay added to the gradient; the buffer is exp_avg."""
+    opt = state.optimizer
+    params, buffers = dict(state.params), {}
+    for name in TRAINED:
+        p = state.params[name].astype(np.float64)
+        g = grad[name] + (opt.weight_decay * p if decays(name) else 0.0)
+        buffer = opt.momentum * state.exp_avg[name].astype(np.float64) + g
+        params[name] = (p - learning_rate * (g + opt.momentum * buffer if opt.nesterov else buffer)).astype(np.float32)
+        buffers[name] = buffer.astype(np.float32)
+    return dataclasses.replace(state, params=params, exp_avg=buffers, step=state.step + 1)
