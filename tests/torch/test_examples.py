@@ -30,13 +30,13 @@ def runnable(path: Path) -> bool:
     return loaded.task.name != "sequence_classification" or loaded.data.dataset in GLUE_FOLDERS
 
 
-@pytest.mark.parametrize("path", [p for p in EXAMPLES if runnable(p)], ids=lambda p: str(p.relative_to(REPO)))
 @pytest.fixture(scope="module")
 def prepared_cache(tmp_path_factory) -> Path:
     """One data cache for every example: the CIFAR-10 examples share one preparation of its 60,000 images."""
     return tmp_path_factory.mktemp("cache")
 
 
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if runnable(p)], ids=lambda p: str(p.relative_to(REPO)))
 def test_the_example_trains_as_documented(path, shared_glue, shared_text, shared_images, prepared_cache, tmp_path):
     loaded = config.load(path)
     # Image and custom-model examples say "Run from this folder"; the text ones run from the repository.
