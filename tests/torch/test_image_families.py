@@ -3,6 +3,8 @@ equal to transformers' logits, and checkpoints every backend reads (tests/common
 
 from __future__ import annotations
 
+import types
+
 import image_family_checks as checks
 import numpy as np
 import pytest
@@ -63,3 +65,20 @@ def test_cross_replica_batch_norm_refused_on_cpu_processes(tmp_path, monkeypatch
 
 def test_sgd_resumes_exactly(tmp_path):
     checks.check_sgd_follows_torch_and_resumes(lambda: TorchBackend(RuntimeConfig(device="cpu")), tmp_path)
+
+
+def test_a_family_exports_as_a_torch_program(tmp_path):
+    folder = checks.write_config(tmp_path / "model", checks.CONFIGS["resnet-basic"])
+    backend = TorchBackend(RuntimeConfig(device="cpu"))
+    spec = checks.spec_with_statistics(folder)
+    state = backend.init(spec, checks.OPTIMIZER)
+    pixels = checks.images(4)
+    logits = backend.predict(state, {"images": pixels})
+    data = types.SimpleNamespace(image_shape=(checks.SIZE, checks.SIZE, 3), classes=("a", "b", "c"))
+    (tmp_path / "exported").mkdir()
+    backend.export(state, "torch_export", tmp_path / "exported", data)
+    program = torch.export.load(tmp_path / "exported" / "model.pt2").module()
+    with torch.no_grad():
+        probabilities, classes = program(torch.from_numpy(pixels))
+    np.testing.assert_allclose(probabilities.numpy(), torch.from_numpy(logits).softmax(-1).numpy(), atol=1e-6)
+    assert classes.tolist() == logits.argmax(-1).tolist()

@@ -34,7 +34,8 @@ class Serving(torch.nn.Module):
         self.model = model
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model(*model_inputs({"images": images})).float()
+        outputs = self.model(*model_inputs({"images": images}))
+        logits = getattr(outputs, "logits", outputs).float()  # HF's ResNet and ViT return an output object
         return logits.softmax(dim=-1), logits.argmax(dim=-1)
 
 
