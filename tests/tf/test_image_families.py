@@ -32,3 +32,7 @@ def test_per_replica_batch_norm_is_a_choice(tmp_path):
 
 def test_sgd_follows_the_torch_backend_and_resumes_exactly(tmp_path):
     checks.check_sgd_follows_torch_and_resumes(replicas, tmp_path)
+
+
+def test_bf16_trains_as_float32_does(tmp_path):
+    checks.check_bf16_follows_float32(lambda: TfBackend(RuntimeConfig(cpu_devices=1)), tmp_path)

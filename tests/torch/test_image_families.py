@@ -82,3 +82,7 @@ def test_a_family_exports_as_a_torch_program(tmp_path):
         probabilities, classes = program(torch.from_numpy(pixels))
     np.testing.assert_allclose(probabilities.numpy(), torch.from_numpy(logits).softmax(-1).numpy(), atol=1e-6)
     assert classes.tolist() == logits.argmax(-1).tolist()
+
+
+def test_bf16_trains_as_float32_does(tmp_path):
+    checks.check_bf16_follows_float32(lambda: TorchBackend(RuntimeConfig(device="cpu")), tmp_path)

@@ -48,15 +48,16 @@ class TfBackend(BackendBase):
         return self._topology
 
     def init(self, model_spec: ModelSpec, optimizer: OptimizerSpec) -> TfState:
-        if optimizer.bf16:
-            raise TpuplexError("train.bf16 = true is not supported by the tf backend yet: set train.bf16 = false "
-                               "(or use the jax or torch backend for bfloat16)")
+        image_family = not model_spec.architecture and models.family_of(model_spec.hf_config) in models.IMAGE_FAMILIES
+        if optimizer.bf16 and not image_family:
+            raise TpuplexError("train.bf16 = true is supported by the tf backend for the image families (ResNet, "
+                               "ViT) only so far: set train.bf16 = false (or use the jax or torch backend)")
         task = tasks.backend_module(model_spec.task, "tf")
-        with self.strategy.scope():
+        with self.strategy.scope(), image_models.dtype_policy("mixed_bfloat16" if optimizer.bf16 else "float32"):
             if model_spec.architecture:  # the user's model starts from its own initialisation
                 keras_model = model.build_user_model(model_spec, optimizer.seed,
                                                      getattr(task, "model_inputs", model.text_inputs))
-            elif models.family_of(model_spec.hf_config) in models.IMAGE_FAMILIES:
+            elif image_family:
                 keras_model = image_models.build_image_model(model_spec, task.model_inputs)
             else:
                 keras_model = model.build(model_spec, task)

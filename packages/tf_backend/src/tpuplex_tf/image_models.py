@@ -11,7 +11,9 @@ stride-2 convolution on one side only; the stem's max-pool pads with -inf, as to
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import keras
 import tensorflow as tf
@@ -35,15 +37,17 @@ class BatchNorm(keras.layers.Layer):
     def __init__(self, channels: int, cross_replica: bool, **kwargs):
         super().__init__(**kwargs)
         self.cross_replica = cross_replica
-        self.weight = self.add_weight(shape=(channels,), initializer="ones", name="weight")
-        self.bias = self.add_weight(shape=(channels,), initializer="zeros", name="bias")
+        # autocast=False: read in float32 under a bfloat16 policy, as the statistics are computed.
+        self.weight = self.add_weight(shape=(channels,), initializer="ones", name="weight", autocast=False)
+        self.bias = self.add_weight(shape=(channels,), initializer="zeros", name="bias", autocast=False)
         stat = lambda name, init, dtype="float32": self.add_weight(  # noqa: E731
             shape=(channels,) if name != "num_batches_tracked" else (), initializer=init, dtype=dtype,
-            trainable=False, name=name)
+            trainable=False, name=name, autocast=False)
         self.running_mean, self.running_var = stat("running_mean", "zeros"), stat("running_var", "ones")
         self.num_batches_tracked = stat("num_batches_tracked", "zeros", "int32")
 
     def call(self, x: tf.Tensor, training: bool) -> tf.Tensor:
+        compute_dtype, x = x.dtype, tf.cast(x, tf.float32)  # statistics in float32 under bfloat16 too
         if training:
             mean = self._across_replicas(tf.reduce_mean(x, axis=(0, 1, 2)))
             variance = self._across_replicas(tf.reduce_mean(tf.square(x - mean), axis=(0, 1, 2)))
@@ -55,7 +59,7 @@ class BatchNorm(keras.layers.Layer):
             self.num_batches_tracked.assign(self.num_batches_tracked + 1)
         else:
             mean, variance = self.running_mean, self.running_var
-        return (x - mean) / tf.sqrt(variance + EPSILON) * self.weight + self.bias
+        return tf.cast((x - mean) / tf.sqrt(variance + EPSILON) * self.weight + self.bias, compute_dtype)
 
     def _across_replicas(self, value: tf.Tensor) -> tf.Tensor:
         context = tf.distribute.get_replica_context()
@@ -159,8 +163,10 @@ class ViTLayer(keras.layers.Layer):
             y = self.projections[name](inputs)
             return tf.transpose(tf.reshape(y, [tf.shape(y)[0], -1, a.num_heads, head_dim]), [0, 2, 1, 3])
 
-        scores = tf.matmul(heads("q_proj"), heads("k_proj"), transpose_b=True) / math.sqrt(head_dim)
-        probs = dropout(tf.nn.softmax(scores, axis=-1), a.attention_dropout, seed, site)
+        # Scores and softmax in float32 under bfloat16 too, as the JAX model computes them.
+        scores = tf.cast(tf.matmul(heads("q_proj"), heads("k_proj"), transpose_b=True), tf.float32)
+        probs = tf.cast(tf.nn.softmax(scores / math.sqrt(head_dim), axis=-1), x.dtype)
+        probs = dropout(probs, a.attention_dropout, seed, site)
         context = tf.reshape(tf.transpose(tf.matmul(probs, heads("v_proj")), [0, 2, 1, 3]), tf.shape(x))
         x = x + dropout(self.projections["o_proj"](context), a.hidden_dropout, seed, site + 1)
         inner = ACTIVATIONS[a.hidden_act](self.fc1(self.layernorm_after(x)))
@@ -213,6 +219,18 @@ class ViTClassifier(keras.Model):
 
     def state_variables(self) -> dict[str, keras.Variable]:
         return {}
+
+
+@contextlib.contextmanager
+def dtype_policy(name: str) -> Iterator[None]:
+    """Keras' dtype policy while the model is built: "mixed_bfloat16" computes in bfloat16 with float32
+    variables (batch-norm statistics, attention softmax and the loss stay float32)."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
 
 
 def image_model(arch: ResNet | ViT, num_labels: int, cross_replica: bool) -> ResNetClassifier | ViTClassifier:
