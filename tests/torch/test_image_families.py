@@ -8,6 +8,7 @@ import types
 import image_family_checks as checks
 import numpy as np
 import pytest
+import transformers
 
 import torch
 from tpuplex.config import RuntimeConfig
@@ -86,3 +87,30 @@ def test_a_family_exports_as_a_torch_program(tmp_path):
 
 def test_bf16_trains_as_float32_does(tmp_path):
     checks.check_bf16_follows_float32(lambda: TorchBackend(RuntimeConfig(device="cpu")), tmp_path)
+
+
+def test_an_hf_checkpoint_folder_starts_from_its_weights(tmp_path):
+    """A folder transformers saved (config.json + model.safetensors): its weights and statistics are the initial
+    state, logits equal; a checkpoint with another number of classes keeps the backbone, draws the classifier."""
+    config = transformers.ResNetConfig(**{k: v for k, v in checks.CONFIGS["resnet-basic"].items()
+                                          if k != "model_type"}, num_labels=checks.NUM_LABELS)
+    torch.manual_seed(0)
+    hf = transformers.ResNetForImageClassification(config).eval()
+    for module in hf.modules():  # statistics away from 0 and 1, so the saved ones are the ones used
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.normal_(0, 0.1)
+            module.running_var.uniform_(0.5, 1.5)
+    hf.save_pretrained(tmp_path / "saved")
+    spec = image_family_spec(tmp_path / "saved", checks.NUM_LABELS)
+    saved = hf.state_dict()
+    assert all(np.array_equal(value, saved[name].numpy()) for name, value in {**spec.params, **spec.buffers}.items())
+    backend = TorchBackend(RuntimeConfig(device="cpu"))
+    pixels = checks.images(4)
+    with torch.no_grad():
+        expected = hf(torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 255.0).logits.numpy()
+    np.testing.assert_allclose(backend.predict(backend.init(spec, checks.OPTIMIZER), {"images": pixels}), expected,
+                               atol=1e-5)
+    five = image_family_spec(tmp_path / "saved", 5)
+    assert five.params["classifier.1.weight"].shape == (5, 16)
+    backbone = [name for name in spec.params if not name.startswith("classifier.")]
+    assert all(np.array_equal(five.params[name], spec.params[name]) for name in backbone)
