@@ -175,3 +175,22 @@ def check_names(expected: Mapping[str, tuple[int, ...]], given: Mapping[str, np.
             f"{what} does not match the model ({'; '.join(parts)}): use a checkpoint saved from the same "
             "architecture and task (same hidden size, layers and num_labels)"
         )
+
+
+_TORCH_AXES = {2: (1, 0), 4: (3, 2, 0, 1)}
+"""Kernel axes in Flax's and Keras' layout -> torch's: Dense [in, out] -> [out, in]; convolutions HWIO -> OIHW."""
+
+
+def to_torch_layout(array: np.ndarray) -> np.ndarray:
+    """A Flax or Keras kernel (Dense [in, out], convolution HWIO) in torch's layout ([out, in], OIHW)."""
+    return np.ascontiguousarray(array.transpose(_TORCH_AXES[array.ndim]))
+
+
+def from_torch_layout(array: np.ndarray) -> np.ndarray:
+    """A torch-layout kernel ([out, in], OIHW) in Flax's and Keras' layout ([in, out], HWIO)."""
+    return np.ascontiguousarray(array.transpose(np.argsort(_TORCH_AXES[array.ndim])))
+
+
+def torch_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The torch-layout shape of a Flax or Keras kernel of `shape`."""
+    return tuple(shape[axis] for axis in _TORCH_AXES[len(shape)])

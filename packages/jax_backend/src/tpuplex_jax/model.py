@@ -25,6 +25,7 @@ import numpy as np
 
 import jax
 from tpuplex.models import Architecture
+from tpuplex.params import from_torch_layout, to_torch_layout, torch_shape
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # HF "gelu" is the exact erf form
@@ -129,18 +130,6 @@ def _is_kernel(path: tuple[Any, ...]) -> bool:
     return getattr(path[-1], "key", path[-1]) == "kernel"
 
 
-_TORCH_AXES = {2: (1, 0), 4: (3, 2, 0, 1)}
-"""Flax kernel axes -> torch's: Dense [in, out] -> [out, in]; Conv HWIO -> OIHW."""
-
-
-def to_torch_layout(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array.transpose(_TORCH_AXES[array.ndim]))
-
-
-def from_torch_layout(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array.transpose(np.argsort(_TORCH_AXES[array.ndim])))
-
-
 @dataclasses.dataclass(frozen=True)
 class Naming:
     """How the paths of a Flax tree become portable names.
@@ -177,7 +166,7 @@ class Naming:
     def shapes(self, template: Any) -> dict[str, tuple[int, ...]]:
         """Portable name -> portable shape of every leaf of `template`."""
         flat = jax.tree_util.tree_flatten_with_path(template)[0]
-        return {self.of(path): tuple(leaf.shape[axis] for axis in _TORCH_AXES[len(leaf.shape)])
+        return {self.of(path): torch_shape(tuple(leaf.shape))
                 if self.transposed(path) else tuple(leaf.shape) for path, leaf in flat}
 
 

@@ -36,7 +36,7 @@ if keras.backend.backend() != "tensorflow":
 
 Variables = dict[str, tuple[keras.Variable, bool]]
 """Canonical (or HF) name -> (variable, whether it is a kernel in Keras' layout: Dense [in, out], Conv2D HWIO,
-where torch has [out, in] and OIHW; see `to_torch_layout`)."""
+where torch has [out, in] and OIHW; see `tpuplex.params.to_torch_layout`)."""
 
 ACTIVATIONS = {
     "gelu": lambda x: tf.nn.gelu(x, approximate=False),  # HF "gelu" is the exact erf form
@@ -283,19 +283,3 @@ def text_inputs(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, ...]:
     """What a text model is called with: input_ids, token_type_ids, attention_mask int32 [B, L]."""
     return batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
 
-
-_TORCH_AXES = {2: (1, 0), 4: (3, 2, 0, 1)}
-"""Keras kernel axes -> torch's: Dense [in, out] -> [out, in]; Conv2D HWIO -> OIHW."""
-
-
-def to_torch_layout(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array.transpose(_TORCH_AXES[array.ndim]))
-
-
-def from_torch_layout(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array.transpose(np.argsort(_TORCH_AXES[array.ndim])))
-
-
-def torch_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The torch-layout shape of a Keras kernel of `shape`."""
-    return tuple(shape[axis] for axis in _TORCH_AXES[len(shape)])
