@@ -54,8 +54,8 @@ class Experiment:
     output_dir: Path
     started: float
     model_dir: Path | None
-    """The checkpoint folder the model and tokenizer came from (model.checkpoint resolved; None for a task without
-    text)."""
+    """The checkpoint folder the model (and a text task's tokenizer) came from: model.checkpoint resolved; None
+    for an image model of your own."""
 
 
 def prepare(config: Config, backend_name: str, config_path: Path | None = None) -> Experiment:
