@@ -18,7 +18,6 @@ import numpy as np
 
 import torch
 from tpuplex.collate import check_micro_batches
-from tpuplex.errors import TpuplexError
 from tpuplex.protocol import Batch, OptimizerSpec, decays
 from tpuplex_torch.devices import Placement
 from tpuplex_torch.model import Forward
@@ -84,10 +83,7 @@ def train_step(state: TorchState, placement: Placement, batch: Batch, learning_r
     if spec.clip_norm > 0:
         _clip_by_global_norm(parameters, spec.clip_norm)
     if placement.mode == "xla":
-        if spec.optimizer != "adamw":
-            raise TpuplexError(f"train.optimizer = {spec.optimizer!r} is not built for torch_xla yet: use "
-                               "\"adamw\" on torch_xla, or the jax or tf backend")
-        adamw_on_xla(state.optimizer, placement, learning_rate)
+        (sgd_on_xla if spec.optimizer == "sgd" else adamw_on_xla)(state.optimizer, placement, learning_rate)
     else:
         for group in state.optimizer.param_groups:
             group["lr"] = learning_rate
@@ -122,6 +118,21 @@ def adamw_on_xla(optimizer: torch.optim.AdamW, placement: Placement, learning_ra
             denominator = moments["exp_avg_sq"].sqrt() / bias_correction2_sqrt + group["eps"]
             parameter.data.sub_(step_size * moments["exp_avg"] / denominator)
             moments["step"] += 1
+
+
+def sgd_on_xla(optimizer: torch.optim.SGD, placement: Placement, learning_rate: float) -> None:
+    """torch.optim.SGD's momentum update (dampening 0) on its own state, the learning rate uploaded as a tensor
+    (a Python number would be a cached scalar of the program: see `adamw_on_xla`)."""
+    rate = placement.upload(np.array([learning_rate]))[0]
+    for group in optimizer.param_groups:
+        momentum = group["momentum"]
+        for parameter in group["params"]:
+            grad = parameter.grad
+            if group["weight_decay"]:
+                grad = grad.add(parameter.data, alpha=group["weight_decay"])
+            buffer = optimizer.state[parameter]["momentum_buffer"]
+            buffer.mul_(momentum).add_(grad)
+            parameter.data.sub_(rate * (grad.add(buffer, alpha=momentum) if group["nesterov"] else buffer))
 
 
 def predict(state: TorchState, placement: Placement, batch: Batch) -> np.ndarray:
