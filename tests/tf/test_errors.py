@@ -81,5 +81,5 @@ def test_grad_accum_that_does_not_split_the_replica_rows(tiny_dir):
 
 
 def test_bf16_is_refused_clearly(tiny_dir):
-    with pytest.raises(TpuplexError, match="train.bf16 = true is not supported by the tf backend"):
+    with pytest.raises(TpuplexError, match="train.bf16 = true is supported by the tf backend for the image families"):
         TfBackend(RuntimeConfig(cpu_devices=1)).init(model_spec(tiny_dir), OptimizerSpec(bf16=True))
