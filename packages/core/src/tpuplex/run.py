@@ -88,9 +88,8 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
         else None
     hf_config = {} if user_model else params.read_hf_config(checkpoint_dir)
     family, arch = (None, None) if user_model else models.architecture_of(hf_config)
-    if family is not None:
-        _check_family_kind(task, family, checkpoint_dir)
     if family is not None and task.tokenized:
+        _check_text_family(task, family, checkpoint_dir)
         _check_max_length(config, hf_config)
     data = task.prepare(config, options, checkpoint_dir if task.tokenized else None)
     if family is not None and task.tokenized:
@@ -240,15 +239,12 @@ def _check_vocabulary(encoded: dict[str, Any], rows: int, checkpoint_dir: Path) 
                                f"model has {rows} word embeddings: use the tokenizer saved with this model")
 
 
-def _check_family_kind(task: Task, family: Any, checkpoint_dir: Path) -> None:
-    """A text task needs a text encoder, an image task an image family."""
-    is_text = family in models.FAMILIES
-    if is_text != task.tokenized:
-        kinds = ", ".join(models.SUPPORTED_MODEL_TYPES if task.tokenized else models.IMAGE_MODEL_TYPES)
+def _check_text_family(task: Task, family: Any, checkpoint_dir: Path) -> None:
+    """A text task needs a text encoder (an image task checks its image family in `Task.check`)."""
+    if family not in models.FAMILIES:
         raise TpuplexError(f"model.checkpoint {checkpoint_dir} is a {family.name} model, which the {task.name} task "
-                           f"cannot train: give a checkpoint folder of a {kinds} model"
-                           + ("" if task.tokenized else " (config.json alone trains one from scratch), or set "
-                              "model.architecture to a model of your own"))
+                           f"cannot train: give a checkpoint folder of a {', '.join(models.SUPPORTED_MODEL_TYPES)} "
+                           "model")
 
 
 def _check_max_length(config: Config, hf_config: dict[str, Any]) -> None:

@@ -25,7 +25,6 @@ from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows
 from tpuplex.models import user
-from tpuplex.models.image_family import example_image_shape
 from tpuplex.params import check_names, expected_shapes
 from tpuplex.protocol import (
     IMAGE_INPUTS,
@@ -80,7 +79,8 @@ class JaxBackend(BackendBase):
             flax_model, params, model_state, naming, max_length = self._user_model(model, optimizer.seed, model_call)
             state_naming = Naming.native(model_state)
         elif models.family_of(model.hf_config) in models.IMAGE_FAMILIES:
-            flax_model, params, model_state, naming, state_naming = _image_model(model, dtype, model_call)
+            flax_model, params, model_state, naming, state_naming = image_models.build_image_model(
+                model, dtype, model_call)
             max_length = 0
         else:
             family, arch = models.architecture_of(model.hf_config)
@@ -177,23 +177,6 @@ class JaxBackend(BackendBase):
                 f"data.max_length to at most {programs.max_length}")
         mine = process_rows(global_batch, jax.process_index(), jax.process_count())
         return step.split_rows({name: np.asarray(batch[name])[mine] for name in keys}, self._local_replicas)
-
-
-def _image_model(model: ModelSpec, dtype: Any, model_call) -> tuple[nn.Module, Any, dict, Naming, Naming]:
-    """An image family's Flax classifier with the core's parameters and batch-norm statistics (HF names)."""
-    arch = models.family_of(model.hf_config).architecture(model.hf_config)
-    if not model.dropout and hasattr(arch, "without_dropout"):
-        arch = arch.without_dropout()
-    axis = step.AXIS if model.batch_norm == "cross_replica" else None
-    flax_model = image_models.image_model(arch, model.num_labels, axis, dtype)
-    args, kwargs = model_call(user.example_batch({"image_shape": example_image_shape(arch)}), False, False)
-    template = jax.eval_shape(lambda: flax_model.init(jax.random.key(0), *args, **kwargs))
-    params_template, state_template = template["params"], {k: v for k, v in template.items() if k != "params"}
-    naming, state_naming = Naming.hf(params_template), Naming.hf(state_template, collection=True)
-    check_names(naming.shapes(params_template), model.params, "model.params")
-    check_names(state_naming.shapes(state_template), model.buffers, "the batch-norm statistics")
-    return (flax_model, to_flax(model.params, params_template, naming),
-            to_flax(model.buffers, state_template, state_naming), naming, state_naming)
 
 
 def _keys(batch: Batch) -> tuple[str, ...]:

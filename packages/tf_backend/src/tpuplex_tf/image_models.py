@@ -3,7 +3,8 @@
 Each layer is kept under its HF module name (`hf_variables` lists the variables under HF names, with whether
 each is a kernel in Keras' layout: Dense [in, out], Conv2D HWIO). Batch norm is torch's `BatchNorm2d` (momentum
 0.1, the running variance unbiased), its statistics non-trainable variables under torch's buffer names; the
-count is int32 here (int64 in the checkpoint), which every device all-reduces.
+count is int32 here (int64 in the checkpoint), equal on every replica, so the step leaves it out of the
+replicas' average.
 
 Convolutions pad explicitly (kernel // 2 on each side, as torch does) instead of Keras' "same", which pads a
 stride-2 convolution on one side only; the stem's max-pool pads with -inf, as torch's does.
@@ -243,8 +244,7 @@ def build_image_model(spec: ModelSpec, model_inputs) -> ResNetClassifier | ViTCl
     """The image family's classifier with every variable created (call under the strategy's scope); the core's
     parameters and statistics are assigned afterwards (`tpuplex_tf.checkpoint`)."""
     arch = models.family_of(spec.hf_config).architecture(spec.hf_config)
-    if not spec.dropout and isinstance(arch, ViT):
-        arch = arch.without_dropout()
+    arch = arch if spec.dropout else arch.without_dropout()
     module = image_model(arch, spec.num_labels, spec.batch_norm == "cross_replica")
     example = user.example_batch({"image_shape": example_image_shape(arch)})
     module(*model_inputs({"images": tf.constant(example["images"])}))

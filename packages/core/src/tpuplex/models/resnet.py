@@ -71,6 +71,10 @@ class ResNet:
         return Conv("resnet.embedder.embedder", self.num_channels, self.embedding_size, self.embedding_kernel_size,
                     self.embedding_stride, relu=True)
 
+    def without_dropout(self) -> ResNet:
+        """The same network: HF's ResNet has no dropout (the families share this interface with the ViT)."""
+        return self
+
     @property
     def features(self) -> int:
         """Channels of the last stage: the classifier's input."""
