@@ -55,7 +55,7 @@ def test_a_whole_run_writes_results_logs_tensorboard_and_checkpoints(write_confi
     assert len(tensorboard) == 1 and tensorboard[0].stat().st_size > 0
     kept = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert kept == [f"step-{s:08d}" for s in sorted({*range(5, results["step"] + 1, 5), results["step"]})[-2:]]
-    assert list((tmp_path / "cache").glob("mrpc-*.npz"))
+    assert list((tmp_path / "cache").glob("mrpc-*/manifest.json"))
 
 
 def test_data_dir_flag_and_overrides(write_config, tmp_path, tiny_mrpc, capsys) -> None:
@@ -130,7 +130,8 @@ def test_a_bad_eval_split_leaves_no_run_and_only_whole_cache_files(write_config,
     assert "dev.tsv line 2: label '2' is not a mrpc label" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
     cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
-    assert len(cached) == 1 and cached[0].startswith("mrpc-train-") and cached[0].endswith(".npz")
+    assert len(cached) == 1 and cached[0].startswith("mrpc-train-")
+    assert (tmp_path / "cache" / cached[0] / "manifest.json").is_file()  # a published prepared folder
 
 
 def test_errors_from_the_real_command_have_no_traceback(write_config, tmp_path) -> None:

@@ -50,7 +50,7 @@ def test_each_format_trains_to_the_glue_losses_bit_for_bit(kind, write_config, t
     assert results["metrics"] == expected["metrics"]  # the same logits on every dev example, counted once
     assert results["eval"]["examples"] == expected["eval"]["examples"]
     # Tokenized on its own, not read from GLUE's cache file: the two fingerprints differ.
-    assert len(list((tmp_path / "cache").glob("mrpc-train-*.npz"))) == 2
+    assert len(list((tmp_path / "cache").glob("mrpc-train-*/manifest.json"))) == 2
 
 
 def test_the_real_mrpc_files_encode_as_the_glue_loader_in_every_format(shared_glue, minilm_dir, tmp_path) -> None:
@@ -69,9 +69,9 @@ def test_the_real_mrpc_files_encode_as_the_glue_loader_in_every_format(shared_gl
         encoded = {"train": custom.trainer.train_batcher.data, "dev": custom.trainer.eval_batchers["dev"].data}
         for split, arrays in encoded.items():
             for name in ("input_ids", "token_type_ids", "lengths", "labels"):
-                np.testing.assert_array_equal(getattr(arrays, name), getattr(expected[split], name),
+                np.testing.assert_array_equal(getattr(arrays.load(), name), getattr(expected[split].load(), name),
                                               err_msg=f"{kind} {split} {name}")
-        assert len(custom.data.test) == 1725 and np.all(custom.data.test.labels == -1)
+        assert len(custom.data.test) == 1725 and np.all(custom.data.test.load().labels == -1)
     assert len(expected["dev"]) == 408
 
 
@@ -97,8 +97,9 @@ def test_labels_match_as_text_and_an_unlabelled_test_file_gets_minus_one(write_c
     experiment = run.prepare(config_lib.load(path), "numpy")
     assert config_lib.load(path).data.labels == ("0", "1")
     expected = mrpc_splits(tiny_mrpc)["dev"].labels
-    np.testing.assert_array_equal(experiment.trainer.eval_batchers["dev"].data.labels, expected)
-    assert experiment.data.test.labels.tolist() == [-1, -1] and experiment.data.test.labels.dtype == np.int32
+    np.testing.assert_array_equal(experiment.trainer.eval_batchers["dev"].data.load().labels, expected)
+    test_labels = experiment.data.test.load().labels
+    assert test_labels.tolist() == [-1, -1] and test_labels.dtype == np.int32
     assert not (tmp_path / "run").exists()
 
 
@@ -171,14 +172,14 @@ def test_the_cache_key_covers_the_content_and_every_column_and_label_setting(tin
     cache = tmp_path / "cache"
     first = encode_cached(data.dataset, "dev", data.sources()["dev"], tiny_model, 24, cache)
     np.testing.assert_array_equal(encode_cached(data.dataset, "dev", data.sources()["dev"], tiny_model, 24, cache)
-                                  .input_ids, first.input_ids)
+                                  .load().input_ids, first.load().input_ids)
     assert len(list(cache.iterdir())) == 1  # the second call read the cache
     with open(paths["dev"], "a", encoding="utf-8") as handle:
         handle.write("1,word1 word2,word1\n")
     edited = encode_cached(data.dataset, "dev", data.sources()["dev"], tiny_model, 24, cache)
     assert len(edited) == len(first) + 1 and len(list(cache.iterdir())) == 2
     glue = load_encoded(get_dataset("mrpc"), "dev", tiny_mrpc, tiny_model, 24, cache)
-    np.testing.assert_array_equal(glue.input_ids, first.input_ids)
+    np.testing.assert_array_equal(glue.load().input_ids, first.load().input_ids)
 
 
 def test_glue_configs_resolve_as_before() -> None:

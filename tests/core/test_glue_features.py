@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 
 from tpuplex import TpuplexError
 from tpuplex.data import tokens as features
+from tpuplex.data.shards import ShardWriter
 from tpuplex.data.tokens import encode, load_encoded, load_tokenizer
 from tpuplex.glue import Examples, get_dataset, read_split
 
@@ -152,6 +153,7 @@ def forbid_tokenizing(monkeypatch):
 
 
 def assert_same_arrays(left, right):
+    left, right = (split.load() if hasattr(split, "load") else split for split in (left, right))
     for name in ("input_ids", "token_type_ids", "lengths", "labels"):
         assert getattr(left, name).dtype == getattr(right, name).dtype
         np.testing.assert_array_equal(getattr(left, name), getattr(right, name))
@@ -168,7 +170,7 @@ def test_second_call_reads_the_cache_without_tokenizing(tiny_model, tiny_mrpc, t
     task, cache = get_dataset("mrpc"), tmp_path / "cache"
     first = load_encoded(task, "train", str(tiny_mrpc), tiny_model, 24, cache)
     [cache_file] = cache.iterdir()
-    assert cache_file.name.startswith("mrpc-train-L24-") and cache_file.suffix == ".npz"
+    assert cache_file.name.startswith("mrpc-train-L24-") and (cache_file / "manifest.json").is_file()
     forbid_tokenizing(monkeypatch)
     assert_same_arrays(load_encoded(task, "train", str(tiny_mrpc), tiny_model, 24, cache), first)
 
@@ -208,11 +210,11 @@ def test_bad_input_leaves_no_cache(tiny_model, tmp_path):
 
 
 def test_interrupted_write_leaves_no_partial_file(tiny_model, tiny_mrpc, tmp_path, monkeypatch):
-    def savez_then_interrupt(file, **arrays):
-        file.write(b"PK\x03\x04 partial")
+    def write_part_then_interrupt(writer):
+        (writer.staging / "records-00000.bin").write_bytes(b"partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(features.np, "savez", savez_then_interrupt)
+    monkeypatch.setattr(ShardWriter, "_finish_shard", write_part_then_interrupt)
     cache = tmp_path / "cache"
     with pytest.raises(KeyboardInterrupt):
         load_encoded(get_dataset("mrpc"), "dev", tiny_mrpc, tiny_model, 24, cache)
@@ -223,7 +225,7 @@ def test_unreadable_cache_file_is_rebuilt(tiny_model, tiny_mrpc, tmp_path):
     task, cache = get_dataset("mrpc"), tmp_path / "cache"
     first = load_encoded(task, "dev", tiny_mrpc, tiny_model, 24, cache)
     [cache_file] = cache.iterdir()
-    cache_file.write_bytes(b"not an npz file")
+    (cache_file / "manifest.json").write_bytes(b"not a manifest")
     assert_same_arrays(load_encoded(task, "dev", tiny_mrpc, tiny_model, 24, cache), first)
     assert features.read_cache(cache_file) is not None
 
@@ -236,7 +238,7 @@ def test_cache_dir_that_cannot_be_created(tiny_model, tiny_mrpc, tmp_path):
 
 
 def test_real_sst2_dev_with_minilm(shared_glue, minilm_dir, tmp_path):
-    encoded = load_encoded(get_dataset("sst2"), "dev", shared_glue / "SST-2", minilm_dir, 64, tmp_path)
+    encoded = load_encoded(get_dataset("sst2"), "dev", shared_glue / "SST-2", minilm_dir, 64, tmp_path).load()
     assert encoded.input_ids.shape == (872, 64) and len(encoded.labels) == 872
     assert encoded.lengths.min() >= 3 and encoded.lengths.max() <= 64
     assert not encoded.token_type_ids.any()

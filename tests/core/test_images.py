@@ -38,9 +38,9 @@ def test_prepare_writes_sorted_classes_shards_and_a_manifest(tree, tmp_path) -> 
     assert listing.classes == ("ant", "cat") and len(listing) == 6
     prepared = images.prepare(listing, tmp_path / "prepared", (16, 24), shard_size=4)
     manifest = json.loads((tmp_path / "prepared" / images.MANIFEST).read_text())
-    assert manifest["count"] == 6 and manifest["image_shape"] == [16, 24, 3]
-    assert [shard["count"] for shard in manifest["shards"]] == [4, 2]
-    assert manifest["class_counts"] == {"ant": 3, "cat": 3}
+    assert manifest["rows"] == 6 and manifest["meta"]["image_shape"] == [16, 24, 3]
+    assert [shard["rows"] for shard in manifest["shards"]] == [4, 2]
+    assert manifest["meta"]["class_counts"] == {"ant": 3, "cat": 3}
     assert prepared.labels.tolist() == [0, 0, 0, 1, 1, 1]
     pixels = prepared.images(np.array([5, 0, 3]))
     assert pixels.shape == (3, 16, 24, 3) and pixels.dtype == np.uint8
@@ -155,8 +155,8 @@ def test_the_real_flowers_prepare_into_five_classes_of_200(shared_images, tmp_pa
     listing = images.scan_folder(shared_images / "flowers")
     assert listing.classes == ("daisy", "dandelion", "roses", "sunflowers", "tulips")
     prepared = images.prepare(listing, tmp_path / "flowers", (64, 64), shard_size=300)
-    assert len(prepared) == 1000 and prepared.manifest["class_counts"] == dict.fromkeys(listing.classes, 200)
-    assert [shard["count"] for shard in prepared.manifest["shards"]] == [300, 300, 300, 100]
+    assert len(prepared) == 1000 and prepared.manifest["meta"]["class_counts"] == dict.fromkeys(listing.classes, 200)
+    assert [shard["rows"] for shard in prepared.manifest["shards"]] == [300, 300, 300, 100]
     pixels = prepared.images(np.arange(0, 1000, 97))
     assert pixels.shape == (11, 64, 64, 3) and pixels.std() > 20  # real photos, not blank frames
 
@@ -209,7 +209,7 @@ def test_a_killed_prepare_leaves_nothing_in_use_and_the_next_one_cleans_up(share
             "--image-size", "64", "64", "--shard-size", "100"]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".flowers.partial-*/images-00002.npy")):  # two shards written, a third begun
+    while not list(tmp_path.glob(".flowers.partial-*/records-00002.bin")):  # two shards written, a third begun
         assert process.poll() is None and time.monotonic() < deadline, "prepare ended before it could be killed"
         time.sleep(0.005)
     os.kill(process.pid, signal.SIGKILL)

@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
 
     prepare = commands.add_parser("prepare", help="decode and resize images once into shards a run reads",
                                   description="Decode, convert to RGB and resize every image once and write "
-                                  "memory-mapped shards plus a manifest (see tpuplex.data.images); point "
+                                  "prepared shards plus a manifest (see tpuplex.data.shards); point "
                                   "data.train_file or data.eval_files at the folder it writes.")
     prepare.add_argument("images", type=Path, help="a class-per-folder image tree, or a .csv/.jsonl of (path, label)")
     prepare.add_argument("--out", type=Path, required=True, help="the folder to create")

@@ -8,19 +8,23 @@ one batch is filled up with weight-0 rows.
 Evaluation batches are padded with weight-0 rows too, so every real example is counted exactly once with weight
 1, whatever the replica count.
 
-The order depends only on (seed, epoch), through numpy's PCG64 generator, so every backend and every machine
-sees the same batches.
+The order depends only on (seed, epoch), so every backend and every machine sees the same batches. It is a
+`Permutation` evaluated at the positions a batch needs, so an epoch over a split of any size is planned in constant
+memory (with length buckets, the bucket of every row is needed once per epoch); a process reads only the rows of
+the global batch it feeds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from tpuplex.errors import TpuplexError
+from tpuplex.hosts import process_rows
 from tpuplex.protocol import Batch
 
 
@@ -44,23 +48,56 @@ class Encoded:
     def max_length(self) -> int:
         return self.input_ids.shape[1]
 
+    @property
+    def max_token_id(self) -> int:
+        return int(self.input_ids.max(initial=0))
+
     def rows(self, indices: np.ndarray, length: int) -> dict[str, np.ndarray]:
         """The model inputs and labels of rows `indices`, cut to `length` tokens."""
-        positions = np.arange(length)
-        return {
-            "input_ids": np.ascontiguousarray(self.input_ids[indices, :length], dtype=np.int32),
-            "token_type_ids": np.ascontiguousarray(self.token_type_ids[indices, :length], dtype=np.int32),
-            "attention_mask": (positions[None, :] < self.lengths[indices, None]).astype(np.int32),
-            "labels": self.labels[indices, :length] if self.labels.ndim == 2 else self.labels[indices],
-        }
+        return token_rows(self.input_ids[indices], self.token_type_ids[indices], self.lengths[indices],
+                          self.labels[indices], length)
 
     def fingerprint(self) -> str:
         """A short hash of the tokens and labels: equal exactly when the split trains the same way."""
-        digest = hashlib.sha256()
-        for array in (self.input_ids, self.token_type_ids, self.lengths, self.labels):
-            digest.update(str((array.dtype, array.shape)).encode())
+        digest = SplitDigest()
+        digest.update(self.input_ids, self.token_type_ids, self.lengths, self.labels)
+        return digest.hexdigest()
+
+
+def token_rows(input_ids: np.ndarray, token_type_ids: np.ndarray, lengths: np.ndarray, labels: np.ndarray,
+               length: int) -> dict[str, np.ndarray]:
+    """A batch's model inputs from its rows (input_ids, token_type_ids [b, max_length], lengths [b], labels [b] or
+    [b, max_length]), cut to `length` tokens: input_ids, token_type_ids, attention_mask [b, length] int32, labels."""
+    return {
+        "input_ids": np.ascontiguousarray(input_ids[:, :length], dtype=np.int32),
+        "token_type_ids": np.ascontiguousarray(token_type_ids[:, :length], dtype=np.int32),
+        "attention_mask": (np.arange(length)[None, :] < lengths[:, None]).astype(np.int32),
+        "labels": np.ascontiguousarray(labels[:, :length]) if labels.ndim == 2 else labels,
+    }
+
+
+class SplitDigest:
+    """The fingerprint of a tokenized split, computed chunk by chunk (rows in order) as it is written or at once:
+    a sha256 per array (input_ids, token_type_ids, lengths, labels), combined with their dtypes and row shapes."""
+
+    def __init__(self):
+        self._digests = [hashlib.sha256() for _ in range(4)]
+        self._layout: list[str] = []
+        self._rows = 0
+
+    def update(self, input_ids: np.ndarray, token_type_ids: np.ndarray, lengths: np.ndarray,
+               labels: np.ndarray) -> None:
+        arrays = (input_ids, token_type_ids, lengths, labels)
+        self._layout = [str((array.dtype.str, array.shape[1:])) for array in arrays]
+        for digest, array in zip(self._digests, arrays, strict=True):
             digest.update(np.ascontiguousarray(array).tobytes())
-        return digest.hexdigest()[:16]
+        self._rows += len(lengths)
+
+    def hexdigest(self) -> str:
+        combined = hashlib.sha256(str((self._rows, self._layout)).encode())
+        for digest in self._digests:
+            combined.update(digest.digest())
+        return combined.hexdigest()[:16]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +106,43 @@ class EvalBatch:
 
     batch: Batch
     index: np.ndarray
+
+
+class Permutation:
+    """A seeded bijection of [0, n), evaluated at any positions without materialising it (`permutation[positions]`).
+
+    A Feistel network (six rounds of a SplitMix64 mix keyed from `default_rng(key)`) permutes the smallest domain of
+    2^(2h) >= n numbers; positions it maps past n are mapped again until they land inside (cycle walking, Black and
+    Rogaway 2002), which keeps it a bijection of [0, n). grain and tf.data's `index_shuffle` shuffle a global index
+    this way for the same reason: the order of a billion rows costs no memory.
+    """
+
+    ROUNDS = 6
+
+    def __init__(self, n: int, key: Sequence[int]):
+        self.n = n
+        self.half = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
+        self.keys = np.random.default_rng(list(key)).integers(0, 2**63, size=self.ROUNDS, dtype=np.uint64)
+
+    def __getitem__(self, positions: np.ndarray) -> np.ndarray:
+        """int64 [...]: the permuted value of each position (each in [0, n))."""
+        values = self._encrypt(np.asarray(positions, np.uint64))
+        outside = values >= self.n
+        while outside.any():
+            values[outside] = self._encrypt(values[outside])
+            outside = values >= self.n
+        return values.astype(np.int64)
+
+    def _encrypt(self, values: np.ndarray) -> np.ndarray:
+        half, mask = np.uint64(self.half), np.uint64((1 << self.half) - 1)
+        left, right = values >> half, values & mask
+        with np.errstate(over="ignore"):
+            for key in self.keys:
+                mixed = (right + key) * np.uint64(0x9E3779B97F4A7C15)
+                mixed = (mixed ^ (mixed >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+                mixed = (mixed ^ (mixed >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+                left, right = right, left ^ ((mixed ^ (mixed >> np.uint64(31))) & mask)
+        return (left << half) | right
 
 
 def check_divisible(global_batch: int, replicas: int, field: str = "train.global_batch") -> None:
@@ -153,17 +227,20 @@ class Batcher:
 
     Args:
         data: the encoded split (or any split with `lengths`, `max_length`, `rows(indices, length)` and
-            `fingerprint()`, such as an image split, whose rows are all of length 1).
+            `fingerprint()`, such as an image split, whose rows are all of length 1, or a prepared split read
+            from shards; `lengths` is read only when there is more than one bucket).
         global_batch: rows per batch, across all replicas.
         replicas: data-parallel replicas; `global_batch` must divide by it.
         buckets: allowed sequence lengths (max_length is always one); empty pads everything to max_length.
         seed: the data-order seed.
         group_by_length: training batches of one bucket each (fewer padded tokens), or of shuffled rows (the
             batches HF's Trainer draws: gradients over rows of every length).
+        process: (index, count) of this process: a training batch's rows that other processes feed
+            (`tpuplex.hosts.process_rows`) are not read, and hold zeros (weights stay global).
     """
 
     def __init__(self, data: Encoded, global_batch: int, replicas: int, buckets: Sequence[int] = (), seed: int = 0,
-                 group_by_length: bool = True):
+                 group_by_length: bool = True, process: tuple[int, int] = (0, 1)):
         check_divisible(global_batch, replicas)
         if len(data) == 0:
             raise TpuplexError("the split is empty: check the data files (a header and no rows?)")
@@ -171,9 +248,13 @@ class Batcher:
         self.global_batch = global_batch
         self.seed = seed
         self.group_by_length = group_by_length
+        self.process = process
         self.lengths = bucket_lengths(buckets, data.max_length)
-        # Bucket of each example: the smallest allowed length that holds it.
-        self._bucket = np.searchsorted(np.asarray(self.lengths), data.lengths, side="left")
+
+    @functools.cached_property
+    def _bucket(self) -> np.ndarray:
+        """int [N]: each example's bucket, the smallest allowed length that holds it."""
+        return np.searchsorted(np.asarray(self.lengths), self.data.lengths, side="left")
 
     @property
     def steps_per_epoch(self) -> int:
@@ -181,23 +262,26 @@ class Batcher:
         return -(-len(self.data) // self.global_batch)
 
     def train_batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        """The epoch's training batches in order, beginning at batch `start` (for resuming mid-epoch).
+        """The epoch's training batches in order, beginning at batch `start` (for resuming mid-epoch: the batches
+        before it are neither built nor read).
 
         Every example once, each batch padded to the smallest bucket that holds its longest row; the one short
         batch (when the examples do not divide) is filled up with weight-0 rows. The examples are shuffled by
-        `default_rng([seed, epoch])`, then either grouped by length (`_length_groups`; the batches are shuffled
-        by the same generator) or cut into batches in that order.
+        `Permutation(N, (seed, epoch))`, then either cut into batches in that order or, with several buckets,
+        grouped by length (`_length_groups`; the batches are shuffled by `default_rng([seed, epoch])`).
         """
-        rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(len(self.data))
-        if self.group_by_length:
-            groups = self._length_groups(order)
-            groups = [groups[position] for position in rng.permutation(len(groups))]
+        order = Permutation(len(self.data), (self.seed, epoch))
+        if self.group_by_length and len(self.lengths) > 1:
+            groups = self._length_groups(order[np.arange(len(self.data))])
+            rng = np.random.default_rng([self.seed, epoch])
+            plan: Iterable[np.ndarray] = [groups[position] for position in rng.permutation(len(groups))][start:]
         else:
-            groups = self._cut(order)
-        for real in groups[start:]:
+            plan = (order[np.arange(begin, min(begin + self.global_batch, len(self.data)))]
+                    for begin in range(start * self.global_batch, len(self.data), self.global_batch))
+        for real in plan:
             rows, weight = self._filled(real)
-            yield self._gather(rows, self.lengths[self._bucket[rows].max()], weight)
+            length = self.lengths[self._bucket[rows].max()] if len(self.lengths) > 1 else self.lengths[0]
+            yield self._gather(rows, length, weight, own_rows=True)
 
     def _length_groups(self, order: np.ndarray) -> list[np.ndarray]:
         """`order` grouped by bucket (keeping its order) and cut into full batches of one bucket each; the
@@ -218,14 +302,16 @@ class Batcher:
         """Every example once, in split order within each bucket; the last batch of a bucket is padded.
 
         Padding rows repeat the batch's first example (so no row is all padding) and carry weight 0 and index -1.
+        Every process reads every row (the Trainer gathers labels and outputs of the whole batch).
         """
         for bucket, length in enumerate(self.lengths):
-            members = np.flatnonzero(self._bucket == bucket)
+            members = (np.flatnonzero(self._bucket == bucket) if len(self.lengths) > 1 else
+                       np.arange(len(self.data)))
             for begin in range(0, len(members), self.global_batch):
                 real = members[begin : begin + self.global_batch]
                 rows, weight = self._filled(real)
                 index = np.where(weight > 0, rows, -1).astype(np.int64)
-                yield EvalBatch(self._gather(rows, length, weight), index)
+                yield EvalBatch(self._gather(rows, length, weight, own_rows=False), index)
 
     def padding_efficiency(self, train: bool = True) -> float:
         """Real tokens / padded tokens over one epoch of training batches, or over the evaluation batches."""
@@ -238,5 +324,13 @@ class Batcher:
         rows = np.concatenate([real, np.full(pad, real[0])])
         return rows, np.concatenate([np.ones(len(real), np.float32), np.zeros(pad, np.float32)])
 
-    def _gather(self, rows: np.ndarray, length: int, weight: np.ndarray) -> Batch:
-        return {**self.data.rows(rows, length), "weight": weight}
+    def _gather(self, rows: np.ndarray, length: int, weight: np.ndarray, own_rows: bool) -> Batch:
+        index, count = self.process
+        if not own_rows or count == 1:
+            return {**self.data.rows(rows, length), "weight": weight}
+        mine = process_rows(len(rows), index, count)
+        batch = {}
+        for key, values in self.data.rows(rows[mine], length).items():
+            batch[key] = np.zeros((len(rows), *values.shape[1:]), values.dtype)
+            batch[key][mine] = values
+        return {**batch, "weight": weight}

@@ -233,7 +233,7 @@ def _check_batch_sizes(config: Config, replicas: int) -> None:
 def _check_vocabulary(encoded: dict[str, Any], rows: int, checkpoint_dir: Path) -> None:
     """Token ids beyond the embedding table would index out of range deep inside a framework."""
     for split, data in encoded.items():
-        largest = int(data.input_ids.max(initial=0))
+        largest = data.max_token_id
         if largest >= rows:
             raise TpuplexError(f"the tokenizer in {checkpoint_dir} gives token id {largest} on {split}, but the "
                                f"model has {rows} word embeddings: use the tokenizer saved with this model")

@@ -6,17 +6,14 @@ Sources are a class-per-folder tree (`<root>/<class>/*.jpg|jpeg|png`; other file
 ImageFolder and Keras' `image_dataset_from_directory` ignore them) or a CSV/JSONL listing of (path, label) pairs.
 Classes are sorted by name; a class's index is its position.
 
-Every image is decoded once, converted to RGB and resized (`decode`), then written into shards of raw pixels:
+Every image is decoded once, converted to RGB and resized (`decode`), then written as prepared shards
+(`tpuplex.data.shards`, the format every task reads): one record per image, its pixels (uint8 [H, W, 3]) and its
+label (int32), with the labels also as a column (a stratified hold-out needs them all). The manifest's `meta`
+records the classes, the image shape, the class counts, the sources' content hash and the resize rule.
 
-    <folder>/manifest.json          format, classes, image shape, counts, shards and their sha256, the sources'
-                                    content hash, the resize rule
-    <folder>/images-00000.npy       uint8 [n, H, W, 3]  (numpy's .npy: readable memory-mapped, no framework)
-    <folder>/labels-00000.npy       int32 [n]
-
-Why raw pixels in .npy rather than TFRecord or array_record: a training step then reads its rows straight from
-the page cache (`np.load(mmap_mode="r")`), with no decode at all, so input never competes with the step for the
-CPU; a shard is read by numpy alone; and a split larger than memory is read page by page. The price is disk:
-H * W * 3 bytes per image (76,800 at 160 x 160, about the JPEG's own size for the flower photos).
+Why raw pixels rather than JPEG bytes: a training step then reads its rows with no decode at all, so input never
+competes with the step for the CPU. The price is disk: H * W * 3 bytes per image (76,800 at 160 x 160, about the
+JPEG's own size for the flower photos; 3,072 for CIFAR-10).
 
 The folder is written under a temporary name and renamed into place when complete, so an interrupted `prepare`
 never leaves a shard that a run would read; the next `prepare` of that folder starts afresh and deletes what a
@@ -28,24 +25,25 @@ from __future__ import annotations
 import concurrent.futures
 import csv
 import dataclasses
-import functools
 import hashlib
 import io
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from tpuplex.data.shards import MANIFEST, Field, Shards, ShardWriter, is_prepared, open_shards
 from tpuplex.errors import TpuplexError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
-PREPARED_FORMAT = 2
-"""Bumped whenever the pixels written for the same sources change (2: TensorFlow's resize instead of Pillow's)."""
-MANIFEST = "manifest.json"
+PREPARED_FORMAT = 3
+"""Bumped whenever what is written for the same sources changes (2: TensorFlow's resize instead of Pillow's;
+3: prepared shards with per-record checksums)."""
+KIND = "images"
+DECODE_CHUNK = 256
+"""Images decoded (in parallel) and written at a time."""
 RESIZE_RULE = ("center crop to the target aspect ratio (rounded down, offsets floor((size - crop) / 2)), then "
                "tf.image.resize(method='bilinear', antialias=True) computed in numpy (`resize`), rounded half to "
                "even and clipped to uint8; RGB via Pillow's Image.convert('RGB'): grayscale repeated, alpha dropped, "
@@ -231,64 +229,50 @@ def _spans(output_size: int, input_size: int) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclasses.dataclass(frozen=True)
 class PreparedImages:
-    """A prepared folder, read lazily: `images` per shard as read-only memory maps (uint8 [n, H, W, 3])."""
+    """A prepared image folder, read lazily: the images of the rows a batch needs, from their records."""
 
-    folder: Path
-    manifest: dict
+    shards: Shards
+
+    @property
+    def manifest(self) -> dict:
+        return self.shards.manifest
 
     @property
     def classes(self) -> tuple[str, ...]:
-        return tuple(self.manifest["classes"])
+        return tuple(self.shards.meta["classes"])
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
-        return tuple(self.manifest["image_shape"])
+        return tuple(self.shards.meta["image_shape"])
 
     def __len__(self) -> int:
-        return int(self.manifest["count"])
+        return len(self.shards)
 
-    @functools.cached_property
+    @property
     def labels(self) -> np.ndarray:
-        """int32 [N], every shard's labels in order (read once)."""
-        return np.concatenate([np.load(self.folder / shard["labels"]) for shard in self.manifest["shards"]])
+        """int32 [N], every image's label in order (read once, from the shards' label columns)."""
+        return self.shards.column("labels")
 
     def images(self, rows: np.ndarray) -> np.ndarray:
-        """uint8 [len(rows), H, W, 3]: the images at global indices `rows`, read from their shards' pages."""
-        rows = np.asarray(rows, np.int64)
-        shard_of = np.searchsorted(self._offsets, rows, side="right") - 1
-        out = np.empty((len(rows), *self.image_shape), np.uint8)
-        for shard in np.unique(shard_of):
-            chosen = shard_of == shard
-            out[chosen] = self._shards[shard][rows[chosen] - self._offsets[shard]]
-        return out
-
-    @functools.cached_property
-    def _offsets(self) -> np.ndarray:
-        """int64 [shards + 1]: the global index of each shard's first image, then the count."""
-        return np.cumsum([0] + [shard["count"] for shard in self.manifest["shards"]])
-
-    @functools.cached_property
-    def _shards(self) -> list[np.ndarray]:
-        """Each shard's images as a read-only memory map (opened once; pages are read as rows are taken)."""
-        return [np.load(self.folder / shard["images"], mmap_mode="r") for shard in self.manifest["shards"]]
+        """uint8 [len(rows), H, W, 3]: the images at global indices `rows`, read from their records."""
+        return self.shards.read(rows)["images"]
 
     def fingerprint(self) -> str:
         """The hash of the shards' content, as the manifest records it."""
-        return self.manifest["content_sha256"][:16]
+        return self.shards.fingerprint()
 
 
-def open_prepared(folder: str | Path) -> PreparedImages:
-    """The prepared folder `folder`, its manifest checked."""
-    folder = Path(folder).expanduser()
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise TpuplexError(f"{folder} is not a prepared image folder (no {MANIFEST}): run tpuplex prepare on the "
+def open_prepared(location: str | Path) -> PreparedImages:
+    """The prepared image folder at `location` (a path or an fsspec URL), its manifest checked."""
+    if not is_prepared(location):
+        raise TpuplexError(f"{location} is not a prepared image folder (no {MANIFEST}): run tpuplex prepare on the "
                            "images first, or point data.train_file at the image folder itself")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if manifest.get("format") != PREPARED_FORMAT:
-        raise TpuplexError(f"{folder} was prepared in format {manifest.get('format')}, this tpuplex reads "
-                           f"{PREPARED_FORMAT}: run tpuplex prepare again")
-    return PreparedImages(folder, manifest)
+    shards = open_shards(location)
+    meta = shards.meta
+    if meta.get("kind") != KIND or meta.get("format") != PREPARED_FORMAT:
+        raise TpuplexError(f"{location} holds {meta.get('kind')} prepared in format {meta.get('format')}, this "
+                           f"tpuplex reads images in format {PREPARED_FORMAT}: run tpuplex prepare again")
+    return PreparedImages(shards)
 
 
 def prepare(images: ImageList, folder: str | Path, size: tuple[int, int] | None, shard_size: int = 4096,
@@ -298,90 +282,40 @@ def prepare(images: ImageList, folder: str | Path, size: tuple[int, int] | None,
     size: (H, W), or None to keep the images' own size (then all must have the same). workers: decoding threads
     (Pillow releases the GIL while it decodes and resizes), 0 for one per CPU core.
     """
-    folder = Path(folder).expanduser()
-    if folder.exists():
-        raise TpuplexError(f"{folder} already exists: choose a new folder for the prepared images (or remove it)")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned(folder)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-{os.getpid()}-", dir=folder.parent))
-    try:
-        manifest = _write_shards(images, staging, size, shard_size, workers or os.cpu_count() or 1)
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-        os.replace(staging, folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return PreparedImages(folder, manifest)
-
-
-def _remove_abandoned(folder: Path) -> None:
-    """Delete what a killed `prepare` of `folder` left: staging folders whose process is gone (a live one may be
-    another `prepare` of the same folder at work)."""
-    for staging in folder.parent.glob(f".{folder.name}.partial-*"):
-        pid = staging.name.removeprefix(f".{folder.name}.partial-").split("-")[0]
-        if not pid.isdigit() or not _alive(int(pid)):
-            shutil.rmtree(staging, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` exists (signal 0 tests it without sending anything)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _write_shards(images: ImageList, folder: Path, size: tuple[int, int] | None, shard_size: int,
-                  workers: int) -> dict:
     if shard_size < 1:
         raise TpuplexError(f"shard_size = {shard_size}: use 1 or more images per shard")
     sources = hashlib.sha256()
-    content = hashlib.sha256()
-    shards, shape, first = [], None, None
+    writer, shape, first = None, None, None
 
     def load(path: Path) -> tuple[bytes, np.ndarray]:
         data = path.read_bytes()
         return data, decode(data, size, str(path))
 
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for begin in range(0, len(images), shard_size):
-            paths = images.paths[begin : begin + shard_size]
-            labels = images.labels[begin : begin + shard_size]
-            name = f"{len(shards):05d}"
-            pixels = None
-            for row, (path, (data, image)) in enumerate(zip(paths, pool.map(load, paths), strict=True)):
-                sources.update(hashlib.sha256(data).digest())
-                if shape is None:
-                    shape, first = image.shape, path
-                elif image.shape != shape:
-                    raise TpuplexError(f"{path} is {image.shape[1]}x{image.shape[0]} but {first} is "
-                                       f"{shape[1]}x{shape[0]}: set an image size (--image-size H W, or "
-                                       "task.image_size) so every image is resized to it")
-                if pixels is None:
-                    pixels = np.lib.format.open_memmap(folder / f"images-{name}.npy", "w+", np.uint8,
-                                                       (len(paths), *shape))
-                pixels[row] = image
-            pixels.flush()
-            del pixels
-            np.save(folder / f"labels-{name}.npy", labels)
-            digest = _sha256(folder / f"images-{name}.npy", folder / f"labels-{name}.npy")
-            content.update(digest.encode())
-            shards.append({"images": f"images-{name}.npy", "labels": f"labels-{name}.npy", "count": len(paths),
-                           "sha256": digest})
-    counts = np.bincount(images.labels, minlength=len(images.classes))
-    return {"format": PREPARED_FORMAT, "classes": list(images.classes), "image_shape": list(shape),
-            "count": len(images), "class_counts": dict(zip(images.classes, counts.tolist(), strict=True)),
-            "shards": shards, "content_sha256": content.hexdigest(), "sources": images.origin,
-            "sources_sha256": sources.hexdigest(), "resize": RESIZE_RULE if size else "none (the images' own size)"}
-
-
-def _sha256(*paths: Path) -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        with path.open("rb") as handle:
-            while chunk := handle.read(1 << 20):
-                digest.update(chunk)
-    return digest.hexdigest()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+            for begin in range(0, len(images), DECODE_CHUNK):
+                paths = images.paths[begin : begin + DECODE_CHUNK]
+                decoded = []
+                for path, (data, image) in zip(paths, pool.map(load, paths), strict=True):
+                    sources.update(hashlib.sha256(data).digest())
+                    if shape is None:
+                        shape, first = image.shape, path
+                        writer = ShardWriter(folder, {"images": Field("uint8", shape), "labels": Field("int32")},
+                                             columns=("labels",), shard_rows=shard_size)
+                    elif image.shape != shape:
+                        raise TpuplexError(f"{path} is {image.shape[1]}x{image.shape[0]} but {first} is "
+                                           f"{shape[1]}x{shape[0]}: set an image size (--image-size H W, or "
+                                           "task.image_size) so every image is resized to it")
+                    decoded.append(image)
+                writer.add(images=np.stack(decoded), labels=images.labels[begin : begin + DECODE_CHUNK])
+        counts = np.bincount(images.labels, minlength=len(images.classes))
+        writer.meta.update(kind=KIND, format=PREPARED_FORMAT, classes=list(images.classes), image_shape=list(shape),
+                           class_counts=dict(zip(images.classes, counts.tolist(), strict=True)),
+                           sources=images.origin, sources_sha256=sources.hexdigest(),
+                           resize=RESIZE_RULE if size else "none (the images' own size)")
+    except BaseException:
+        if writer is not None:
+            writer.abandon()
+        raise
+    writer.close()
+    return open_prepared(folder)

@@ -5,21 +5,20 @@ WordPiece tokenizer that lowercases as `tokenizer_config.json` says (`do_lower_c
 set here (longest_first to max_length, special tokens included) and the file's own padding is switched off, so
 the checkpoint's saved settings never change the arrays.
 
-The cache file is keyed by a hash of everything the arrays depend on: the tokenizer files, the task, the split,
+The cache entry is keyed by a hash of everything the arrays depend on: the tokenizer files, the task, the split,
 max_length and the source's fingerprint (the data's content; for your own data also its column and label
-settings). It is written to a temporary file and renamed into place, so an error or an interrupt never leaves a
-partial cache. Rows are stored unpadded (concatenated ids and their lengths), which keeps files small whatever
-max_length is.
+settings). It is a prepared folder (`tpuplex.data.token_shards`), published whole or not at all, and a run reads
+its rows lazily from it: what is tokenized once is never held whole in memory again.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import json
 import os
-import tempfile
-import zipfile
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,8 @@ from tokenizers import Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
 
 from tpuplex.collate import Encoded
+from tpuplex.data.shards import MANIFEST
+from tpuplex.data.token_shards import PreparedTokens, open_tokens, write_tokens
 from tpuplex.errors import TpuplexError
 from tpuplex.glue.datasets import Dataset
 from tpuplex.glue.files import Examples
@@ -35,7 +36,7 @@ from tpuplex.glue.sources import Source, resolve_source
 
 PAD_ID = 0
 # Bump when the arrays written for the same inputs change, so old cache files are not reused.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 def _tokenizer_files(tokenizer_dir: Path) -> tuple[Path, bool | None]:
@@ -124,48 +125,49 @@ def _pad(ids: np.ndarray, type_ids: np.ndarray, lengths: np.ndarray, labels: np.
 
 def cache_path(cache_dir: Path, task: Dataset, split: str, max_length: int, tokenizer_dir: Path,
                source: Source) -> Path:
-    """The cache file for these inputs: `<task>-<split>-L<max_length>-<hash>.npz` in `cache_dir`."""
+    """The cache entry for these inputs: the prepared folder `<task>-<split>-L<max_length>-<hash>` in `cache_dir`."""
     tokenizer_file, lowercase = _tokenizer_files(tokenizer_dir)
     key = hashlib.sha256()
     for part in (CACHE_FORMAT, tokenizers.__version__, tokenizer_file.name, lowercase, task.name, split,
                  max_length, source.fingerprint):
         key.update(repr(part).encode() + b"\0")
     key.update(tokenizer_file.read_bytes())
-    return Path(cache_dir) / f"{task.name}-{split}-L{max_length}-{key.hexdigest()[:20]}.npz"
+    return Path(cache_dir) / f"{task.name}-{split}-L{max_length}-{key.hexdigest()[:20]}"
 
 
-def read_cache(path: Path) -> Encoded | None:
-    """The cached arrays, or None when the file is absent or unreadable (it is then rebuilt)."""
+def read_cache(path: Path) -> PreparedTokens | None:
+    """The cached split, read lazily from its shards, or None when absent or unreadable (it is then rebuilt)."""
+    if not (path / MANIFEST).is_file():
+        return None
     try:
-        with np.load(path, allow_pickle=False) as stored:
-            return _pad(stored["ids"], stored["type_ids"], stored["lengths"], stored["labels"],
-                        int(stored["max_length"]))
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return open_tokens(path)
+    except TpuplexError:
+        shutil.rmtree(path, ignore_errors=True)
         return None
 
 
-def write_cache(path: Path, encoded: Encoded) -> None:
-    """Write `encoded` to `path` atomically: a temporary file in the same folder, renamed when complete."""
-    real = np.arange(encoded.max_length)[None, :] < encoded.lengths[:, None]
+def write_cache(path: Path, encoded: Encoded) -> PreparedTokens:
+    """Write `encoded` as the prepared folder `path` (published whole, or not at all) and open it. When another
+    process published the same entry meanwhile, that one is used."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
+        if not os.access(path.parent, os.W_OK):
+            raise PermissionError(errno.EACCES, "Permission denied")
     except OSError as error:
         raise TpuplexError(f"cannot write the token cache in {path.parent} ({error.strerror}): "
                            "set data.cache_dir to a writable folder") from None
     try:
-        with os.fdopen(handle, "wb") as file:
-            np.savez(file, ids=encoded.input_ids[real], type_ids=encoded.token_type_ids[real],
-                     lengths=encoded.lengths, labels=encoded.labels, max_length=np.int64(encoded.max_length))
-        os.replace(temporary, path)
-    except BaseException:  # includes KeyboardInterrupt: never leave the temporary file behind
-        Path(temporary).unlink(missing_ok=True)
-        raise
+        return write_tokens(path, [encoded])
+    except (TpuplexError, OSError):
+        published = read_cache(path)
+        if published is None:
+            raise
+        return published
 
 
 def load_encoded(task: Dataset, split: str, data_dir: str | Path | None, tokenizer_dir: Path, max_length: int,
-                 cache_dir: Path) -> Encoded:
-    """The tokenized split, from the cache when these exact inputs were tokenized before.
+                 cache_dir: Path) -> PreparedTokens:
+    """The tokenized split, from the cache when these exact inputs were tokenized before (read lazily).
 
     Data come from `data_dir` when given (the task folder, or a GLUE folder holding it), else from
     `$GLUE_DIR/<task.folder>`, else from the HF hub (see `tpuplex.glue.sources.resolve_source`).
@@ -175,7 +177,7 @@ def load_encoded(task: Dataset, split: str, data_dir: str | Path | None, tokeniz
 
 
 def encode_cached(task: Dataset, split: str, source: Source, tokenizer_dir: Path, max_length: int,
-                  cache_dir: Path) -> Encoded:
+                  cache_dir: Path) -> PreparedTokens:
     """The tokenized `source`, from the cache when its fingerprint was tokenized before with these settings; read,
     tokenized and cached otherwise. Arrays as `load_encoded`'s."""
     path = cache_path(Path(cache_dir), task, split, max_length, Path(tokenizer_dir), source)
@@ -183,5 +185,4 @@ def encode_cached(task: Dataset, split: str, source: Source, tokenizer_dir: Path
     if cached is not None:
         return cached
     encoded = encode(source.read(), load_tokenizer(Path(tokenizer_dir), max_length), max_length)
-    write_cache(path, encoded)
-    return encoded
+    return write_cache(path, encoded)

@@ -109,7 +109,8 @@ class ImageClassification(Task):
             image_family_checkpoint(config.model.checkpoint)
         for field, spec in (("data.train_file", config.data.train_file),
                             *((f"data.eval_files[{i}]", spec) for i, spec in enumerate(config.data.eval_files))):
-            existing(field, spec)
+            if not is_url(spec):
+                existing(field, spec)
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path | None) -> ImageData:
         data, size = config.data, image_size(options)
@@ -210,6 +211,11 @@ def image_size(options: Options) -> tuple[int, int] | None:
     return int(options.image_size[0]), int(options.image_size[1])
 
 
+def is_url(spec: str) -> bool:
+    """Whether `spec` is an fsspec URL (`gs://bucket/flowers-160`): a prepared folder read where it lives."""
+    return "://" in spec
+
+
 def existing(field: str, spec: str) -> Path:
     """`spec` as a path, which must exist; relative paths are relative to the current folder."""
     path = Path(spec).expanduser()
@@ -225,9 +231,9 @@ def prepared_images(field: str, spec: str, size: tuple[int, int] | None, cache: 
     """The prepared images `spec` names: a prepared folder as it is, or raw images (folder tree or listing)
     prepared into `cache` once (reused while the listing is unchanged). `classes`: the training split's, which an
     evaluation split must match."""
-    path = existing(field, spec)
-    if (path / image_files.MANIFEST).is_file():
-        prepared = image_files.open_prepared(path)
+    path = None if is_url(spec) else existing(field, spec)
+    if path is None or (path / image_files.MANIFEST).is_file():
+        prepared = image_files.open_prepared(spec if path is None else path)
         if size is not None and prepared.image_shape[:2] != size:
             raise TpuplexError(f"{field} = {spec!r} was prepared at {prepared.image_shape[:2]}, but task.image_size "
                                f"is {list(size)}: prepare it again at that size or set task.image_size to match")

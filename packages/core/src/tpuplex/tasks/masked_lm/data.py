@@ -28,12 +28,13 @@ from tokenizers import Tokenizer
 
 from tpuplex.collate import Encoded
 from tpuplex.data.tables import DataFile, read_table, resolve_file
+from tpuplex.data.token_shards import PreparedTokens
 from tpuplex.data.tokens import load_tokenizer, read_cache, write_cache
 from tpuplex.errors import TpuplexError
 from tpuplex.text import read_utf8
 
 PAD_ID = 0
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 MASK_TOKENS = ("[MASK]", "<mask>")
 """The mask token's spelling in BERT-style (WordPiece, Unigram) and RoBERTa-style (BPE) vocabularies."""
 
@@ -84,7 +85,7 @@ def encode_packed(texts: list[str], tokenizer: Tokenizer, max_length: int, what:
 
 
 def packed_cached(texts: list[str], tokenizer: Tokenizer, tokenizer_dir: Path, max_length: int, cache_dir: Path,
-                  what: str) -> Encoded:
+                  what: str) -> PreparedTokens:
     """`encode_packed` with `tokenizer` (untruncated, loaded from `tokenizer_dir`) through the token cache, keyed
     by the text, the tokenizer files and max_length."""
     key = hashlib.sha256()
@@ -93,13 +94,11 @@ def packed_cached(texts: list[str], tokenizer: Tokenizer, tokenizer_dir: Path, m
     for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
         if (tokenizer_dir / name).is_file():
             key.update((tokenizer_dir / name).read_bytes())
-    path = Path(cache_dir) / f"masked_lm-L{max_length}-{key.hexdigest()[:20]}.npz"
+    path = Path(cache_dir) / f"masked_lm-L{max_length}-{key.hexdigest()[:20]}"
     cached = read_cache(path)
     if cached is not None:
         return cached
-    encoded = encode_packed(texts, tokenizer, max_length, what)
-    write_cache(path, encoded)
-    return encoded
+    return write_cache(path, encode_packed(texts, tokenizer, max_length, what))
 
 
 def untruncated_tokenizer(tokenizer_dir: Path, max_length: int) -> Tokenizer:
