@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 from pathlib import Path
 
+import numpy as np
 import slow_run
 
-from tpuplex import checkpoint, cli
+from tpuplex import checkpoint, cli, run
+from tpuplex import config as config_lib
 
 CHECKPOINT_EVERY, HANG_AT = 4, 6  # steps 5 and 6 are done but never checkpointed when the kill comes
 
@@ -52,6 +55,13 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(write_config, tmp_path, 
     assert resumed["metrics"] == whole["metrics"]
     slow_run.assert_same_final_state(killed_dir, whole_dir)
     assert logged_losses(killed_dir) == logged_losses(whole_dir)
+    # The resumed run read the training records of steps 5 on, and none of the 4 steps it skipped (measured by
+    # the prepared split's reader): each batch reads its distinct rows, the real ones.
+    batcher = run.prepare(config_lib.load(path), "numpy").trainer.train_batcher
+    skipped = sum(int(np.count_nonzero(batch["weight"]))
+                  for batch in itertools.islice(batcher.train_batches(0), CHECKPOINT_EVERY))
+    assert resumed["train_reads"][0]["records"] == whole["train_reads"][0]["records"] - skipped
+    assert whole["train_reads"][0]["records"] == whole["total_steps"] // whole["steps_per_epoch"] * len(batcher.data)
 
 
 def test_resuming_with_another_config_is_refused(write_config, tmp_path, capsys) -> None:

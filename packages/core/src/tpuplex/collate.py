@@ -52,6 +52,11 @@ class Encoded:
     def max_token_id(self) -> int:
         return int(self.input_ids.max(initial=0))
 
+    @property
+    def token_count(self) -> int:
+        """Real tokens in the split."""
+        return int(self.lengths.sum())
+
     def rows(self, indices: np.ndarray, length: int) -> dict[str, np.ndarray]:
         """The model inputs and labels of rows `indices`, cut to `length` tokens."""
         return token_rows(self.input_ids[indices], self.token_type_ids[indices], self.lengths[indices],
@@ -270,6 +275,11 @@ class Batcher:
         `Permutation(N, (seed, epoch))`, then either cut into batches in that order or, with several buckets,
         grouped by length (`_length_groups`; the batches are shuffled by `default_rng([seed, epoch])`).
         """
+        for rows, weight, length in self._train_plan(epoch, start):
+            yield self._gather(rows, length, weight, own_rows=True)
+
+    def _train_plan(self, epoch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+        """(rows, weight, length) of each training batch of `epoch` from batch `start` on, without reading data."""
         order = Permutation(len(self.data), (self.seed, epoch))
         if self.group_by_length and len(self.lengths) > 1:
             groups = self._length_groups(order[np.arange(len(self.data))])
@@ -280,8 +290,7 @@ class Batcher:
                     for begin in range(start * self.global_batch, len(self.data), self.global_batch))
         for real in plan:
             rows, weight = self._filled(real)
-            length = self.lengths[self._bucket[rows].max()] if len(self.lengths) > 1 else self.lengths[0]
-            yield self._gather(rows, length, weight, own_rows=True)
+            yield rows, weight, self.lengths[self._bucket[rows].max()] if len(self.lengths) > 1 else self.lengths[0]
 
     def _length_groups(self, order: np.ndarray) -> list[np.ndarray]:
         """`order` grouped by bucket (keeping its order) and cut into full batches of one bucket each; the
@@ -304,18 +313,30 @@ class Batcher:
         Padding rows repeat the batch's first example (so no row is all padding) and carry weight 0 and index -1.
         Every process reads every row (the Trainer gathers labels and outputs of the whole batch).
         """
+        for rows, weight, length in self._eval_plan():
+            index = np.where(weight > 0, rows, -1).astype(np.int64)
+            yield EvalBatch(self._gather(rows, length, weight, own_rows=False), index)
+
+    def _eval_plan(self) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+        """(rows, weight, length) of each evaluation batch, without reading data."""
         for bucket, length in enumerate(self.lengths):
             members = (np.flatnonzero(self._bucket == bucket) if len(self.lengths) > 1 else
                        np.arange(len(self.data)))
             for begin in range(0, len(members), self.global_batch):
-                real = members[begin : begin + self.global_batch]
-                rows, weight = self._filled(real)
-                index = np.where(weight > 0, rows, -1).astype(np.int64)
-                yield EvalBatch(self._gather(rows, length, weight, own_rows=False), index)
+                rows, weight = self._filled(members[begin : begin + self.global_batch])
+                yield rows, weight, length
 
     def padding_efficiency(self, train: bool = True) -> float:
-        """Real tokens / padded tokens over one epoch of training batches, or over the evaluation batches."""
-        return padding_efficiency(self.train_batches(0) if train else (e.batch for e in self.eval_batches()))
+        """Real tokens / padded tokens over one epoch of training batches, or over the evaluation batches (real
+        rows / rows for splits of length-1 rows), computed from the batches' plan: no row is read."""
+        if len(self.lengths) == 1:
+            batches = self.steps_per_epoch if train else -(-len(self.data) // self.global_batch)
+            return self.data.token_count / (batches * self.global_batch * self.lengths[0])
+        real = padded = 0
+        for rows, weight, length in (self._train_plan(0) if train else self._eval_plan()):
+            real += int(np.dot(np.minimum(self.data.lengths[rows], length), weight))
+            padded += len(rows) * length
+        return real / padded
 
     def _filled(self, real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`real` row indices filled up to global_batch by repeating the first (so no row is all padding), and

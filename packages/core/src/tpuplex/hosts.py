@@ -162,7 +162,7 @@ class Hosts:
             return
         # 16-bit pieces of the digest: float64 holds them exactly, whatever dtype a framework's collective takes.
         digest = np.frombuffer(hashlib.sha256(value.encode()).digest()[:8], np.uint16).astype(np.float64)
-        values = self._gather(f"checking {what}", digest)
+        values = self.gather(f"checking {what}", digest)
         differing = [p for p in range(self.count) if not np.array_equal(values[p], values[0])]
         if differing:
             raise TpuplexError(f"the processes of this run disagree on {what} (process {differing[0]} differs from "
@@ -172,15 +172,16 @@ class Hosts:
         """Whether `flag` is set on at least one process."""
         if self.count == 1:
             return flag
-        return bool(self._gather(what, np.array([float(flag)])).max() > 0)
+        return bool(self.gather(what, np.array([float(flag)])).max() > 0)
 
     def all_ok(self, ok: bool, what: str) -> bool:
         """Whether `ok` holds on every process (a barrier: no process passes before all have arrived)."""
         if self.count == 1:
             return ok
-        return bool(self._gather(what, np.array([float(ok)])).min() > 0)
+        return bool(self.gather(what, np.array([float(ok)])).min() > 0)
 
-    def _gather(self, what: str, values: np.ndarray) -> np.ndarray:
+    def gather(self, what: str, values: np.ndarray) -> np.ndarray:
+        """Every process's `values` (small float vectors, exact as float32), one row per process."""
         with self.watchdog.watch(what):
             gathered = np.asarray(self._backend.host_allgather(values.astype(np.float64)), np.float64)
         if gathered.shape != (self.count, *values.shape):

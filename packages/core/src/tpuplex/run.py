@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tpuplex import devices, hosts, models, params, registry, runs, tasks
 from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.config import Config
@@ -149,6 +151,7 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
                 **{split: round(batcher.padding_efficiency(train=False), 4)
                    for split, batcher in trainer.eval_batchers.items()},
             },
+            "train_reads": _train_reads(trainer),
             "compile_count": backend.compile_count(),
             "compile_count_by_epoch": result.compiles_by_epoch,
             "losses": loss_summary(result, config.runtime.log_every),
@@ -164,6 +167,17 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
             path = write_json_atomic(run.output_dir / RESULTS_FILE, results)
             reporter.say(f"results written to {path}")
     return results
+
+
+def _train_reads(trainer: Trainer) -> list[dict[str, int]] | None:
+    """What each process read of a prepared training split (`tpuplex.data.shards.ReadStats`): records, bytes and
+    retried reads, one entry per process; None for a split held in memory."""
+    stats = getattr(trainer.train_batcher.data, "read_stats", None)
+    if stats is None:
+        return None
+    gathered = trainer.hosts.gather("counting the records read", np.array([stats.records, stats.retried], float))
+    return [{"process": process, "records": int(records), "bytes": int(records) * stats.record_bytes,
+             "retried": int(retried)} for process, (records, retried) in enumerate(gathered)]
 
 
 def output_directory(config: Config, backend_name: str) -> Path:

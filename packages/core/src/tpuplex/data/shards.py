@@ -67,6 +67,7 @@ def record_dtype(fields: Mapping[str, Field]) -> np.dtype:
 class ReadStats:
     """What a Shards object has read: records and bytes (record bytes, CRCs included), and retried errors."""
 
+    record_bytes: int
     records: int = 0
     bytes: int = 0
     retried: int = 0
@@ -205,12 +206,11 @@ def is_prepared(location: str | Path) -> bool:
 def open_shards(location: str | Path, retries: int = RETRIES) -> Shards:
     """The prepared folder at `location` (a local path or an fsspec URL), its manifest read and checked."""
     filesystem, root = _filesystem(location)
+    if not is_prepared(location):
+        raise TpuplexError(f"{location} is not a prepared folder (no {MANIFEST}): run tpuplex prepare first")
     try:
-        text = _retrying(lambda: filesystem.cat_file(_join(root, MANIFEST)), retries, f"{location}/{MANIFEST}")
-        manifest = json.loads(text)
-    except FileNotFoundError:
-        raise TpuplexError(f"{location} is not a prepared folder (no {MANIFEST}): run tpuplex prepare first") \
-            from None
+        manifest = json.loads(_retrying(lambda: filesystem.cat_file(_join(root, MANIFEST)), retries,
+                                        f"{location}/{MANIFEST}"))
     except (ValueError, UnicodeDecodeError):
         raise TpuplexError(f"{location}/{MANIFEST} is damaged (not JSON): run tpuplex prepare again") from None
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
@@ -231,7 +231,7 @@ class Shards:
         self.fields = {name: Field(spec["dtype"], tuple(spec["shape"])) for name, spec in manifest["fields"].items()}
         self.dtype = record_dtype(self.fields)
         self.meta: dict[str, Any] = manifest["meta"]
-        self.stats = ReadStats()
+        self.stats = ReadStats(self.dtype.itemsize)
         self._filesystem, self._root, self._retries = filesystem, root, retries
         self._local = type(filesystem).__name__ == "LocalFileSystem"
         self._descriptors: dict[int, int] = {}
@@ -286,7 +286,7 @@ class Shards:
         ends = rows[np.concatenate([breaks - 1, [len(rows) - 1]])] + 1
         name = self.manifest["shards"][shard]["records"]
         for attempt in range(2):
-            blobs = self._read_retrying(lambda: self._ranges(shard, starts * size, ends * size), name)
+            blobs = self._ranges(shard, starts * size, ends * size)
             records = np.frombuffer(b"".join(blobs), self.dtype)
             payload = records.view(np.uint8).reshape(len(records), size)[:, :-4]
             bad = [row for row, crc in enumerate(records["crc"]) if zlib.crc32(payload[row]) != crc]
@@ -300,12 +300,17 @@ class Shards:
                            "checksum; run tpuplex prepare again (or restore the shard from a copy)")
 
     def _ranges(self, shard: int, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
-        self._check_size(shard)
+        """Bytes [start, end) of a shard for each range: one pread each on a local file, one `cat_ranges` request
+        elsewhere (gcsfs fetches them concurrently); each read retried on a transient error."""
+        name = self.manifest["shards"][shard]["records"]
+        self._read_retrying(lambda: self._check_size(shard), name)
         if self._local:
-            descriptor = self._descriptor(shard)
-            return [os.pread(descriptor, int(end - start), int(start)) for start, end in zip(starts, ends, strict=True)]
-        path = self._path(self.manifest["shards"][shard]["records"])
-        return self._filesystem.cat_ranges([path] * len(starts), starts.tolist(), ends.tolist())
+            return [self._read_retrying(lambda start=start, end=end: os.pread(self._descriptor(shard),
+                                                                              int(end - start), int(start)), name)
+                    for start, end in zip(starts, ends, strict=True)]
+        path = self._path(name)
+        return self._read_retrying(
+            lambda: self._filesystem.cat_ranges([path] * len(starts), starts.tolist(), ends.tolist()), name)
 
     def _descriptor(self, shard: int) -> int:
         if shard not in self._descriptors:

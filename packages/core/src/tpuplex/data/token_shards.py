@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tpuplex.collate import Encoded, SplitDigest, token_rows
-from tpuplex.data.shards import Field, Shards, ShardWriter, open_shards
+from tpuplex.data.shards import Field, ReadStats, Shards, ShardWriter, open_shards
 
 KIND = "tokens"
 
@@ -39,6 +39,10 @@ class PreparedTokens:
         return int(self.shards.meta["max_token_id"])
 
     @property
+    def token_count(self) -> int:
+        return int(self.shards.meta["token_count"])
+
+    @property
     def lengths(self) -> np.ndarray:
         """int32 [N]: every row's token count (read once, from the shards' `lengths` columns)."""
         return self.shards.column("lengths")
@@ -47,6 +51,11 @@ class PreparedTokens:
         """As `Encoded.rows`: the rows `indices` read from their shards, cut to `length` tokens."""
         read = self.shards.read(indices)
         return token_rows(read["input_ids"], read["token_type_ids"], read["lengths"], read["labels"], length)
+
+    @property
+    def read_stats(self) -> ReadStats:
+        """What this process has read of the split so far."""
+        return self.shards.stats
 
     def fingerprint(self) -> str:
         """The fingerprint the split had in memory (`Encoded.fingerprint`), recorded when it was written."""
@@ -61,7 +70,7 @@ class PreparedTokens:
 def write_tokens(folder: str | Path, chunks: Iterable[Encoded], shard_rows: int = 65536) -> PreparedTokens:
     """Write the rows of `chunks` (in order; one Encoded, or many for a split tokenized piece by piece) as the
     prepared folder `folder`, and open it."""
-    digest, largest, writer = SplitDigest(), 0, None
+    digest, largest, tokens, writer = SplitDigest(), 0, 0, None
     try:
         for chunk in chunks:
             if writer is None:
@@ -74,9 +83,10 @@ def write_tokens(folder: str | Path, chunks: Iterable[Encoded], shard_rows: int 
                        labels=chunk.labels)
             digest.update(chunk.input_ids, chunk.token_type_ids, chunk.lengths, chunk.labels)
             largest = max(largest, chunk.max_token_id)
+            tokens += chunk.token_count
         if writer is None:
             raise ValueError("write_tokens got no rows")
-        writer.meta.update(fingerprint=digest.hexdigest(), max_token_id=largest)
+        writer.meta.update(fingerprint=digest.hexdigest(), max_token_id=largest, token_count=tokens)
     except BaseException:
         if writer is not None:
             writer.abandon()

@@ -8,6 +8,7 @@ import hashlib
 import numpy as np
 
 from tpuplex.data.images import PreparedImages
+from tpuplex.data.shards import ReadStats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +37,19 @@ class ImageSplit:
     def max_length(self) -> int:
         return 1
 
+    @property
+    def token_count(self) -> int:
+        """Every row is one "token": padding efficiency counts real rows."""
+        return len(self.members)
+
     def rows(self, indices: np.ndarray, length: int) -> dict[str, np.ndarray]:
         chosen = self.members[indices]
         return {"images": self.prepared.images(chosen), "labels": self.prepared.labels[chosen]}
+
+    @property
+    def read_stats(self) -> ReadStats:
+        """What this process has read of the prepared folder so far (every split of it together)."""
+        return self.prepared.shards.stats
 
     def fingerprint(self) -> str:
         digest = hashlib.sha256(self.prepared.fingerprint().encode())
