@@ -115,6 +115,18 @@ def check_same_run(single: Path, multi: Path, single_results: dict, multi_result
     evaluations = STEPS // EVAL_EVERY
     assert multi_results["eval"]["examples"] == single_results["eval"]["examples"] == DEV_EXAMPLES * evaluations
     check_written_once(multi)
+    check_reads_split(single_results["train_reads"], multi_results["train_reads"])
+
+
+def check_reads_split(single: list[dict], multi: list[dict]) -> None:
+    """Each process read about its share of the prepared training records (one shard file, fewer files than
+    processes): together at least what one process read, each within a batch of an even share."""
+    [whole] = single
+    assert [entry["process"] for entry in multi] == list(range(len(multi)))
+    assert sum(entry["records"] for entry in multi) >= whole["records"] > 0
+    for entry in multi:
+        assert abs(entry["records"] - whole["records"] / len(multi)) <= 16, (entry, whole)
+        assert entry["bytes"] == entry["records"] * whole["bytes"] // whole["records"]
 
 
 def check_written_once(output_dir: Path) -> None:

@@ -2,6 +2,7 @@
 
     tpuplex train CONFIG --backend NAME [--set section.field=value ...] [--data-dir DIR]
     tpuplex prepare IMAGES --out DIR [--image-size H W] [--shard-size N]
+    tpuplex prepare "TEXT_GLOB" --out DIR --tokenizer CHECKPOINT --max-length L [--workers N] [--text-column C]
     tpuplex launch --processes N [--cpu-devices K] -- train CONFIG --backend NAME ...
     tpuplex eval RUN_OR_CHECKPOINT --backend NAME [--split SPLIT] [--data-dir DIR] [--out FILE]
     tpuplex predict RUN_OR_CHECKPOINT --backend NAME [--split test] [--data-dir DIR] [--out DIR]
@@ -90,15 +91,24 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--data-dir", help="folder with the task's GLUE files (sets data.data_dir)")
     train.set_defaults(command=_train)
 
-    prepare = commands.add_parser("prepare", help="decode and resize images once into shards a run reads",
-                                  description="Decode, convert to RGB and resize every image once and write "
-                                  "prepared shards plus a manifest (see tpuplex.data.shards); point "
-                                  "data.train_file or data.eval_files at the folder it writes.")
-    prepare.add_argument("images", type=Path, help="a class-per-folder image tree, or a .csv/.jsonl of (path, label)")
+    prepare = commands.add_parser("prepare", help="write images or a text corpus once into shards a run reads",
+                                  description="Images: decode, convert to RGB and resize every image once. Text "
+                                  "(with --tokenizer): tokenize a corpus of any size in worker processes and pack it "
+                                  "into rows of --max-length for masked-LM pre-training; an interrupted prepare "
+                                  "continues where it stopped. Both write prepared shards plus a manifest (see "
+                                  "tpuplex.data.shards); point data.train_file or data.eval_files at the folder.")
+    prepare.add_argument("source", help="images: a class-per-folder tree or a .csv/.jsonl of (path, label); text: "
+                                        "a glob of .txt/.jsonl files, a file or a folder (local or an fsspec URL)")
     prepare.add_argument("--out", type=Path, required=True, help="the folder to create")
     prepare.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"),
                          help="resize every image to H x W (default: keep their size, which must then be one)")
-    prepare.add_argument("--shard-size", type=int, default=4096, help="images per shard file (default 4096)")
+    prepare.add_argument("--shard-size", type=int, default=None,
+                         help="rows per shard file (default 4096 images, 65536 text rows)")
+    prepare.add_argument("--tokenizer", type=Path, help="text: the checkpoint folder whose tokenizer to use")
+    prepare.add_argument("--max-length", type=int, default=128, help="text: tokens per packed row (default 128)")
+    prepare.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                         help="text: tokenizing worker processes (default: one per CPU core)")
+    prepare.add_argument("--text-column", default="text", help="text: the field of .jsonl files (default text)")
     prepare.set_defaults(command=_prepare)
 
     launch = commands.add_parser("launch", help="run a command in several local processes of one run",
@@ -163,12 +173,24 @@ def _train(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> int:
     import time
 
+    started = time.perf_counter()
+    if args.tokenizer is not None:
+        from tpuplex.tasks.masked_lm.corpus import prepare_corpus
+
+        report = prepare_corpus(args.source, args.out, args.tokenizer, args.max_length, args.workers,
+                                args.text_column, shard_rows=args.shard_size or 65536)
+        seconds = time.perf_counter() - started
+        resumed = f", {report.resumed_units} of them from an interrupted prepare" if report.resumed_units else ""
+        print(f"prepared {report.tokens} tokens into {len(report.prepared)} rows of {args.max_length} in "
+              f"{len(report.prepared.shards.manifest['shards'])} shard(s) from {report.units} unit(s){resumed}, "
+              f"{args.workers} worker(s), {report.tokens / seconds:.0f} tokens/s: {args.out}")
+        return 0
     from tpuplex.data import images
 
-    listing = images.scan_folder(args.images) if args.images.is_dir() else images.read_listing(args.images)
-    started = time.perf_counter()
+    source = Path(args.source).expanduser()
+    listing = images.scan_folder(source) if source.is_dir() else images.read_listing(source)
     prepared = images.prepare(listing, args.out, tuple(args.image_size) if args.image_size else None,
-                              args.shard_size)
+                              args.shard_size or 4096)
     seconds = time.perf_counter() - started
     height, width, _ = prepared.image_shape
     print(f"prepared {len(prepared)} images of {len(prepared.classes)} classes at {height}x{width} in "

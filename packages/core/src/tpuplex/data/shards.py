@@ -249,6 +249,10 @@ class Shards:
     def fingerprint(self) -> str:
         return self.manifest["content_sha256"][:16]
 
+    def reopened(self) -> Shards:
+        """The same folder with a reader of its own (its own files and counts)."""
+        return Shards(self.location, self.manifest, self._filesystem, self._root, self._retries)
+
     def column(self, name: str) -> np.ndarray:
         """A per-row column of every row, in order ([N], the field's dtype), read once from the shards' column
         files."""

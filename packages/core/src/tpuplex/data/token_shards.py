@@ -67,9 +67,10 @@ class PreparedTokens:
         return Encoded(read["input_ids"], read["token_type_ids"], read["lengths"], read["labels"])
 
 
-def write_tokens(folder: str | Path, chunks: Iterable[Encoded], shard_rows: int = 65536) -> PreparedTokens:
+def write_tokens(folder: str | Path, chunks: Iterable[Encoded], shard_rows: int = 65536,
+                 meta: dict | None = None) -> PreparedTokens:
     """Write the rows of `chunks` (in order; one Encoded, or many for a split tokenized piece by piece) as the
-    prepared folder `folder`, and open it."""
+    prepared folder `folder`, and open it. `meta`: what else the manifest records (the tokenizer, the sources)."""
     digest, largest, tokens, writer = SplitDigest(), 0, 0, None
     try:
         for chunk in chunks:
@@ -78,7 +79,7 @@ def write_tokens(folder: str | Path, chunks: Iterable[Encoded], shard_rows: int 
                           "token_type_ids": Field("int32", (chunk.max_length,)), "lengths": Field("int32"),
                           "labels": Field(chunk.labels.dtype.str, chunk.labels.shape[1:])}
                 writer = ShardWriter(folder, fields, columns=("lengths",), shard_rows=shard_rows,
-                                     meta={"kind": KIND, "max_length": chunk.max_length})
+                                     meta={**(meta or {}), "kind": KIND, "max_length": chunk.max_length})
             writer.add(input_ids=chunk.input_ids, token_type_ids=chunk.token_type_ids, lengths=chunk.lengths,
                        labels=chunk.labels)
             digest.update(chunk.input_ids, chunk.token_type_ids, chunk.lengths, chunk.labels)

@@ -86,7 +86,7 @@ class ImageData(TaskData):
 
     def report(self) -> dict[str, Any]:
         return {"classes": list(self.classes), "image_shape": list(self.image_shape),
-                "prepared": str(self.train.prepared.folder)}
+                "prepared": self.train.prepared.shards.location}
 
 
 class ImageClassification(Task):
@@ -132,7 +132,9 @@ class ImageClassification(Task):
             train_split = ImageSplit(train, every)
         else:
             rows, validation = held_out(train.labels, options.validation_fraction, config.train.seed)
-            train_split, splits = ImageSplit(train, rows), {"validation": ImageSplit(train, validation)}
+            # Its own reader: what training reads (results.json's train_reads) is counted apart from evaluation.
+            held = image_files.PreparedImages(train.shards.reopened())
+            train_split, splits = ImageSplit(train, rows), {"validation": ImageSplit(held, validation)}
         return ImageData(data.dataset, train_split, splits, train.classes, config.train.seed, options.crop_padding,
                          options.flip)
 

@@ -48,7 +48,7 @@ class ImageSplit:
 
     @property
     def read_stats(self) -> ReadStats:
-        """What this process has read of the prepared folder so far (every split of it together)."""
+        """What this process has read of the split's prepared folder so far."""
         return self.prepared.shards.stats
 
     def fingerprint(self) -> str:

@@ -30,11 +30,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex.collate import Encoded
+from tpuplex.data.shards import is_prepared
+from tpuplex.data.token_shards import PreparedTokens, open_tokens
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
 from tpuplex.tasks.base import Task, TaskData, check_held_out
 from tpuplex.tasks.masked_lm import data as text
+from tpuplex.tasks.masked_lm.corpus import tokenizer_hash
 from tpuplex.tasks.masked_lm.heads import FAMILY_HEADS, MaskedLMHead, masked_lm_head
 
 EVAL_STREAM = 1
@@ -99,31 +102,46 @@ class MaskedLM(Task):
         if not config.data.train_file:
             raise TpuplexError("data.train_file is empty: the masked_lm task trains on raw text, e.g. "
                                'train_file = "corpus.txt"')
-        text.text_file("data.train_file", config.data.train_file)
+        if is_prepared(config.data.train_file):
+            if not config.data.eval_files:
+                raise TpuplexError(f"data.train_file = {config.data.train_file!r} is a prepared corpus, from which "
+                                   "no documents can be held out: set data.eval_files (text or prepared)")
+        else:
+            text.text_file("data.train_file", config.data.train_file)
         for index, spec in enumerate(config.data.eval_files):
-            text.text_file(f"data.eval_files[{index}]", spec)
+            if not is_prepared(spec):
+                text.text_file(f"data.eval_files[{index}]", spec)
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> MaskedLMData:
         data = config.data
         tokenizer = text.untruncated_tokenizer(tokenizer_dir, data.max_length)
         mask = text.mask_id(tokenizer, tokenizer_dir)
-        train_file = text.text_file("data.train_file", data.train_file)
-        documents = text.documents(train_file, options.text_column)
-        held_out: dict[str, list[str]] = {}
-        if data.eval_files:
-            for index, spec in enumerate(data.eval_files):
-                file = text.text_file(f"data.eval_files[{index}]", spec)
-                held_out[file.name] = text.documents(file, options.text_column)
+        cache = Path(data.cache_dir).expanduser()
+
+        def packed(field: str, spec: str, documents: list[str] | None = None) -> PreparedTokens:
+            """A prepared corpus as it is, or text (its `documents`, read if not given) packed through the cache."""
+            if is_prepared(spec):
+                return prepared_corpus(field, spec, tokenizer_dir, data.max_length)
+            if documents is None:
+                documents = text.documents(text.text_file(field, spec), options.text_column)
+            return text.packed_cached(documents, tokenizer, tokenizer_dir, data.max_length, cache, f"{field} {spec}")
+
+        evaluation = {}
+        for index, spec in enumerate(data.eval_files):
+            field = f"data.eval_files[{index}]"
+            name = Path(spec).name if is_prepared(spec) else text.text_file(field, spec).name
+            evaluation[name] = packed(field, spec)
+        if evaluation or is_prepared(data.train_file):
+            train = packed("data.train_file", data.train_file)
         else:  # HF run_mlm's validation_split_percentage: the first share of the documents
+            train_file = text.text_file("data.train_file", data.train_file)
+            documents = text.documents(train_file, options.text_column)
             count = max(1, int(len(documents) * options.validation_fraction))
             if count >= len(documents):
                 raise TpuplexError(f"{train_file.path} has {len(documents)} documents: too few to hold out "
                                    f"task.validation_fraction = {options.validation_fraction} and train on the rest")
-            held_out["validation"], documents = documents[:count], documents[count:]
-        cache = Path(data.cache_dir).expanduser()
-        train = text.packed_cached(documents, tokenizer, tokenizer_dir, data.max_length, cache, f"{train_file.path}")
-        evaluation = {split: text.packed_cached(texts, tokenizer, tokenizer_dir, data.max_length, cache,
-                                                f"held-out {split}") for split, texts in held_out.items()}
+            evaluation["validation"] = packed("held-out", data.train_file, documents[:count])
+            train = packed("data.train_file", data.train_file, documents[count:])
         return MaskedLMData(data.dataset, train, evaluation, seed=config.train.seed,
                             probability=options.mask_probability, mask=mask,
                             vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
@@ -135,6 +153,24 @@ class MaskedLM(Task):
 
     def hf_class(self, family: Family, model_type: str) -> str:
         return FAMILY_HEADS[family.name].hf_classes[family.model_types.index(model_type)]
+
+
+def prepared_corpus(field: str, spec: str, tokenizer_dir: Path, max_length: int) -> PreparedTokens:
+    """A corpus `tpuplex prepare` packed (`corpus.prepare_corpus`), checked against the run's tokenizer and
+    max_length."""
+    prepared = open_tokens(spec)
+    meta = prepared.shards.meta
+    if not meta.get("packed"):
+        raise TpuplexError(f"{field} = {spec!r} is a prepared folder but not a packed corpus: prepare the text with "
+                           "tpuplex prepare FILES --tokenizer CHECKPOINT --max-length N")
+    if meta["max_length"] != max_length:
+        raise TpuplexError(f"{field} = {spec!r} was packed into rows of {meta['max_length']} tokens, but "
+                           f"data.max_length is {max_length}: set data.max_length = {meta['max_length']} or prepare "
+                           "the corpus again")
+    if meta["tokenizer"] != tokenizer_hash(tokenizer_dir):
+        raise TpuplexError(f"{field} = {spec!r} was tokenized with another tokenizer than {tokenizer_dir}'s: prepare "
+                           "it again with --tokenizer set to the run's checkpoint")
+    return prepared
 
 
 TASK = MaskedLM()

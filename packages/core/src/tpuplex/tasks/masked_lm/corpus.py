@@ -1,0 +1,200 @@
+"""A pre-training corpus of any size, tokenized and packed into prepared shards by worker processes.
+
+    tpuplex prepare "corpus/*.txt" --out data/corpus-L128 --tokenizer CHECKPOINT --max-length 128 --workers 2
+
+The files (a glob of `.txt` files, one document per non-blank line, or `.jsonl` files with a text field; local or
+any fsspec URL) are cut into units of about `unit_bytes` at line boundaries: unit (file, start, end) holds the lines
+that begin in bytes [start, end), so no file is ever read whole. Worker processes tokenize units (each worker one
+thread: the workers are the parallelism) and each writes its unit's token ids to the work folder
+`<out>.partial/`; the main process then concatenates the units' tokens in order and cuts rows of max_length, as
+`data.pack` does for a corpus in memory, so the shards equal what the in-memory path packs, bit for bit.
+
+An interrupted `prepare` (a kill, a full disk) keeps the units it finished: the same command continues with the
+others. The work folder records what the units were cut from (the files' sizes and modification times, the
+tokenizer, max_length), and is started afresh when any of it changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpuplex.collate import Encoded
+from tpuplex.data.token_shards import PreparedTokens, write_tokens
+from tpuplex.errors import TpuplexError
+from tpuplex.tasks.masked_lm.data import PAD_ID, untruncated_tokenizer
+
+UNIT_BYTES = 16 << 20
+WORK_FORMAT = 1
+SUFFIXES = (".txt", ".jsonl")
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """The lines of `path` that begin in bytes [start, end)."""
+
+    path: str
+    start: int
+    end: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusReport:
+    """What `prepare_corpus` did: the prepared split, its tokens, and the units tokenized now / found done."""
+
+    prepared: PreparedTokens
+    tokens: int
+    units: int
+    resumed_units: int
+
+
+def corpus_files(pattern: str) -> tuple[Any, list[str]]:
+    """(filesystem, sorted paths) of the .txt/.jsonl files `pattern` (a glob, a file or a folder) names."""
+    import fsspec
+
+    filesystem, root = fsspec.core.url_to_fs(pattern)
+    if filesystem.isdir(root):
+        root = root.rstrip("/") + "/**"
+    paths = sorted(path for path in filesystem.glob(root) if path.endswith(SUFFIXES) and filesystem.isfile(path))
+    if not paths:
+        raise TpuplexError(f"{pattern} names no {' or '.join(SUFFIXES)} file: give a glob such as 'corpus/*.txt'")
+    return filesystem, paths
+
+
+def units_of(filesystem: Any, paths: list[str], unit_bytes: int) -> list[Unit]:
+    """Each file cut into units of `unit_bytes` (the last of a file shorter); an empty file gives none."""
+    units = []
+    for path in paths:
+        size = filesystem.size(path)
+        units += [Unit(path, start, min(start + unit_bytes, size)) for start in range(0, size, unit_bytes)]
+    return units
+
+
+def unit_documents(filesystem: Any, unit: Unit, text_column: str) -> list[str]:
+    """The non-blank documents of the lines that begin in the unit (stripped, as `data.documents` reads them)."""
+    with filesystem.open(unit.path, "rb") as handle:
+        begin = unit.start
+        if begin > 0:  # the line that crosses `start` belongs to the unit before
+            handle.seek(begin - 1)
+            begin += len(handle.readline()) - 1
+        handle.seek(begin)
+        raw = bytearray()
+        while begin + len(raw) < unit.end:
+            line = handle.readline()
+            if not line:
+                break
+            raw += line
+    try:
+        text = bytes(raw).decode("utf-8-sig" if begin == 0 else "utf-8")
+    except UnicodeDecodeError as error:
+        raise TpuplexError(f"{unit.path} is not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
+                           f"{begin + error.start}): save it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+    if unit.path.endswith(".jsonl"):
+        texts = []
+        for line in text.splitlines():
+            if line.strip():
+                value = json.loads(line).get(text_column)
+                texts.append("" if value is None else str(value))
+    else:
+        texts = text.splitlines()
+    return [document.strip() for document in texts if document.strip()]
+
+
+def prepare_corpus(pattern: str, out: str | Path, tokenizer_dir: Path, max_length: int, workers: int = 1,
+                   text_column: str = "text", unit_bytes: int = UNIT_BYTES, shard_rows: int = 65536) -> CorpusReport:
+    """Tokenize and pack the corpus `pattern` into the prepared folder `out` (see the module)."""
+    out = Path(out).expanduser()
+    if out.exists():
+        raise TpuplexError(f"{out} already exists: choose a new folder for the prepared corpus (or remove it)")
+    if workers < 1:
+        raise TpuplexError(f"--workers {workers}: use 1 or more worker processes")
+    untruncated_tokenizer(tokenizer_dir, max_length)  # one clear error before any worker starts
+    filesystem, paths = corpus_files(pattern)
+    units = units_of(filesystem, paths, unit_bytes)
+    plan = {"format": WORK_FORMAT, "max_length": max_length, "text_column": text_column, "unit_bytes": unit_bytes,
+            "tokenizer": tokenizer_hash(tokenizer_dir),
+            "files": [[path, filesystem.size(path), str(filesystem.modified(path))] for path in paths]}
+    work = out.with_name(f"{out.name}.partial")
+    if not (work / "plan.json").is_file() or json.loads((work / "plan.json").read_text()) != plan:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        (work / "plan.json").write_text(json.dumps(plan))
+    pending = [index for index in range(len(units)) if not _unit_file(work, index).is_file()]
+    arguments = [(pattern, units[index], _unit_file(work, index), str(tokenizer_dir), max_length, text_column)
+                 for index in pending]
+    context = multiprocessing.get_context("spawn")  # no inherited threads (tokenizers', a backend's)
+    with context.Pool(workers, initializer=_single_threaded) as pool:
+        for _ in pool.imap_unordered(_tokenize_unit, arguments):
+            pass
+    tokens = sum(int(np.load(_unit_file(work, index), mmap_mode="r").shape[0]) for index in range(len(units)))
+    if tokens < max_length:
+        raise TpuplexError(f"{pattern} gives {tokens} tokens, fewer than one row of max_length = {max_length}: give "
+                           "more text or a lower --max-length")
+    prepared = write_tokens(out, _packed_rows(work, len(units), max_length), shard_rows=shard_rows,
+                            meta={"packed": True, "tokenizer": plan["tokenizer"], "sources": pattern})
+    shutil.rmtree(work, ignore_errors=True)
+    return CorpusReport(prepared, tokens, len(units), len(units) - len(pending))
+
+
+def _unit_file(work: Path, index: int) -> Path:
+    return work / f"unit-{index:07d}.npy"
+
+
+def _single_threaded() -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _tokenize_unit(arguments: tuple) -> None:
+    """A worker's job: the unit's documents tokenized (special tokens, no truncation), their ids concatenated and
+    saved as int32 [tokens] under a temporary name, then renamed into place (a killed worker leaves no unit)."""
+    pattern, unit, path, tokenizer_dir, max_length, text_column = arguments
+    import fsspec
+
+    filesystem, _ = fsspec.core.url_to_fs(pattern)
+    documents = unit_documents(filesystem, unit, text_column)
+    tokenizer = untruncated_tokenizer(Path(tokenizer_dir), max_length)
+    ids = [encoding.ids for encoding in tokenizer.encode_batch(documents)] if documents else []
+    flat = np.fromiter((token for row in ids for token in row), np.int32, count=sum(map(len, ids)))
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with staging.open("wb") as handle:
+        np.save(handle, flat)
+    os.replace(staging, path)
+
+
+def _packed_rows(work: Path, units: int, max_length: int, rows_per_chunk: int = 4096) -> Iterator[Encoded]:
+    """The units' tokens concatenated in order and cut into rows of max_length (the last row shorter, padded with
+    PAD_ID), in chunks of at most `rows_per_chunk` rows: `data.pack`, streamed one unit at a time."""
+    carry = np.zeros(0, np.int32)
+    for index in range(units):
+        carry = np.concatenate([carry, np.load(_unit_file(work, index))])
+        full = len(carry) // max_length
+        for begin in range(0, full, rows_per_chunk):
+            rows = min(rows_per_chunk, full - begin)
+            yield _rows(carry[begin * max_length : (begin + rows) * max_length], [max_length] * rows, max_length)
+        carry = carry[full * max_length :]
+    if len(carry):
+        yield _rows(np.pad(carry, (0, max_length - len(carry)), constant_values=PAD_ID), [len(carry)], max_length)
+
+
+def _rows(flat: np.ndarray, lengths: list[int], max_length: int) -> Encoded:
+    input_ids = flat.reshape(-1, max_length).astype(np.int32)
+    return Encoded(input_ids, np.zeros_like(input_ids), np.asarray(lengths, np.int32),
+                   np.zeros(len(lengths), np.int32))
+
+
+def tokenizer_hash(tokenizer_dir: Path) -> str:
+    """A hash of the tokenizer's files: a prepared corpus is read only with the tokenizer it was made with."""
+    digest = hashlib.sha256()
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        if (Path(tokenizer_dir) / name).is_file():
+            digest.update(name.encode() + (Path(tokenizer_dir) / name).read_bytes())
+    return digest.hexdigest()

@@ -1,0 +1,66 @@
+"""Training from prepared shards equals training from the same rows held in memory, bit for bit: the run's splits as
+it reads them (records read from `tpuplex.data.shards` folders) against the same splits loaded whole into arrays,
+through the same Trainer, backend and initial state."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from tpuplex import run
+from tpuplex.config import Config
+from tpuplex.reporting import Reporter
+from tpuplex.tasks.image_classification.data import ImageSplit
+from tpuplex.trainer import Trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class ImagesInMemory:
+    """A prepared image folder's images and labels loaded whole into arrays (what PreparedImages reads lazily)."""
+
+    pixels: np.ndarray
+    labels: np.ndarray
+    classes: tuple[str, ...]
+    image_shape: tuple[int, int, int]
+    source_fingerprint: str
+
+    def images(self, rows: np.ndarray) -> np.ndarray:
+        return self.pixels[rows]
+
+    def fingerprint(self) -> str:
+        return self.source_fingerprint
+
+
+def in_memory(split):
+    """The same split with every row in memory: an `Encoded` for tokens, arrays behind an image split."""
+    if isinstance(split, ImageSplit):
+        prepared = split.prepared
+        loaded = ImagesInMemory(prepared.images(np.arange(len(prepared))), prepared.labels.copy(), prepared.classes,
+                                prepared.image_shape, prepared.fingerprint())
+        return ImageSplit(loaded, split.members)
+    return split.load()
+
+
+def check_prepared_equals_in_memory(config: Config, backend_name: str, folder: Path) -> dict:
+    """Train `config` twice from the same initial state: on the run's prepared splits and on them loaded into
+    memory. The losses of every step and the final metrics must be equal; returns the prepared run's metrics."""
+    results = []
+    for name in ("prepared", "memory"):
+        experiment = run.prepare(config, backend_name)  # its own backend and initial state (and seeded generators)
+        data = experiment.data
+        assert all(hasattr(split, "read_stats") for split in (data.train, *data.eval.values())), "not prepared"
+        if name == "memory":
+            data = dataclasses.replace(data, train=in_memory(data.train),
+                                       eval={split: in_memory(values) for split, values in data.eval.items()})
+        trainer = Trainer(experiment.backend, config, data, folder / name)
+        with Reporter(folder / name) as reporter:
+            results.append(trainer.fit(experiment.state, reporter, resume=None))
+        if name == "prepared":
+            assert data.train.read_stats.records > 0  # the records were read from the shards
+    prepared, memory = results
+    assert len(prepared.losses) == len(memory.losses) > 0
+    assert prepared.losses == memory.losses  # bit for bit
+    assert prepared.metrics == memory.metrics
+    return prepared.metrics

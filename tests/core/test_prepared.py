@@ -1,0 +1,120 @@
+"""Runs read their data from prepared shards: GLUE and your own CSV train as from the same rows in memory, bit for
+bit; a pre-training corpus is tokenized and packed by worker processes into what the in-memory path packs, and an
+interrupted `prepare` continues where it stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from custom_files import custom_fields, mrpc_splits, write_splits
+from prepared_checks import check_prepared_equals_in_memory
+
+from tpuplex import cli
+from tpuplex import config as config_lib
+from tpuplex.errors import TpuplexError
+from tpuplex.tasks.masked_lm import corpus
+from tpuplex.tasks.masked_lm import data as text
+
+
+def test_glue_trains_from_shards_as_from_memory(write_config, tmp_path) -> None:
+    metrics = check_prepared_equals_in_memory(config_lib.load(write_config()), "numpy", tmp_path / "runs")
+    assert set(metrics) == {"dev"}
+
+
+def test_your_own_csv_trains_from_shards_as_from_memory(write_config, tiny_mrpc, tmp_path) -> None:
+    paths = write_splits(tmp_path / "data", "csv", mrpc_splits(tiny_mrpc))
+    check_prepared_equals_in_memory(config_lib.load(write_config(**custom_fields(paths))), "numpy", tmp_path / "runs")
+
+
+@pytest.fixture(scope="module")
+def shakespeare(shared_text):
+    return shared_text / "tinyshakespeare" / "input.txt"
+
+
+def in_memory_packing(path, tokenizer_dir, max_length):
+    documents = text.documents(text.text_file("data.train_file", str(path)), "text")
+    return text.encode_packed(documents, text.untruncated_tokenizer(tokenizer_dir, max_length), max_length, "corpus")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_corpus_prepared_in_units_packs_as_the_whole_text_in_memory(shakespeare, minilm_dir, tmp_path,
+                                                                      workers) -> None:
+    report = corpus.prepare_corpus(str(shakespeare), tmp_path / "corpus", minilm_dir, 64, workers=workers,
+                                   unit_bytes=100_000, shard_rows=2000)
+    assert report.units == 12 and report.resumed_units == 0 and len(report.prepared.shards.manifest["shards"]) == 3
+    expected = in_memory_packing(shakespeare, minilm_dir, 64)
+    got = report.prepared.load()
+    for name in ("input_ids", "token_type_ids", "lengths", "labels"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(expected, name), err_msg=name)
+    assert report.prepared.fingerprint() == expected.fingerprint()
+    assert report.tokens == expected.token_count and not (tmp_path / "corpus.partial").exists()
+
+
+def test_jsonl_files_and_a_folder_glob(minilm_dir, tmp_path) -> None:
+    lines = ["First line of text.", "", "  Second, with spaces.  ", "Third one."]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.jsonl").write_text("".join(json.dumps({"body": line, "id": 1}) + "\n" for line in lines))
+    (tmp_path / "docs" / "b.txt").write_text("\n".join(lines * 3) + "\n")
+    (tmp_path / "docs" / "notes.md").write_text("ignored")
+    report = corpus.prepare_corpus(str(tmp_path / "docs"), tmp_path / "out", minilm_dir, 8, text_column="body")
+    tokenizer = text.untruncated_tokenizer(minilm_dir, 8)
+    documents = [line.strip() for line in lines if line.strip()]
+    expected = text.encode_packed(documents + documents * 3, tokenizer, 8, "docs")
+    np.testing.assert_array_equal(report.prepared.load().input_ids, expected.input_ids)
+
+
+@pytest.mark.parametrize(("setup", "message"), [
+    ("nothing", "names no .txt or .jsonl file"),
+    ("latin1", r"is not UTF-8 text \(byte 0xe9 at offset 6\)"),
+    ("too short", "fewer than one row of max_length = 64"),
+])
+def test_bad_corpora_stop_with_one_line(setup, message, minilm_dir, tmp_path) -> None:
+    if setup == "latin1":
+        (tmp_path / "c.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1").rjust(16, b" "))
+    elif setup == "too short":
+        (tmp_path / "c.txt").write_text("a few words\n")
+    with pytest.raises(TpuplexError, match=message):
+        corpus.prepare_corpus(str(tmp_path / "*.txt"), tmp_path / "out", minilm_dir, 64)
+    assert not (tmp_path / "out").exists()
+
+
+KILLABLE = """
+import sys
+from pathlib import Path
+from tpuplex.tasks.masked_lm import corpus
+corpus.prepare_corpus(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), 64, workers=1, unit_bytes=20_000,
+                      shard_rows=2000)
+"""
+
+
+def test_a_killed_prepare_continues_with_the_units_it_had_not_finished(shakespeare, minilm_dir, tmp_path) -> None:
+    out = tmp_path / "corpus"
+    argv = [sys.executable, "-c", KILLABLE, str(shakespeare), str(out), str(minilm_dir)]
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while len(list((tmp_path / "corpus.partial").glob("unit-*.npy"))) < 5:
+        assert process.poll() is None and time.monotonic() < deadline, "prepare ended before it could be killed"
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)  # the main process and its workers
+    process.wait()
+    assert process.returncode == -signal.SIGKILL and not out.exists()
+    done = len(list((tmp_path / "corpus.partial").glob("unit-*.npy")))
+    report = corpus.prepare_corpus(str(shakespeare), out, minilm_dir, 64, workers=1, unit_bytes=20_000,
+                                   shard_rows=2000)
+    assert report.units == 56 and report.resumed_units == done >= 5
+    assert report.prepared.fingerprint() == in_memory_packing(shakespeare, minilm_dir, 64).fingerprint()
+
+
+def test_the_prepare_command_reports_its_throughput(shakespeare, minilm_dir, tmp_path, capsys) -> None:
+    assert cli.main(["prepare", str(shakespeare), "--out", str(tmp_path / "c"), "--tokenizer", str(minilm_dir),
+                     "--max-length", "128", "--workers", "2"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("prepared 354273 tokens into 2768 rows of 128 in 1 shard(s) from 1 unit(s), 2 worker(s)")
+    assert line.endswith(f"tokens/s: {tmp_path / 'c'}")
