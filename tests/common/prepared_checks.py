@@ -64,3 +64,43 @@ def check_prepared_equals_in_memory(config: Config, backend_name: str, folder: P
     assert prepared.losses == memory.losses  # bit for bit
     assert prepared.metrics == memory.metrics
     return prepared.metrics
+
+
+def masked_lm_config(checkpoint: Path, shared_text: Path, folder: Path) -> Config:
+    """Masked-LM pre-training of `checkpoint` (a tiny family checkpoint with its tokenizer) on tiny Shakespeare,
+    from a corpus `tpuplex prepare` packed in 4 units by 2 workers, held-out text read as it is."""
+    from tpuplex.tasks.masked_lm.corpus import prepare_corpus
+
+    lines = (shared_text / "tinyshakespeare" / "input.txt").read_text().splitlines()
+    (folder / "train.txt").write_text("\n".join(lines[:2000]) + "\n")
+    (folder / "held-out.txt").write_text("\n".join(lines[2000:2200]) + "\n")
+    prepare_corpus(str(folder / "train.txt"), folder / "corpus", checkpoint, 32, workers=2, unit_bytes=20_000)
+    return config_from({"task": {"name": "masked_lm", "mask_probability": 0.15},
+                        "model": {"checkpoint": str(checkpoint)},
+                        "data": {"dataset": "shakespeare", "train_file": str(folder / "corpus"),
+                                 "eval_files": [str(folder / "held-out.txt")], "max_length": 32,
+                                 "cache_dir": str(folder / "cache")},
+                        "train": {"learning_rate": 1e-3, "max_steps": 6, "global_batch": 8, "seed": 3},
+                        "runtime": {"output_dir": str(folder / "run"), "eval_every": 3, "log_every": 1}})
+
+
+def flowers_config(shared_images: Path, folder: Path) -> Config:
+    """The flowers example at 24 x 24 for 6 steps (crops, flips and dropout on), its images prepared into shards."""
+    from image_checks import EXAMPLE
+
+    from tpuplex.models.user import add_search_path
+
+    add_search_path(EXAMPLE)
+    return config_from({"task": {"name": "image_classification", "image_size": [24, 24], "validation_fraction": 0.2,
+                                 "crop_padding": 4, "flip": True},
+                        "model": {"architecture": "flowers_cnn.{backend}_model:FlowersCNN"},
+                        "data": {"dataset": "flowers", "train_file": str(shared_images / "flowers"),
+                                 "cache_dir": str(folder / "cache")},
+                        "train": {"learning_rate": 3e-3, "max_steps": 6, "global_batch": 16, "seed": 3},
+                        "runtime": {"output_dir": str(folder / "run"), "eval_every": 3, "log_every": 1}})
+
+
+def config_from(sections: dict) -> Config:
+    from tpuplex import config as config_lib
+
+    return config_lib.from_dict(sections)

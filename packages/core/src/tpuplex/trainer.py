@@ -35,6 +35,7 @@ watched, so a lost process ends the others after `runtime.host_timeout` seconds 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Iterator
@@ -413,11 +414,13 @@ class _Run:
         """Train from the current position to the end of the epoch (or to the last step)."""
         trainer, at = self.trainer, self.at
         # Each batch of the epoch is augmented for the step that trains on it (steps follow the batches in order).
-        epoch, first_step = trainer.train_batcher.train_batches(at.epoch, at.position), at.step + 1
+        stop = min(trainer.total_steps, at.step + trainer.steps_per_epoch - at.position)
+        # Only the batches this run trains on are built (and their records read), however far input runs ahead.
+        epoch = itertools.islice(trainer.train_batcher.train_batches(at.epoch, at.position), stop - at.step)
+        first_step = at.step + 1
         prefetcher = Prefetcher((trainer.data.train_batch(batch, first_step + offset)
                                  for offset, batch in enumerate(epoch)), trainer.config.runtime.prefetch)
         batches = _Lookahead(prefetcher)
-        stop = min(trainer.total_steps, at.step + trainer.steps_per_epoch - at.position)
         try:
             while at.step < stop:
                 started, waited = time.perf_counter(), prefetcher.waited

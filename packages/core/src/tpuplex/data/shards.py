@@ -45,6 +45,7 @@ from tpuplex.errors import TpuplexError
 FORMAT = "tpuplex-shards"
 VERSION = 1
 MANIFEST = "manifest.json"
+OPEN_FILES = 64
 RETRIES = 4
 """Attempts after the first for a read that fails with a transient error (waits 0.1, 0.2, 0.4, 0.8 s)."""
 
@@ -317,7 +318,11 @@ class Shards:
             lambda: self._filesystem.cat_ranges([path] * len(starts), starts.tolist(), ends.tolist()), name)
 
     def _descriptor(self, shard: int) -> int:
+        """An open file of the shard; the least recently opened is closed beyond OPEN_FILES (a corpus may have
+        more shards than a process may open files)."""
         if shard not in self._descriptors:
+            if len(self._descriptors) >= OPEN_FILES:
+                os.close(self._descriptors.pop(next(iter(self._descriptors))))
             self._descriptors[shard] = os.open(self._path(self.manifest["shards"][shard]["records"]), os.O_RDONLY)
         return self._descriptors[shard]
 
