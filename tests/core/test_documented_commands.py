@@ -1,10 +1,11 @@
 """Every `tpuplex` command the README and docs/ tell a user to paste is one the CLI accepts: its flags parse, the
 config it names exists (from the folder a preceding `cd` in the same block or line enters) and loads with its
-`--set` overrides, and its `--data-dir` (or the images `prepare` reads) exists. (The example configs themselves
+`--set` overrides, and its `--data-dir` (or the images or text `prepare` reads) exists. (The example configs themselves
 train in tests/torch/test_examples.py.)"""
 
 from __future__ import annotations
 
+import glob
 import re
 import shlex
 from pathlib import Path
@@ -52,7 +53,7 @@ def test_a_documented_command_is_one_the_cli_accepts(where, folder, argv, shared
         path = folder / args.config
         assert path.is_file(), f"{where}: {path} does not exist"
         config.load(path, args.overrides)
-    if getattr(args, "images", None):
-        assert (folder / args.images).exists(), f"{where}: {args.images} does not exist"
+    if getattr(args, "source", None):  # `prepare`: images, or a glob of text files
+        assert glob.glob(str(folder / args.source)), f"{where}: {args.source} names nothing"
     if getattr(args, "data_dir", None):
         assert (folder / args.data_dir).is_dir(), f"{where}: --data-dir {args.data_dir} does not exist"

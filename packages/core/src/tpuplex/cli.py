@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="resize every image to H x W (default: keep their size, which must then be one)")
     prepare.add_argument("--shard-size", type=int, default=None,
                          help="rows per shard file (default 4096 images, 65536 text rows)")
-    prepare.add_argument("--tokenizer", type=Path, help="text: the checkpoint folder whose tokenizer to use")
+    prepare.add_argument("--tokenizer", help="text: the checkpoint whose tokenizer to use (a folder, or minilm)")
     prepare.add_argument("--max-length", type=int, default=128, help="text: tokens per packed row (default 128)")
     prepare.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                          help="text: tokenizing worker processes (default: one per CPU core)")
@@ -175,10 +175,11 @@ def _prepare(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     if args.tokenizer is not None:
+        from tpuplex.params import resolve_checkpoint
         from tpuplex.tasks.masked_lm.corpus import prepare_corpus
 
-        report = prepare_corpus(args.source, args.out, args.tokenizer, args.max_length, args.workers,
-                                args.text_column, shard_rows=args.shard_size or 65536)
+        report = prepare_corpus(args.source, args.out, resolve_checkpoint(args.tokenizer), args.max_length,
+                                args.workers, args.text_column, shard_rows=args.shard_size or 65536)
         seconds = time.perf_counter() - started
         resumed = f", {report.resumed_units} of them from an interrupted prepare" if report.resumed_units else ""
         print(f"prepared {report.tokens} tokens into {len(report.prepared)} rows of {args.max_length} in "

@@ -165,6 +165,14 @@ def write_cache(path: Path, encoded: Encoded) -> PreparedTokens:
         return published
 
 
+def cached_split(encoded: Encoded, cache_dir: Path, name: str) -> PreparedTokens:
+    """`encoded` as a prepared folder of the cache, keyed by its content (`<name>-<fingerprint>`): for splits whose
+    tokenizing is cheap beside the rest of their preparation (words aligned to tags)."""
+    path = Path(cache_dir) / f"{name}-{encoded.fingerprint()}"
+    cached = read_cache(path)
+    return cached if cached is not None else write_cache(path, encoded)
+
+
 def load_encoded(task: Dataset, split: str, data_dir: str | Path | None, tokenizer_dir: Path, max_length: int,
                  cache_dir: Path) -> PreparedTokens:
     """The tokenized split, from the cache when these exact inputs were tokenized before (read lazily).

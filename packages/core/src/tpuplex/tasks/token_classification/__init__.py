@@ -34,7 +34,7 @@ import numpy as np
 
 from tpuplex.collate import Encoded
 from tpuplex.data.tables import DataFile
-from tpuplex.data.tokens import load_tokenizer
+from tpuplex.data.tokens import cached_split, load_tokenizer
 from tpuplex.errors import TpuplexError
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import Architecture, Family
@@ -132,10 +132,13 @@ class TokenClassification(Task):
         aligned = {split: tagged.align(found, tokenizer, config.data.max_length, tags,
                                        options.label_all_tokens and split == "train")
                    for split, found in sentences.items()}
-        evaluation = {split: found.encoded for split, found in aligned.items() if split not in ("train", "test")}
-        test = aligned.get("test")
-        return TokenData(config.data.dataset, aligned["train"].encoded, evaluation, tags, aligned,
-                         None if test is None else test.encoded)
+        cache = Path(config.data.cache_dir).expanduser()
+        # The words and their alignment stay in memory (word-level metrics need them); the rows a run batches are
+        # read from prepared shards, as every task's.
+        prepared = {split: cached_split(found.encoded, cache, f"{self.name}-{split}")
+                    for split, found in aligned.items()}
+        evaluation = {split: rows for split, rows in prepared.items() if split not in ("train", "test")}
+        return TokenData(config.data.dataset, prepared["train"], evaluation, tags, aligned, prepared.get("test"))
 
     def head(self, family: Family | None, arch: Architecture | None, hf_config: Mapping[str, Any],
              data: TokenData) -> TokenClassifierHead:
