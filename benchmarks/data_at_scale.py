@@ -11,6 +11,8 @@ is the cap: it can only finish if what it holds stays under the cap whatever the
 child's own (`wait4`'s ru_maxrss); results.json's `train_reads` says how many records it read.
 
 The prepare figures tokenize a corpus of --prepare-mb of tiny Shakespeare repeated, cut into 4 MB units.
+The reads figures train tiny Shakespeare's corpus (one shard file) in 1, 2 and 4 processes (`tpuplex launch`, one
+CPU device each) and print the records and bytes each process read.
 """
 
 from __future__ import annotations
@@ -97,6 +99,23 @@ def capped_run(config: dict, folder: Path, backend: str, cgroup: Path | None) ->
     return usage.ru_maxrss / 1024, results, seconds
 
 
+def reads_per_process(config: dict, work: Path, backend: str, processes: int) -> list[dict]:
+    """`tpuplex launch --processes N` of `config`: results.json's train_reads, one entry per process."""
+    folder = work / f"reads-{processes}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    config = {**config, "runtime": {**config["runtime"], "output_dir": str(folder / "run")}}
+    toml = folder / "config.toml"
+    toml.write_text("".join(f"[{section}]\n" + "".join(f"{key} = {json.dumps(value)}\n"
+                                                     for key, value in values.items())
+                            for section, values in config.items()))
+    done = subprocess.run([sys.executable, "-m", "tpuplex", "launch", "--processes", str(processes), "--cpu-devices",
+                           "1", "--", "train", str(toml), "--backend", backend], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the {processes}-process run failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return json.loads((folder / "run" / "results.json").read_text())["train_reads"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="torch")
@@ -166,6 +185,22 @@ def main() -> None:
               f"{peak:13.0f} {reads:>13,} {seconds:8.1f}")
     if cgroup is not None:
         cgroup.rmdir()
+
+    steps = 24
+    print(f"\nrecords read per process: tiny Shakespeare's corpus ({len(rows)} rows, 1 shard file), {steps} steps of "
+          f"32 rows, 1 CPU device per process, backend {args.backend}")
+    print(f"{'processes':>9} {'process':>7} {'records':>8} {'bytes':>10} {'share of all bytes':>19}")
+    for processes in (1, 2, 4):
+        config = {"task": {"name": "masked_lm"}, "model": {"checkpoint": str(model)},
+                  "data": {"dataset": "reads", "train_file": str(base), "eval_files": [str(held_out)],
+                           "max_length": 128, "cache_dir": str(work / "cache")},
+                  "train": {"learning_rate": 1e-4, "max_steps": steps, "global_batch": 32, "seed": 0},
+                  "runtime": {"eval_every": steps, "checkpoint_every": 0, "log_every": steps}}
+        reads = reads_per_process(config, work, args.backend, processes)
+        total = sum(entry["bytes"] for entry in reads)
+        for entry in reads:
+            print(f"{processes:>9} {entry['process']:>7} {entry['records']:>8,} {entry['bytes']:>10,} "
+                  f"{entry['bytes'] / total:>19.3f}")
 
 
 if __name__ == "__main__":

@@ -234,7 +234,9 @@ class Shards:
         self.meta: dict[str, Any] = manifest["meta"]
         self.stats = ReadStats(self.dtype.itemsize)
         self._filesystem, self._root, self._retries = filesystem, root, retries
-        self._local = type(filesystem).__name__ == "LocalFileSystem"
+        from fsspec.implementations.local import LocalFileSystem
+
+        self._local = isinstance(filesystem, LocalFileSystem)
         self._descriptors: dict[int, int] = {}
         self._checked: set[int] = set()
         self._column_cache: dict[str, np.ndarray] = {}
@@ -243,9 +245,6 @@ class Shards:
 
     def __len__(self) -> int:
         return int(self.manifest["rows"])
-
-    def __getstate__(self) -> dict[str, Any]:  # open file descriptors stay with their process
-        return {**self.__dict__, "_descriptors": {}}
 
     def fingerprint(self) -> str:
         return self.manifest["content_sha256"][:16]
