@@ -117,7 +117,7 @@ class JpegDataset:
             pixels = np.pad(pixels, [(4, 4), (4, 4), (0, 0)])[top : top + 32, left : left + 32]
             if rng.random() < 0.5:
                 pixels = pixels[:, ::-1]
-        return np.ascontiguousarray(pixels), int(self.labels[index])
+        return np.array(pixels), int(self.labels[index])  # a writable copy, as torch wants
 
 
 def loader(paths: list[str], labels: np.ndarray, train: bool, seed: int, context: str | None = None):
