@@ -59,7 +59,7 @@ def tpuplex_logits(trained) -> tuple[np.ndarray, dict[str, np.ndarray], list[str
     """The torch run's logits on the first dev examples, their token arrays and their texts."""
     found = runs.locate(trained["torch"])
     experiment, state = workflow.restore(found, "torch")
-    dev = experiment.trainer.eval_batchers["dev"].data
+    dev = experiment.trainer.eval_batchers["dev"].data.load()  # every row of the prepared split, in memory
     logits, _ = experiment.trainer.predict(state, experiment.trainer.eval_batchers["dev"])
     mask = (np.arange(dev.max_length)[None, :] < dev.lengths[:, None]).astype(np.int32)
     arrays = {"input_ids": dev.input_ids[:EXAMPLES], "token_type_ids": dev.token_type_ids[:EXAMPLES],
