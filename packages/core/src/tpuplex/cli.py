@@ -32,7 +32,7 @@ from pathlib import Path
 from tpuplex import __version__, devices, registry
 from tpuplex import config as config_lib
 from tpuplex.errors import TpuplexError
-from tpuplex.hosts import HOST_LOST_EXIT, HostLost
+from tpuplex.hosts import HOST_LOST_EXIT, HostLost, expected_processes
 from tpuplex.preemption import PREEMPTED_EXIT, Preempted
 from tpuplex.reporting import headline
 
@@ -46,7 +46,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.command(args)
     except TpuplexError as error:
-        print(f"tpuplex: error: {_one_line(str(error))}", file=sys.stderr)
+        print(f"tpuplex: error: {_one_line(str(error))}", file=sys.stderr, flush=True)
+        if expected_processes() > 1:
+            # One of several processes: at interpreter shutdown gloo's threads can abort it ("terminate called
+            # without an active exception") once its peers have gone, so its status would not be this one.
+            sys.stdout.flush()
+            os._exit(USAGE_ERROR)
         return USAGE_ERROR
     except HostLost as lost:
         print(f"tpuplex: error: {lost}", file=sys.stderr, flush=True)
