@@ -127,7 +127,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from tpuplex.data.token_shards import open_tokens
-    from tpuplex.tasks.masked_lm.corpus import prepare_corpus, tokenizer_hash
+    from tpuplex.tasks.masked_lm.corpus import prepare_corpus
+    from tpuplex.tasks.masked_lm.data import tokenizer_hash
     from tpuplex.testing.tiny_bert import write_tiny_bert
 
     work, tokenizer = args.work, minilm()

@@ -37,7 +37,7 @@ from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
 from tpuplex.tasks.base import Task, TaskData, check_held_out
 from tpuplex.tasks.masked_lm import data as text
-from tpuplex.tasks.masked_lm.corpus import tokenizer_hash
+from tpuplex.tasks.masked_lm.data import tokenizer_hash
 from tpuplex.tasks.masked_lm.heads import FAMILY_HEADS, MaskedLMHead, masked_lm_head
 
 EVAL_STREAM = 1

@@ -17,7 +17,6 @@ tokenizer, max_length), and is started afresh when any of it changed.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import multiprocessing
 import os
@@ -31,7 +30,7 @@ import numpy as np
 from tpuplex.collate import Encoded
 from tpuplex.data.token_shards import PreparedTokens, write_tokens
 from tpuplex.errors import TpuplexError
-from tpuplex.tasks.masked_lm.data import PAD_ID, untruncated_tokenizer
+from tpuplex.tasks.masked_lm.data import PAD_ID, tokenizer_hash, untruncated_tokenizer
 
 UNIT_BYTES = 16 << 20
 WORK_FORMAT = 1
@@ -189,12 +188,3 @@ def _rows(flat: np.ndarray, lengths: list[int], max_length: int) -> Encoded:
     input_ids = flat.reshape(-1, max_length).astype(np.int32)
     return Encoded(input_ids, np.zeros_like(input_ids), np.asarray(lengths, np.int32),
                    np.zeros(len(lengths), np.int32))
-
-
-def tokenizer_hash(tokenizer_dir: Path) -> str:
-    """A hash of the tokenizer's files: a prepared corpus is read only with the tokenizer it was made with."""
-    digest = hashlib.sha256()
-    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
-        if (Path(tokenizer_dir) / name).is_file():
-            digest.update(name.encode() + (Path(tokenizer_dir) / name).read_bytes())
-    return digest.hexdigest()

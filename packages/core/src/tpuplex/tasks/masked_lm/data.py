@@ -91,14 +91,21 @@ def packed_cached(texts: list[str], tokenizer: Tokenizer, tokenizer_dir: Path, m
     key = hashlib.sha256()
     for part in (CACHE_FORMAT, tokenizers.__version__, max_length, *texts):
         key.update(repr(part).encode() + b"\0")
-    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
-        if (tokenizer_dir / name).is_file():
-            key.update((tokenizer_dir / name).read_bytes())
+    key.update(tokenizer_hash(tokenizer_dir).encode())
     path = Path(cache_dir) / f"masked_lm-L{max_length}-{key.hexdigest()[:20]}"
     cached = read_cache(path)
     if cached is not None:
         return cached
     return write_cache(path, encode_packed(texts, tokenizer, max_length, what))
+
+
+def tokenizer_hash(tokenizer_dir: Path) -> str:
+    """A hash of the tokenizer's files: a prepared corpus is read only with the tokenizer it was made with."""
+    digest = hashlib.sha256()
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        if (Path(tokenizer_dir) / name).is_file():
+            digest.update(name.encode() + (Path(tokenizer_dir) / name).read_bytes())
+    return digest.hexdigest()
 
 
 def untruncated_tokenizer(tokenizer_dir: Path, max_length: int) -> Tokenizer:
