@@ -194,11 +194,10 @@ def torch_side(seed: int, epochs: int, train: Path, test: Path) -> dict:
 
 # --- Keras fit on tf.data ---------------------------------------------------------------------------------------
 
-def keras_side(seed: int, epochs: int, train: Path, test: Path) -> dict:
+def keras_resnet20():
+    """The Keras functional ResNet-20: images float32 [B, 32, 32, 3] in [0, 1] -> logits [B, 10]."""
     import keras
-    import tensorflow as tf
 
-    keras.utils.set_random_seed(seed)
     layers = keras.layers
 
     def conv_bn(x, width: int, kernel: int, stride: int):
@@ -213,8 +212,15 @@ def keras_side(seed: int, epochs: int, train: Path, test: Path) -> dict:
             out = conv_bn(layers.ReLU()(conv_bn(x, width, 3, stride)), width, 3, 1)
             shortcut = conv_bn(x, width, 1, stride) if (cin, stride) != (width, 1) else x
             x, cin = layers.ReLU()(out + shortcut), width
-    model = keras.Model(inputs, layers.Dense(10)(layers.GlobalAveragePooling2D()(x)))
+    return keras.Model(inputs, layers.Dense(10)(layers.GlobalAveragePooling2D()(x)))
 
+
+def keras_side(seed: int, epochs: int, train: Path, test: Path) -> dict:
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(seed)
+    model = keras_resnet20()
     train_paths, train_labels, _ = rows(train)
     steps = epochs * math.ceil(len(train_paths) / BATCH)
     warmup = max(1, math.ceil(steps * WARMUP))

@@ -6,8 +6,8 @@ each is a kernel in Keras' layout: Dense [in, out], Conv2D HWIO). Batch norm is 
 count is int32 here (int64 in the checkpoint), equal on every replica, so the step leaves it out of the
 replicas' average.
 
-Convolutions pad explicitly (kernel // 2 on each side, as torch does) instead of Keras' "same", which pads a
-stride-2 convolution on one side only; the stem's max-pool pads with -inf, as torch's does.
+Convolutions pad kernel // 2 on each side, as torch does: Keras' "same" at stride 1, an explicit pad before a
+strided convolution (where "same" would pad one side only); the stem's max-pool pads with -inf, as torch's does.
 """
 
 from __future__ import annotations
@@ -51,7 +51,10 @@ class BatchNorm(keras.layers.Layer):
         compute_dtype, x = x.dtype, tf.cast(x, tf.float32)  # statistics in float32 under bfloat16 too
         if training:
             mean = self._across_replicas(tf.reduce_mean(x, axis=(0, 1, 2)))
-            variance = self._across_replicas(tf.reduce_mean(tf.square(x - mean), axis=(0, 1, 2)))
+            # The variance's gradient through the mean is zero (the deviations sum to 0): stopping it there, as
+            # tf.nn.moments does, spares the backward pass a pass over x.
+            variance = self._across_replicas(
+                tf.reduce_mean(tf.math.squared_difference(x, tf.stop_gradient(mean)), axis=(0, 1, 2)))
             replicas = tf.distribute.get_strategy().num_replicas_in_sync if self.cross_replica else 1
             rows = tf.cast(tf.shape(x)[0] * tf.shape(x)[1] * tf.shape(x)[2] * replicas, tf.float32)
             self.running_mean.assign((1 - MOMENTUM) * self.running_mean + MOMENTUM * mean)
@@ -60,7 +63,10 @@ class BatchNorm(keras.layers.Layer):
             self.num_batches_tracked.assign(self.num_batches_tracked + 1)
         else:
             mean, variance = self.running_mean, self.running_var
-        return tf.cast((x - mean) / tf.sqrt(variance + EPSILON) * self.weight + self.bias, compute_dtype)
+        # x * scale + shift, per-channel scale and shift (as tf.nn.batch_normalization): two elementwise ops on
+        # x, forward and backward, where (x - mean) / std * weight + bias takes four.
+        scale = tf.math.rsqrt(variance + EPSILON) * self.weight
+        return tf.cast(x * scale + (self.bias - mean * scale), compute_dtype)
 
     def _across_replicas(self, value: tf.Tensor) -> tf.Tensor:
         context = tf.distribute.get_replica_context()
@@ -82,13 +88,19 @@ class ConvNorm(keras.layers.Layer):
     def __init__(self, conv: Conv, cross_replica: bool, **kwargs):
         super().__init__(**kwargs)
         self.conv = conv
-        self.convolution = keras.layers.Conv2D(conv.out_channels, conv.kernel, conv.stride, use_bias=False)
+        # At stride 1 Keras' "same" pads as torch does (kernel // 2 on each side, odd kernels) without a padded
+        # copy of x; at stride 2 it would pad one side only, so x is padded first.
+        self.pad_first = conv.stride != 1 and conv.padding > 0
+        padding = "valid" if self.pad_first or conv.padding == 0 else "same"
+        self.convolution = keras.layers.Conv2D(conv.out_channels, conv.kernel, conv.stride, padding=padding,
+                                               use_bias=False)
         self.normalization = BatchNorm(conv.out_channels, cross_replica)
 
     def call(self, x: tf.Tensor, training: bool) -> tf.Tensor:
-        pad = self.conv.padding
-        x = self.normalization(self.convolution(tf.pad(x, [[0, 0], [pad, pad], [pad, pad], [0, 0]])),
-                               training=training)
+        if self.pad_first:
+            pad = self.conv.padding
+            x = tf.pad(x, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
+        x = self.normalization(self.convolution(x), training=training)
         return tf.nn.relu(x) if self.conv.relu else x
 
     def hf_variables(self) -> Variables:
