@@ -133,7 +133,7 @@ def loader(paths: list[str], labels: np.ndarray, train: bool, seed: int, context
 
 # --- torch ------------------------------------------------------------------------------------------------------
 
-def torch_side(seed: int, epochs: int, train: Path, test: Path) -> dict:
+def torch_side(seed: int, epochs: int, train: Path, test: Path, hf_init: bool) -> dict:
     import torch
     from torch import nn
 
@@ -157,6 +157,10 @@ def torch_side(seed: int, epochs: int, train: Path, test: Path) -> dict:
             layers.append(Block(cin, width, 2 if stage and not block else 1))
             cin = width
     model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 10))
+    if hf_init:
+        for module in model.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
     model = model.to(memory_format=torch.channels_last)
     decay = [p for p in model.parameters() if p.ndim > 1]
     rest = [p for p in model.parameters() if p.ndim <= 1]
@@ -194,14 +198,17 @@ def torch_side(seed: int, epochs: int, train: Path, test: Path) -> dict:
 
 # --- Keras fit on tf.data ---------------------------------------------------------------------------------------
 
-def keras_resnet20():
+def keras_resnet20(hf_init: bool = False):
     """The Keras functional ResNet-20: images float32 [B, 32, 32, 3] in [0, 1] -> logits [B, 10]."""
     import keras
 
     layers = keras.layers
+    # HF's ResNet draws convolutions Kaiming-normal over fan_out; Keras' default is Glorot-uniform.
+    kernel_init = (keras.initializers.VarianceScaling(2.0, "fan_out", "untruncated_normal") if hf_init
+                   else "glorot_uniform")
 
     def conv_bn(x, width: int, kernel: int, stride: int):
-        x = layers.Conv2D(width, kernel, stride, padding="same", use_bias=False)(x)
+        x = layers.Conv2D(width, kernel, stride, padding="same", use_bias=False, kernel_initializer=kernel_init)(x)
         return layers.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
 
     inputs = keras.Input((32, 32, 3))
@@ -215,12 +222,12 @@ def keras_resnet20():
     return keras.Model(inputs, layers.Dense(10)(layers.GlobalAveragePooling2D()(x)))
 
 
-def keras_side(seed: int, epochs: int, train: Path, test: Path) -> dict:
+def keras_side(seed: int, epochs: int, train: Path, test: Path, hf_init: bool) -> dict:
     import keras
     import tensorflow as tf
 
     keras.utils.set_random_seed(seed)
-    model = keras_resnet20()
+    model = keras_resnet20(hf_init)
     train_paths, train_labels, _ = rows(train)
     steps = epochs * math.ceil(len(train_paths) / BATCH)
     warmup = max(1, math.ceil(steps * WARMUP))
@@ -255,13 +262,16 @@ def keras_side(seed: int, epochs: int, train: Path, test: Path) -> dict:
 
 # --- Flax -------------------------------------------------------------------------------------------------------
 
-def flax_side(seed: int, epochs: int, train: Path, test: Path) -> dict:
+def flax_side(seed: int, epochs: int, train: Path, test: Path, hf_init: bool) -> dict:
     import jax.numpy as jnp
     import optax
     from flax import linen as nn
     from flax.training import train_state
 
     import jax
+
+    kernel_init = (nn.initializers.variance_scaling(2.0, "fan_out", "normal") if hf_init
+                   else nn.initializers.lecun_normal())
 
     class ConvBN(nn.Module):
         width: int
@@ -270,7 +280,8 @@ def flax_side(seed: int, epochs: int, train: Path, test: Path) -> dict:
 
         @nn.compact
         def __call__(self, x, train: bool):
-            x = nn.Conv(self.width, (self.kernel,) * 2, self.stride, padding="SAME", use_bias=False)(x)
+            x = nn.Conv(self.width, (self.kernel,) * 2, self.stride, padding="SAME", use_bias=False,
+                        kernel_init=kernel_init)(x)
             return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5)(x)
 
     class ResNet20(nn.Module):
@@ -339,6 +350,9 @@ def main() -> None:
     parser.add_argument("--train-per-class", type=int, default=1000)
     parser.add_argument("--test-per-class", type=int, default=200)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--usual-init", choices=("framework", "hf"), default="framework",
+                        help="the usual script's convolutions: its framework's default initialisation, or HF's "
+                             "ResNet's (Kaiming-normal over fan_out, what tpuplex draws)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     train, test = listing("train", args.train_per_class, args.out), listing("test", args.test_per_class, args.out)
@@ -353,7 +367,8 @@ def main() -> None:
     for seed in args.seeds:  # interleaved, so a drift of the machine's speed touches both sides alike
         results.setdefault("tpuplex", []).append(tpuplex_side(args.backend, seed, args.epochs, prepared, test,
                                                               args.out))
-        results.setdefault("usual", []).append(USUAL[args.backend](seed, args.epochs, train, test))
+        results.setdefault("usual", []).append(USUAL[args.backend](seed, args.epochs, train, test,
+                                                                     args.usual_init == "hf"))
     summary = {}
     for side, found in results.items():
         for key in ("images_per_s", "accuracy"):
