@@ -16,6 +16,8 @@ biases, cosine to 0 after a 2% warmup, batch 128, pad-4 random crops and flips) 
   shuffle, batch, prefetch);
   jax: a Flax linen model, an optax AdamW and a jitted train step over `TrainState`, fed by a torch `DataLoader` (the
   JAX documentation's data-loading recipe, the Flax examples' structure).
+  With `--usual-init hf` their convolutions are drawn as HF's ResNet (and so tpuplex) draws them: Kaiming-normal
+  over fan_out, instead of each framework's default.
 
 Printed per seed and side: training images/s over all epochs (input included, evaluation excluded) and test
 accuracy after the last epoch; then the mean and sample std of each, and the ratio tpuplex / usual.
