@@ -4,10 +4,16 @@ backend's training, its checkpoints, and batch norm across replicas (tests/commo
 from __future__ import annotations
 
 import image_family_checks as checks
+import numpy as np
+import pytest
+import tensorflow as tf
 from helpers import LOGICAL_CPUS
 
+import torch
 from tpuplex.config import RuntimeConfig
+from tpuplex.models.resnet import Conv
 from tpuplex_tf.backend import TfBackend
+from tpuplex_tf.image_models import ConvNorm
 
 
 def replicas() -> TfBackend:
@@ -36,3 +42,15 @@ def test_sgd_follows_the_torch_backend_and_resumes_exactly(tmp_path):
 
 def test_bf16_trains_as_float32_does(tmp_path):
     checks.check_bf16_follows_float32(lambda: TfBackend(RuntimeConfig(cpu_devices=1)), tmp_path)
+
+
+@pytest.mark.parametrize(("kernel", "stride"), [(1, 1), (1, 2), (2, 1), (3, 1), (3, 2), (4, 1), (7, 2)])
+def test_a_convolution_pads_as_torch_does(kernel, stride):
+    """kernel // 2 on each side, whether Keras' "same" or an explicit pad does it (strided or even kernels)."""
+    images = np.random.default_rng(0).standard_normal((2, 9, 9, 3)).astype(np.float32)
+    layer = ConvNorm(Conv("stem", 3, 4, kernel, stride, relu=False), cross_replica=False)
+    outputs = layer(tf.constant(images), training=False).numpy()
+    expected = torch.nn.functional.conv2d(torch.from_numpy(images).permute(0, 3, 1, 2),
+                                          torch.from_numpy(layer.convolution.kernel.numpy()).permute(3, 2, 0, 1),
+                                          stride=stride, padding=kernel // 2).permute(0, 2, 3, 1).numpy()
+    np.testing.assert_allclose(outputs, expected / np.sqrt(1 + 1e-5), atol=1e-5)

@@ -88,10 +88,10 @@ class ConvNorm(keras.layers.Layer):
     def __init__(self, conv: Conv, cross_replica: bool, **kwargs):
         super().__init__(**kwargs)
         self.conv = conv
-        # At stride 1 Keras' "same" pads as torch does (kernel // 2 on each side, odd kernels) without a padded
-        # copy of x; at stride 2 it would pad one side only, so x is padded first.
-        self.pad_first = conv.stride != 1 and conv.padding > 0
-        padding = "valid" if self.pad_first or conv.padding == 0 else "same"
+        # Keras' "same" pads as torch does (kernel // 2 on each side) only for an odd kernel at stride 1, without a
+        # padded copy of x; elsewhere it pads one side less (a strided or even kernel), so x is padded first.
+        self.pad_first = conv.padding > 0 and (conv.stride != 1 or conv.kernel % 2 == 0)
+        padding = "valid" if self.pad_first else "same"
         self.convolution = keras.layers.Conv2D(conv.out_channels, conv.kernel, conv.stride, padding=padding,
                                                use_bias=False)
         self.normalization = BatchNorm(conv.out_channels, cross_replica)
