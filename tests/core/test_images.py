@@ -205,10 +205,18 @@ def test_a_killed_prepare_leaves_nothing_in_use_and_the_next_one_cleans_up(share
     import time
 
     out = tmp_path / "flowers"
-    argv = [sys.executable, "-m", "tpuplex", "prepare", str(shared_images / "flowers"), "--out", str(out),
-            "--image-size", "64", "64", "--shard-size", "100"]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
+    arguments = ["prepare", str(shared_images / "flowers"), "--out", str(out), "--image-size", "64", "64",
+                 "--shard-size", "100"]
+    # Held once two shards are written and a third begun, so the run cannot end before the test kills it.
+    held = ("import sys, time\nfrom pathlib import Path\nfrom tpuplex.cli import main\n"
+            "from tpuplex.data import shards\nadd = shards.ShardWriter.add\n"
+            "def held_add(self, **arrays):\n    add(self, **arrays)\n"
+            f"    while list(Path({str(tmp_path)!r}).glob('.flowers.partial-*/records-00002.bin')):\n"
+            "        time.sleep(0.01)\n"
+            "shards.ShardWriter.add = held_add\nsys.exit(main(sys.argv[1:]))\n")
+    process = subprocess.Popen([sys.executable, "-c", held, *arguments], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
     while not list(tmp_path.glob(".flowers.partial-*/records-00002.bin")):  # two shards written, a third begun
         assert process.poll() is None and time.monotonic() < deadline, "prepare ended before it could be killed"
         time.sleep(0.005)
@@ -217,7 +225,7 @@ def test_a_killed_prepare_leaves_nothing_in_use_and_the_next_one_cleans_up(share
     assert not out.exists() and len(list(tmp_path.glob(".flowers.partial-*"))) == 1
     with pytest.raises(TpuplexError, match="no manifest.json"):
         images.open_prepared(out)
-    assert subprocess.run(argv, capture_output=True, check=False).returncode == 0
+    assert subprocess.run([sys.executable, "-m", "tpuplex", *arguments], capture_output=True).returncode == 0
     prepared = images.open_prepared(out)
     assert len(prepared) == 1000 and not list(tmp_path.glob(".flowers.partial-*"))
 

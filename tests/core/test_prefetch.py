@@ -26,15 +26,21 @@ def test_items_come_in_order_and_an_error_where_it_happened(depth) -> None:
 def test_the_consumer_waits_only_for_what_is_not_ready() -> None:
     def slow():
         for item in range(3):
-            time.sleep(0.05)
+            time.sleep(0.3)
             yield item
 
     prefetcher = Prefetcher(slow(), depth=2)
     assert list(prefetcher) == [0, 1, 2]
-    assert 0.05 <= prefetcher.waited < 1.0
-    ready = Prefetcher(iter(range(3)), depth=4)
-    time.sleep(0.05)  # everything is queued by now
-    assert list(ready) == [0, 1, 2] and ready.waited < 0.01
+    assert prefetcher.waited >= 0.5  # ~0.9 s: each item 0.3 s after the last, none ready when asked for
+    queued = threading.Event()
+
+    def ready():
+        yield from range(3)
+        queued.set()  # every item is in the queue
+
+    prefetched = Prefetcher(ready(), depth=4)
+    assert queued.wait(timeout=60)
+    assert list(prefetched) == [0, 1, 2] and prefetched.waited < 0.25  # queue reads only, no producing
 
 
 def test_close_stops_the_thread_early() -> None:

@@ -86,9 +86,19 @@ def test_bad_corpora_stop_with_one_line(setup, message, minilm_dir, tmp_path) ->
 
 
 KILLABLE = """
-import sys
+import multiprocessing.pool, sys, time
 from pathlib import Path
 from tpuplex.tasks.masked_lm import corpus
+
+imap_unordered = multiprocessing.pool.Pool.imap_unordered
+
+def held_after_five(self, *arguments, **options):  # the run cannot end before the test kills it
+    for count, result in enumerate(imap_unordered(self, *arguments, **options), start=1):
+        yield result
+        while count >= 5:
+            time.sleep(0.01)
+
+multiprocessing.pool.Pool.imap_unordered = held_after_five
 corpus.prepare_corpus(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), 64, workers=1, unit_bytes=20_000,
                       shard_rows=2000)
 """
@@ -98,7 +108,7 @@ def test_a_killed_prepare_continues_with_the_units_it_had_not_finished(shakespea
     out = tmp_path / "corpus"
     argv = [sys.executable, "-c", KILLABLE, str(shakespeare), str(out), str(minilm_dir)]
     process = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while len(list((tmp_path / "corpus.partial").glob("unit-*.npy"))) < 5:
         assert process.poll() is None and time.monotonic() < deadline, "prepare ended before it could be killed"
         time.sleep(0.01)

@@ -9,19 +9,19 @@ from helpers import backend
 
 
 @pytest.mark.parametrize("devices", [1, 2])
-def test_flowers_cnn_resumes_exactly_with_its_batch_statistics(devices, shared_images, tmp_path):
-    data = checks.flowers(shared_images, tmp_path / "flowers")
-    checks.check_resume_equals_uninterrupted(lambda: backend(devices), data, tmp_path / "checkpoints")
+def test_flowers_cnn_resumes_exactly_with_its_batch_statistics(devices, flowers_data, tmp_path):
+    checks.check_resume_equals_uninterrupted(lambda: backend(devices), flowers_data, tmp_path / "checkpoints")
 
 
-def test_batch_statistics_are_state_the_optimizer_never_touches(shared_images, tmp_path):
-    checks.check_state_is_not_trained(lambda: backend(1), checks.flowers(shared_images, tmp_path / "flowers"),
+def test_batch_statistics_are_state_the_optimizer_never_touches(flowers_data, tmp_path):
+    checks.check_state_is_not_trained(lambda: backend(1), flowers_data,
                                       {"batch_stats.norm_0.mean", "batch_stats.norm_0.var"})
 
 
-def test_twenty_dropout_off_steps_follow_the_torch_backend(shared_images, tmp_path):
-    checks.check_follows_torch(lambda: backend(1), "jax", checks.flowers(shared_images, tmp_path / "flowers"))
+def test_twenty_dropout_off_steps_follow_the_torch_backend(flowers_data, tmp_path):
+    checks.check_follows_torch(lambda: backend(1), "jax", flowers_data)
 
 
-def test_the_flowers_example_killed_and_resumed_ends_as_an_uninterrupted_run(shared_images, tmp_path):
-    checks.check_killed_and_resumed("jax", "tpuplex_jax.backend:JaxBackend", shared_images, tmp_path, kills=2)
+@pytest.mark.parametrize("kills", [2, pytest.param(10, marks=pytest.mark.long)])
+def test_the_flowers_example_killed_and_resumed_ends_as_an_uninterrupted_run(kills, shared_images, tmp_path):
+    checks.check_killed_and_resumed("jax", "tpuplex_jax.backend:JaxBackend", shared_images, tmp_path, kills=kills)

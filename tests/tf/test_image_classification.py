@@ -15,19 +15,19 @@ def backend(replicas: int) -> TfBackend:
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_flowers_cnn_resumes_exactly_with_its_batch_norm_statistics(replicas, shared_images, tmp_path):
-    data = checks.flowers(shared_images, tmp_path / "flowers")
-    checks.check_resume_equals_uninterrupted(lambda: backend(replicas), data, tmp_path / "checkpoints")
+def test_flowers_cnn_resumes_exactly_with_its_batch_norm_statistics(replicas, flowers_data, tmp_path):
+    checks.check_resume_equals_uninterrupted(lambda: backend(replicas), flowers_data, tmp_path / "checkpoints")
 
 
-def test_moving_statistics_are_state_the_optimizer_never_touches(shared_images, tmp_path):
-    checks.check_state_is_not_trained(lambda: backend(1), checks.flowers(shared_images, tmp_path / "flowers"),
+def test_moving_statistics_are_state_the_optimizer_never_touches(flowers_data, tmp_path):
+    checks.check_state_is_not_trained(lambda: backend(1), flowers_data,
                                       {"norms.0.moving_mean", "norms.0.moving_variance"})
 
 
-def test_twenty_dropout_off_steps_follow_the_torch_backend(shared_images, tmp_path):
-    checks.check_follows_torch(lambda: backend(1), "tf", checks.flowers(shared_images, tmp_path / "flowers"))
+def test_twenty_dropout_off_steps_follow_the_torch_backend(flowers_data, tmp_path):
+    checks.check_follows_torch(lambda: backend(1), "tf", flowers_data)
 
 
-def test_the_flowers_example_killed_and_resumed_ends_as_an_uninterrupted_run(shared_images, tmp_path):
-    checks.check_killed_and_resumed("tf", "tpuplex_tf.backend:TfBackend", shared_images, tmp_path, kills=2)
+@pytest.mark.parametrize("kills", [2, pytest.param(10, marks=pytest.mark.long)])
+def test_the_flowers_example_killed_and_resumed_ends_as_an_uninterrupted_run(kills, shared_images, tmp_path):
+    checks.check_killed_and_resumed("tf", "tpuplex_tf.backend:TfBackend", shared_images, tmp_path, kills=kills)
