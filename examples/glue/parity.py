@@ -7,10 +7,12 @@
 Two scenarios, one per family: `bert` is MiniLM (BERT); `roberta` is a tiny random RoBERTa (hidden 32, two layers)
 that `checkpoint` writes with transformers' own classes and a byte-level BPE tokenizer trained on MRPC's train
 sentences. Both: seed 42, dropout off (each framework draws its own masks, so parity is defined without them),
-50 training steps on real MRPC, then dev evaluation. `run` saves the logits of the first dev batch before training,
-the 50 losses and the dev metrics as `<out>/<scenario>-<backend>.json`. `compare` checks every backend against the
-first one listed in REFERENCE order: initial logits within 1e-4 (absolute), every loss within 1e-3 (relative), dev
-accuracy within 0.5 points.
+50 training steps on real MRPC (`run --steps` fewer: the test suite's fast tier runs 10), then dev evaluation.
+`run` saves the logits of the first dev batch before training, the losses and the dev metrics as
+`<out>/<scenario>-<backend>.json`. `compare` checks every backend against the first one listed in REFERENCE order:
+initial logits within 1e-4 (absolute), every training loss and the dev loss within 1e-3 (relative). Dev accuracy
+is printed but not bounded: after 50 steps at this learning rate every backend predicts MRPC's majority class
+(68.38 = 279/408), so equal accuracies would say nothing; the dev loss still moves with every parameter.
 """
 
 from __future__ import annotations
@@ -32,16 +34,19 @@ from tpuplex.reporting import Reporter
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 MRPC = REPO.parent / "shared" / "glue" / "MRPC"
-COMMON = ["train.max_steps=50", "train.seed=42", "model.dropout=false", "runtime.log_every=10",
-          f'data.data_dir="{MRPC}"']
+STEPS = 50
+COMMON = ["train.seed=42", "model.dropout=false", "runtime.log_every=10", f'data.data_dir="{MRPC}"']
 ROBERTA_CHECKPOINT = "roberta-tiny"  # under --out
 
 
-def scenarios(out: Path) -> dict[str, list[str]]:
+def scenarios(out: Path, steps: int = STEPS) -> dict[str, list[str]]:
     """Scenario name -> the settings over configs/mrpc.toml."""
-    return {"bert": COMMON, "roberta": [*COMMON, f'model.checkpoint="{out / ROBERTA_CHECKPOINT}"']}
+    common = [f"train.max_steps={steps}", *COMMON]
+    return {"bert": common, "roberta": [*common, f'model.checkpoint="{out / ROBERTA_CHECKPOINT}"']}
+
+
 REFERENCE = ("torch", "jax", "tf")  # HF torch is the reference implementation of the architecture
-BOUNDS = {"initial_logits": 1e-4, "losses": 1e-3, "dev_accuracy": 0.5}
+BOUNDS = {"initial_logits": 1e-4, "losses": 1e-3, "dev_loss": 1e-3}
 
 
 def write_roberta_checkpoint(out: Path) -> Path:
@@ -55,8 +60,8 @@ def write_roberta_checkpoint(out: Path) -> Path:
     return path
 
 
-def run(backend: str, out: Path) -> None:
-    for scenario, settings in scenarios(out).items():
+def run(backend: str, out: Path, steps: int = STEPS) -> None:
+    for scenario, settings in scenarios(out, steps).items():
         run_scenario(scenario, settings, backend, out)
 
 
@@ -100,7 +105,7 @@ def compare_scenario(scenario: str, out: Path) -> bool:
     reference_name, reference = next(iter(saved.items()))
     hashes = {result["config_hash"] for result in saved.values()}
     print(f"{scenario}: reference {reference_name}; config hashes: {', '.join(sorted(hashes))}")
-    print(f"{'backend':8} {'max |dlogit|':>14} {'max rel dloss':>14} {'dev acc':>9} {'d acc (pts)':>12}  verdict")
+    print(f"{'backend':8} {'max |dlogit|':>14} {'max rel dloss':>14} {'rel d dev loss':>15} {'dev acc':>9}  verdict")
     failed = len(hashes) != 1
     for name, result in saved.items():
         logit_gap = float(np.max(np.abs(np.subtract(result["initial_logits"], reference["initial_logits"]))))
@@ -109,15 +114,14 @@ def compare_scenario(scenario: str, out: Path) -> bool:
             loss_gap = float("inf")
         else:
             loss_gap = float(np.max(np.abs(losses - reference_losses) / np.abs(reference_losses)))
-        accuracy = 100 * result["dev"]["accuracy"]
-        accuracy_gap = abs(accuracy - 100 * reference["dev"]["accuracy"])
+        dev_loss_gap = abs(result["dev"]["loss"] - reference["dev"]["loss"]) / abs(reference["dev"]["loss"])
         ok = (logit_gap <= BOUNDS["initial_logits"] and loss_gap <= BOUNDS["losses"]
-              and accuracy_gap <= BOUNDS["dev_accuracy"])
+              and dev_loss_gap <= BOUNDS["dev_loss"])
         failed |= not ok
-        print(f"{name:8} {logit_gap:14.2e} {loss_gap:14.2e} {accuracy:9.2f} {accuracy_gap:12.2f}  "
-              f"{'ok' if ok else 'BREACH'}")
-    print(f"bounds: initial logits <= {BOUNDS['initial_logits']:g}, losses <= {BOUNDS['losses']:g} relative, "
-          f"dev accuracy <= {BOUNDS['dev_accuracy']:g} points" + ("; FAILED" if failed else "; passed") + "\n")
+        print(f"{name:8} {logit_gap:14.2e} {loss_gap:14.2e} {dev_loss_gap:15.2e} {100 * result['dev']['accuracy']:9.2f}"
+              f"  {'ok' if ok else 'BREACH'}")
+    print(f"bounds: initial logits <= {BOUNDS['initial_logits']:g}, losses and dev loss <= {BOUNDS['losses']:g} "
+          "relative" + ("; FAILED" if failed else "; passed") + "\n")
     return failed
 
 
@@ -128,6 +132,7 @@ def main() -> int:
     run_parser = commands.add_parser("run")
     run_parser.add_argument("--backend", required=True)
     run_parser.add_argument("--out", type=Path, default=Path("runs/parity"))
+    run_parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps (default {STEPS})")
     compare_parser = commands.add_parser("compare")
     compare_parser.add_argument("out", type=Path, nargs="?", default=Path("runs/parity"))
     args = parser.parse_args()
@@ -135,7 +140,7 @@ def main() -> int:
         write_roberta_checkpoint(args.out)
         return 0
     if args.command == "run":
-        run(args.backend, args.out)
+        run(args.backend, args.out, args.steps)
         return 0
     return compare(args.out)
 
