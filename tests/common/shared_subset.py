@@ -1,0 +1,43 @@
+"""A small copy of ../shared for the fast tier: the same files and layout, each cut to its first rows or images, so
+a documented command runs end to end (prepare, train, a whole evaluation) in seconds on real data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+IMAGES_PER_CLASS = 24
+"""Per class folder: CIFAR-10's 10 classes give 240 training and 240 test images, the flowers' 5 give 120."""
+TEXT_LINES = 300
+"""Of each text file (GLUE .tsv with its header, CoNLL cut at the next sentence end, plain text)."""
+
+
+def subset_path(shared: Path, real: Path, root: Path) -> Path:
+    """The subset of `real` (a file or folder inside `shared`) under `root`, written on first use."""
+    copy = root / real.resolve().relative_to(shared.resolve())
+    if not copy.exists():
+        _write_subset(real, copy)
+    return copy
+
+
+def _write_subset(real: Path, copy: Path) -> None:
+    if real.is_file():
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(_first_lines(real.read_text(encoding="utf-8-sig")), encoding="utf-8")
+        return
+    for child in sorted(real.iterdir()):
+        if child.is_dir() and not any(grandchild.is_dir() for grandchild in child.iterdir()):
+            (copy / child.name).mkdir(parents=True)  # a class folder of images: link its first few
+            for image in sorted(child.iterdir())[:IMAGES_PER_CLASS]:
+                (copy / child.name / image.name).symlink_to(image)
+        elif child.is_dir():
+            _write_subset(child, copy / child.name)
+        elif child.suffix in (".tsv", ".conll", ".txt", ".annotated"):
+            _write_subset(child, copy / child.name)
+
+
+def _first_lines(text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    end = min(TEXT_LINES, len(lines))
+    while end < len(lines) and lines[end - 1].strip():  # CoNLL: end on a sentence's blank line
+        end += 1
+    return "".join(lines[:end])
