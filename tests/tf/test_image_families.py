@@ -1,7 +1,10 @@
-"""ResNet and ViT on the tf backend (MirroredStrategy over 8 logical CPUs): transformers' logits, the torch
-backend's training, its checkpoints, and batch norm across replicas (tests/common/image_family_checks.py)."""
+"""ResNet and ViT on the tf backend (MirroredStrategy over logical CPUs: 2 in the fast tier, all 8 in the long
+tier, where each check takes 3-4 times as long): transformers' logits, the torch backend's training, its
+checkpoints, and batch norm across replicas (tests/common/image_family_checks.py)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import image_family_checks as checks
 import numpy as np
@@ -16,27 +19,28 @@ from tpuplex_tf.backend import TfBackend
 from tpuplex_tf.image_models import ConvNorm
 
 
-def replicas() -> TfBackend:
-    return TfBackend(RuntimeConfig(cpu_devices=LOGICAL_CPUS))
+@pytest.fixture(params=[2, pytest.param(LOGICAL_CPUS, marks=pytest.mark.long)], ids=lambda count: f"{count}-replicas")
+def replicas(request) -> Callable[[], TfBackend]:
+    return lambda: TfBackend(RuntimeConfig(cpu_devices=request.param))
 
 
-def test_logits_equal_transformers(tmp_path):
+def test_logits_equal_transformers(replicas, tmp_path):
     checks.check_logits_equal_hf(replicas, tmp_path)
 
 
-def test_eight_replicas_train_as_the_torch_backend(tmp_path):
+def test_replicas_train_as_the_torch_backend(replicas, tmp_path):
     checks.check_training_follows_torch(replicas, tmp_path)
 
 
-def test_reads_a_torch_checkpoint(tmp_path):
+def test_reads_a_torch_checkpoint(replicas, tmp_path):
     checks.check_reads_torch_checkpoint(replicas, tmp_path)
 
 
-def test_per_replica_batch_norm_is_a_choice(tmp_path):
+def test_per_replica_batch_norm_is_a_choice(replicas, tmp_path):
     checks.check_per_replica_differs(replicas, tmp_path)
 
 
-def test_sgd_follows_the_torch_backend_and_resumes_exactly(tmp_path):
+def test_sgd_follows_the_torch_backend_and_resumes_exactly(replicas, tmp_path):
     checks.check_sgd_follows_torch_and_resumes(replicas, tmp_path)
 
 
