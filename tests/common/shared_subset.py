@@ -8,7 +8,9 @@ from pathlib import Path
 IMAGES_PER_CLASS = 24
 """Per class folder: CIFAR-10's 10 classes give 240 training and 240 test images, the flowers' 5 give 120."""
 TEXT_LINES = 300
-"""Of each text file (GLUE .tsv with its header, CoNLL cut at the next sentence end, plain text)."""
+"""Of each table (GLUE .tsv with its header) and CoNLL file (cut at the next sentence end)."""
+PLAIN_TEXT_LINES = 4000
+"""Of a plain-text corpus (a tenth of tiny Shakespeare): its held-out part must still fill rows of 128 tokens."""
 
 
 def subset_path(shared: Path, real: Path, root: Path) -> Path:
@@ -22,7 +24,8 @@ def subset_path(shared: Path, real: Path, root: Path) -> Path:
 def _write_subset(real: Path, copy: Path) -> None:
     if real.is_file():
         copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_text(_first_lines(real.read_text(encoding="utf-8-sig")), encoding="utf-8")
+        lines = PLAIN_TEXT_LINES if real.suffix == ".txt" else TEXT_LINES
+        copy.write_text(_first_lines(real.read_text(encoding="utf-8-sig"), lines), encoding="utf-8")
         return
     for child in sorted(real.iterdir()):
         if child.is_dir() and not any(grandchild.is_dir() for grandchild in child.iterdir()):
@@ -35,9 +38,9 @@ def _write_subset(real: Path, copy: Path) -> None:
             _write_subset(child, copy / child.name)
 
 
-def _first_lines(text: str) -> str:
+def _first_lines(text: str, count: int) -> str:
     lines = text.splitlines(keepends=True)
-    end = min(TEXT_LINES, len(lines))
+    end = min(count, len(lines))
     while end < len(lines) and lines[end - 1].strip():  # CoNLL: end on a sentence's blank line
         end += 1
     return "".join(lines[:end])
