@@ -1,11 +1,11 @@
 """Interrupted runs. `start`: `tpuplex train` in a child process made slow where a test needs time to signal it:
 with `step_seconds` > 0, from optimizer step `from_step` on (on backends whose state keeps no `step`: from this
-process's `from_step`-th step), each step writes its step to `busy` and sleeps `step_seconds`; each checkpoint
-file, once written, is announced in `writing` for `write_seconds` (before the staging folder is renamed into
-place). To be signalled at an exact point with no race, the child can instead hold there: at this process's
-`hold_step`-th training step (announced in `busy`) or inside its `hold_write`-th checkpoint write (in `writing`),
-until it is killed or, with `release_after` > 0, until tpuplex's signal handler has recorded that many signals
-(counted in `signals`).
+process's `from_step`-th step), each step writes its step to `busy` and sleeps `step_seconds`. To be signalled
+at an exact point with no race, the child can instead hold there: at this process's `hold_step`-th training step
+(announced in `busy`) or inside its `hold_write`-th checkpoint write (announced in `writing` once its first file
+is written, before the staging folder is renamed into place), until it is killed or, with `release_after` > 0,
+until tpuplex's signal handler has recorded that many signals (counted in `signals`). Nothing else writes the
+markers, so a marker seen is the hold itself.
 `assert_same_final_state`: what an interrupted run must end with."""
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from tpuplex.cli import main
 
 module, name = sys.argv[1].split(":")
 backend = getattr(importlib.import_module(module), name)
-busy, from_step, step_seconds = Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-writing, write_seconds = Path(sys.argv[5]), float(sys.argv[6])
-hold_step, hold_write, release_after = int(sys.argv[7]), int(sys.argv[8]), int(sys.argv[9])
+busy, from_step, step_seconds, writing = Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5])
+hold_step, hold_write, release_after = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
 signals = busy.parent / "signals"
 train_step, save_file, record = backend.train_step, checkpoint.save_file, preemption.SignalWatch._record
 
@@ -65,19 +64,15 @@ def slow_save_file(tensors, path):
         writes.append(path.parent)
         if len(writes) == hold_write:
             hold(writing, str(path))
-    writing.write_text(str(path))
-    time.sleep(write_seconds)
-    writing.unlink()
 
 backend.train_step, checkpoint.save_file = slow_train_step, slow_save_file
 preemption.SignalWatch._record = counted_record
-sys.exit(main(sys.argv[10:]))
+sys.exit(main(sys.argv[9:]))
 """
 
 
 def start(argv: list[str], folder: Path, backend_class: str = NUMPY, from_step: int = 0, step_seconds: float = 0.0,
-          write_seconds: float = 0.0, hold_step: int = 0, hold_write: int = 0, release_after: int = 0
-          ) -> subprocess.Popen:
+          hold_step: int = 0, hold_write: int = 0, release_after: int = 0) -> subprocess.Popen:
     """The child `tpuplex <argv>`; its markers are `<folder>/busy`, `<folder>/writing` and `<folder>/signals`
     (stale ones removed). `hold_step` / `hold_write` > 0: it holds at this process's n-th training step /
     checkpoint write, until killed or until `release_after` (> 0) signals are recorded."""
@@ -85,8 +80,8 @@ def start(argv: list[str], folder: Path, backend_class: str = NUMPY, from_step: 
     for marker in (busy, writing, folder / "signals"):
         marker.unlink(missing_ok=True)
     return subprocess.Popen([sys.executable, "-c", _SCRIPT, backend_class, str(busy), str(from_step),
-                             str(step_seconds), str(writing), str(write_seconds), str(hold_step), str(hold_write),
-                             str(release_after), *argv],
+                             str(step_seconds), str(writing), str(hold_step), str(hold_write), str(release_after),
+                             *argv],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
