@@ -7,7 +7,8 @@
 Two scenarios, one per family: `bert` is MiniLM (BERT); `roberta` is a tiny random RoBERTa (hidden 32, two layers)
 that `checkpoint` writes with transformers' own classes and a byte-level BPE tokenizer trained on MRPC's train
 sentences. Both: seed 42, dropout off (each framework draws its own masks, so parity is defined without them),
-50 training steps on real MRPC (`run --steps` fewer: the test suite's fast tier runs 10), then dev evaluation.
+50 training steps on real MRPC, then dev evaluation (`run --set section.field=value` changes the scenario on
+every backend alike: the test suite's fast tier runs 10 steps over 2 fitted lengths instead of 8).
 `run` saves the logits of the first dev batch before training, the losses and the dev metrics as
 `<out>/<scenario>-<backend>.json`. `compare` checks every backend against the first one listed in REFERENCE order:
 initial logits within 1e-4 (absolute), every training loss and the dev loss within 1e-3 (relative). Dev accuracy
@@ -34,14 +35,14 @@ from tpuplex.reporting import Reporter
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 MRPC = REPO.parent / "shared" / "glue" / "MRPC"
-STEPS = 50
-COMMON = ["train.seed=42", "model.dropout=false", "runtime.log_every=10", f'data.data_dir="{MRPC}"']
+COMMON = ["train.max_steps=50", "train.seed=42", "model.dropout=false", "runtime.log_every=10",
+          f'data.data_dir="{MRPC}"']
 ROBERTA_CHECKPOINT = "roberta-tiny"  # under --out
 
 
-def scenarios(out: Path, steps: int = STEPS) -> dict[str, list[str]]:
-    """Scenario name -> the settings over configs/mrpc.toml."""
-    common = [f"train.max_steps={steps}", *COMMON]
+def scenarios(out: Path, changes: list[str] = ()) -> dict[str, list[str]]:
+    """Scenario name -> the settings over configs/mrpc.toml (`changes` last, so they win)."""
+    common = [*COMMON, *changes]
     return {"bert": common, "roberta": [*common, f'model.checkpoint="{out / ROBERTA_CHECKPOINT}"']}
 
 
@@ -60,8 +61,8 @@ def write_roberta_checkpoint(out: Path) -> Path:
     return path
 
 
-def run(backend: str, out: Path, steps: int = STEPS) -> None:
-    for scenario, settings in scenarios(out, steps).items():
+def run(backend: str, out: Path, changes: list[str] = ()) -> None:
+    for scenario, settings in scenarios(out, changes).items():
         run_scenario(scenario, settings, backend, out)
 
 
@@ -132,7 +133,8 @@ def main() -> int:
     run_parser = commands.add_parser("run")
     run_parser.add_argument("--backend", required=True)
     run_parser.add_argument("--out", type=Path, default=Path("runs/parity"))
-    run_parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps (default {STEPS})")
+    run_parser.add_argument("--set", dest="changes", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                            help="change the scenario (the same on every backend: compare checks the config hash)")
     compare_parser = commands.add_parser("compare")
     compare_parser.add_argument("out", type=Path, nargs="?", default=Path("runs/parity"))
     args = parser.parse_args()
@@ -140,7 +142,7 @@ def main() -> int:
         write_roberta_checkpoint(args.out)
         return 0
     if args.command == "run":
-        run(args.backend, args.out, args.steps)
+        run(args.backend, args.out, args.changes)
         return 0
     return compare(args.out)
 
