@@ -57,6 +57,18 @@ def test_a_corpus_prepared_in_units_packs_as_the_whole_text_in_memory(shakespear
     assert report.tokens == expected.token_count and not (tmp_path / "corpus.partial").exists()
 
 
+def test_a_folder_of_the_work_folder_s_name_is_never_removed(shakespeare, minilm_dir, tmp_path, capsys) -> None:
+    theirs = tmp_path / "corpus.partial"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert cli.main(["prepare", str(shakespeare), "--out", str(tmp_path / "corpus"), "--tokenizer",
+                     str(minilm_dir), "--max-length", "64"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"tpuplex: error: {theirs} exists and is no unfinished `tpuplex prepare`")
+    assert [child.name for child in theirs.iterdir()] == ["notes.txt"] and not (tmp_path / "corpus").exists()
+
+
 def test_jsonl_files_and_a_folder_glob(minilm_dir, tmp_path) -> None:
     lines = ["First line of text.", "", "  Second, with spaces.  ", "Third one."]
     (tmp_path / "docs").mkdir()

@@ -77,6 +77,22 @@ def test_predict_on_dev_matches_eval_accuracy(trained, tiny_mrpc, tmp_path) -> N
     assert np.mean(predicted == labels) == pytest.approx(accuracy)
 
 
+def test_predict_never_replaces_a_file_it_did_not_write(trained, tiny_mrpc, tmp_path, capsys) -> None:
+    data = tmp_path / "MRPC"  # the data folder the run read, given as --out: its own dev.tsv is in the way
+    data.mkdir()
+    (data / "dev.tsv").write_bytes((tiny_mrpc / "dev.tsv").read_bytes())
+    capsys.readouterr()
+    assert cli.main(["predict", str(trained), "--backend", "numpy", "--split", "dev", "--out", str(data)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("tpuplex: error: --out ") and "holds files tpuplex did not write (dev.tsv)" in error
+    assert (data / "dev.tsv").read_bytes() == (tiny_mrpc / "dev.tsv").read_bytes()
+    assert sorted(child.name for child in data.iterdir()) == ["dev.tsv"]
+    out = tmp_path / "predictions"
+    for _ in range(2):  # a folder predict wrote may be written again
+        assert cli.main(["predict", str(trained), "--backend", "numpy", "--split", "dev", "--out", str(out)]) == 0
+    assert sorted(child.name for child in out.iterdir()) == [".tpuplex-predictions", "dev.tsv"]
+
+
 def test_export_hf_writes_config_weights_and_tokenizer(trained, tiny_model) -> None:
     assert cli.main(["export", str(trained), "--format", "hf"]) == 0
     folder = trained / "export" / "step-00000012-hf"

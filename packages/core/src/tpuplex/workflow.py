@@ -59,11 +59,31 @@ def predict(path: str | Path, backend_name: str, split: str = "test", data_dir: 
     `out` (default `<run>/predictions/<step>-<backend>/`): GLUE's submission files for GLUE test splits, else
     `<split>.tsv`. Returns split -> file. Files appear whole: they are written beside and renamed into place."""
     found = runs.locate(path, data_dir)
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise TpuplexError(f"--out {out} is a file: give a folder for the prediction files (it is created if "
-                           "missing)")
+    if out is not None:
+        check_prediction_folder(Path(out))
     task = tasks.get(found.config.task.name)
     sources = task.prediction_sources(found.config, split)  # checked before any backend starts
     experiment, state = restore(found, backend_name)
-    out = out or found.run_dir / PREDICTIONS_DIR / f"{found.checkpoint.name}-{backend_name}"
+    out = Path(out or found.run_dir / PREDICTIONS_DIR / f"{found.checkpoint.name}-{backend_name}")
+    if experiment.trainer.hosts.writer:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / PREDICTIONS_MARK).write_text("written by tpuplex predict: its files may be written again\n")
     return task.write_predictions(experiment, state, sources, out, experiment.trainer.hosts.writer)
+
+
+PREDICTIONS_MARK = ".tpuplex-predictions"
+"""In every folder `tpuplex predict` writes to: a later predict may replace its files, and no other folder's."""
+
+
+def check_prediction_folder(out: Path) -> None:
+    """`--out` must be a new or empty folder, or one `tpuplex predict` wrote before: predictions never replace a file
+    tpuplex did not write (the dev.tsv of the data folder the run read, say)."""
+    if out.exists() and not out.is_dir():
+        raise TpuplexError(f"--out {out} is a file: give a folder for the prediction files (it is created if "
+                           "missing)")
+    if out.is_dir() and not (out / PREDICTIONS_MARK).is_file():
+        theirs = sorted(child.name for child in out.iterdir())
+        if theirs:
+            shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+            raise TpuplexError(f"--out {out} holds files tpuplex did not write ({shown}): give a new or empty "
+                               "folder for the prediction files, so none of yours is replaced")

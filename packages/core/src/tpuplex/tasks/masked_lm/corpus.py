@@ -123,8 +123,11 @@ def prepare_corpus(pattern: str, out: str | Path, tokenizer_dir: Path, max_lengt
             "tokenizer": tokenizer_hash(tokenizer_dir),
             "files": [[path, filesystem.size(path), str(filesystem.modified(path))] for path in paths]}
     work = out.with_name(f"{out.name}.partial")
-    if not (work / "plan.json").is_file() or json.loads((work / "plan.json").read_text()) != plan:
-        shutil.rmtree(work, ignore_errors=True)
+    if work.exists() and not (work / "plan.json").is_file():
+        raise TpuplexError(f"{work} exists and is no unfinished `tpuplex prepare` of {out} (it has no plan.json): "
+                           "move it away or choose another --out; tpuplex removes only its own work folders")
+    if not work.exists() or json.loads((work / "plan.json").read_text()) != plan:
+        shutil.rmtree(work, ignore_errors=True)  # ours, of another plan: nothing in it can be reused
         work.mkdir(parents=True)
         (work / "plan.json").write_text(json.dumps(plan))
     pending = [index for index in range(len(units)) if not _unit_file(work, index).is_file()]
