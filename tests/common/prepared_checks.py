@@ -88,7 +88,7 @@ def flowers_config(shared_images: Path, folder: Path) -> Config:
     """The flowers example at 24 x 24 for 6 steps (crops, flips and dropout on), its images prepared into shards."""
     from image_checks import EXAMPLE
 
-    from tpuplex.models.user import add_search_path
+    from tpuplex.plugins import add_search_path
 
     add_search_path(EXAMPLE)
     return config_from({"task": {"name": "image_classification", "image_size": [24, 24], "validation_fraction": 0.2,

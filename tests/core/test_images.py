@@ -164,7 +164,8 @@ def test_the_real_flowers_prepare_into_five_classes_of_200(shared_images, tmp_pa
 @pytest.mark.parametrize(("override", "expected"), [
     ('data.train_file="no/such/folder"', "data.train_file = 'no/such/folder' does not exist"),
     ("task.image_size=[32]", "give [height, width] in pixels"),
-    ('model.architecture=""', "is not an image model: give a folder with a ResNet or ViT config.json"),
+    ('model.architecture=""', "which the image_classification task cannot train: give a checkpoint folder of a "
+                              "resnet, vit model"),
     ("task.validation_fraction=1.5", "task.validation_fraction = 1.5 is not allowed"),
 ])
 def test_image_runs_check_their_settings_before_any_backend_starts(override, expected, tree, capsys) -> None:

@@ -79,7 +79,7 @@ def mlm_config(tmp_path: Path, model: Path, train_file: Path, **task: object) ->
     ("an empty text file", "has no text (data.train_file)"),
     ("text shorter than one row", "fewer than one row of data.max_length = 32"),
     ("a tokenizer without a mask token", "has no mask token ([MASK] or <mask>)"),
-    ("a model with no MLM head", "the masked_lm task has no head for your own model"),
+    ("a model with no MLM head", "the masked_lm task cannot train a model of your own"),
     ("an unknown task option", "unknown config field task.mask_rate"),
     ("a mask probability of 1", "task.mask_probability = 1.0 is not allowed"),
 ])

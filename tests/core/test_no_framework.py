@@ -1,7 +1,8 @@
 """The core never imports an ML framework: not on import, not during a whole numpy-backend run.
 
-The one exception is by design: a task folder's per-backend modules (`tpuplex/tasks/<task>/{jax,tf,torch}.py`) hold
-that framework's head and loss, and only the backend of that framework imports them (`tpuplex.tasks.backend_module`).
+A framework module is named after its framework (`jax.py`, `tf.py`, `torch.py`: a task's or a model kind's parts in
+that framework, and the contracts and shared layers they build on); only that framework's backend imports it. Every
+other module is imported here, and the import-linter contracts (`.importlinter`) hold the same line statically.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ IMPORT_EVERYTHING_AND_RUN = """
 import importlib, json, pkgutil, sys
 import tpuplex
 for module in pkgutil.walk_packages(tpuplex.__path__, "tpuplex."):
-    if module.name.startswith("tpuplex.tasks.") and module.name.rsplit(".", 1)[1] in ("jax", "tf", "torch"):
-        continue  # a task's backend module: imported by that backend only
+    if module.name.rsplit(".", 1)[1] in ("jax", "tf", "torch"):
+        continue  # a framework module: imported by that framework's backend only
     if module.name != "tpuplex.__main__":  # running it would parse this script's arguments
         importlib.import_module(module.name)
 from tpuplex.cli import main

@@ -14,9 +14,9 @@ from helpers import LOGICAL_CPUS
 
 import torch
 from tpuplex.config import RuntimeConfig
+from tpuplex.kinds.image.tf import ConvNorm
 from tpuplex.models.resnet import Conv
 from tpuplex_tf.backend import TfBackend
-from tpuplex_tf.image_models import ConvNorm
 
 
 @pytest.fixture(params=[2, pytest.param(LOGICAL_CPUS, marks=pytest.mark.long)], ids=lambda count: f"{count}-replicas")

@@ -9,7 +9,7 @@ SMOOTHING = 0.1
 
 class SmoothedClassification(SequenceClassification):
     name = "smoothed_classification"
-    backends = {backend: f"smoothing_{backend}" for backend in ("jax", "tf", "torch")}
+    backends = {framework: f"smoothing_{framework}:Module" for framework in ("jax", "tf", "torch")}
 
 
 TASK = SmoothedClassification()

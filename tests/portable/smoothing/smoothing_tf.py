@@ -4,13 +4,12 @@ classifier's."""
 import tensorflow as tf
 from smoothing import SMOOTHING
 
-from tpuplex.tasks.sequence_classification.tf import head_layer, predict_outputs, serving_outputs
-
-__all__ = ["head_layer", "predict_outputs", "serving_outputs", "unit_losses"]
+from tpuplex.tasks.sequence_classification import tf as classification
 
 
-def unit_losses(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-    """[B]: cross-entropy of logits [B, C] against smoothed one-hot labels."""
-    classes = outputs.shape[-1]
-    targets = tf.one_hot(tf.cast(batch["labels"], tf.int32), classes) * (1 - SMOOTHING) + SMOOTHING / classes
-    return tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=outputs)
+class Module(classification.Module):
+    def unit_losses(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """[B]: cross-entropy of logits [B, C] against smoothed one-hot labels."""
+        classes = outputs.shape[-1]
+        targets = tf.one_hot(tf.cast(batch["labels"], tf.int32), classes) * (1 - SMOOTHING) + SMOOTHING / classes
+        return tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=outputs)

@@ -4,11 +4,10 @@ import torch.nn.functional as F
 from smoothing import SMOOTHING
 
 import torch
-from tpuplex.tasks.sequence_classification.torch import head_config, predict_outputs
-
-__all__ = ["head_config", "predict_outputs", "unit_losses"]
+from tpuplex.tasks.sequence_classification import torch as classification
 
 
-def unit_losses(outputs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """[b]: cross-entropy of logits [b, C] against smoothed one-hot labels."""
-    return F.cross_entropy(outputs.float(), batch["labels"], reduction="none", label_smoothing=SMOOTHING)
+class Module(classification.Module):
+    def unit_losses(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[b]: cross-entropy of logits [b, C] against smoothed one-hot labels."""
+        return F.cross_entropy(outputs.float(), batch["labels"], reduction="none", label_smoothing=SMOOTHING)

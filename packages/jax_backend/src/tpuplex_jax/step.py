@@ -29,10 +29,10 @@ import numpy as np
 import optax
 
 import jax
-from tpuplex.protocol import MODEL_INPUTS, OptimizerSpec, decays, head_inputs
-from tpuplex_jax.model import Naming
+from tpuplex.kinds.jax import REPLICA_AXIS as AXIS
+from tpuplex.layers.jax import Naming
+from tpuplex.protocol import OptimizerSpec, decays
 
-AXIS = "replicas"
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
 
 
@@ -45,19 +45,11 @@ class TrainState(NamedTuple):
     model_state: Any
 
 
-def text_call(rows: dict, train: bool, dropout: bool) -> tuple[tuple, dict]:
-    """How a text model is called (the encoder with its head, or your own text model): input_ids,
-    token_type_ids, attention_mask [b, L], `deterministic` (no dropout outside training, or when it is off) and
-    the head's inputs (`tpuplex.protocol.head_inputs`)."""
-    return tuple(rows[name] for name in MODEL_INPUTS), {"deterministic": not (train and dropout),
-                                                        **head_inputs(rows)}
-
-
-def apply(model: nn.Module, model_call: Callable, params: Any, model_state: Any, rows: dict, train: bool,
+def apply(model: nn.Module, model_inputs: Callable, params: Any, model_state: Any, rows: dict, train: bool,
           dropout: bool, key: jax.Array | None = None) -> tuple[jax.Array, Any]:
     """The model's outputs on `rows` and its updated non-trainable state (`model_state` itself outside training).
-    `model_call(rows, train, dropout)` (the task module's, or `text_call`) gives the call's arguments."""
-    args, kwargs = model_call(rows, train, dropout)
+    `model_inputs(rows, train, dropout)` (the task module's) gives the call's arguments."""
+    args, kwargs = model_inputs(rows, train, dropout)
     rngs = {"dropout": key} if train and dropout else None
     variables = {"params": params, **model_state}
     if train and model_state:
@@ -129,8 +121,7 @@ def with_adam_state(opt_state: Any, adam: optax.ScaleByAdamState) -> Any:
 
 def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, grad_accum: int,
                     dropout: bool, seed: int, unit_losses: Callable[[Any, dict], jax.Array],
-                    model_call: Callable = text_call
-                    ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, jax.Array]]:
+                    model_inputs: Callable) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, jax.Array]]:
     """The per-device train step `(state, rows, learning_rate) -> (state, global mean loss)` under axis AXIS.
 
     rows: this replica's arrays, input_ids/token_type_ids/attention_mask [b, L], and the task's labels and
@@ -146,7 +137,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, g
                                       jax.lax.axis_index(AXIS))
 
         def scaled_loss(params, model_state, micro, key):
-            outputs, model_state = apply(model, model_call, params, model_state, micro, True, dropout, key)
+            outputs, model_state = apply(model, model_inputs, params, model_state, micro, True, dropout, key)
             weighted_sum = jnp.sum(micro["weight"] * unit_losses(outputs, micro))
             return weighted_sum * replicas / denominator, (weighted_sum, model_state)
 
@@ -174,11 +165,11 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, g
 
 
 def make_predict_step(model: nn.Module, predict_outputs: Callable[[Any, dict], jax.Array],
-                      model_call: Callable = text_call) -> Callable[[Any, Any, dict], jax.Array]:
+                      model_inputs: Callable) -> Callable[[Any, Any, dict], jax.Array]:
     """The per-device predict step `(params, model_state, rows) -> the task's predict outputs [b, ...]`, in
     inference mode (no dropout, batch norm on its moving statistics)."""
     def predict(params: Any, model_state: Any, rows: dict) -> jax.Array:
-        outputs, _ = apply(model, model_call, params, model_state, rows, False, False)
+        outputs, _ = apply(model, model_inputs, params, model_state, rows, False, False)
         return predict_outputs(outputs, rows)
 
     return predict

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+import keras
 import numpy as np
 import tensorflow as tf
 
-from tpuplex import models, tasks
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
-from tpuplex.errors import TpuplexError
+from tpuplex.kinds import tf as kinds_tf
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
-from tpuplex_tf import checkpoint, export, image_models, model
+from tpuplex.tasks import tf as tasks_tf
+from tpuplex_tf import checkpoint, export
 from tpuplex_tf.devices import build_strategy, use_xla
 from tpuplex_tf.step import Steps
 
@@ -48,23 +50,12 @@ class TfBackend(BackendBase):
         return self._topology
 
     def init(self, model_spec: ModelSpec, optimizer: OptimizerSpec) -> TfState:
-        image_family = not model_spec.architecture and models.family_of(model_spec.hf_config) in models.IMAGE_FAMILIES
-        if optimizer.bf16 and not image_family:
-            raise TpuplexError("train.bf16 = true is supported by the tf backend for the image families (ResNet, "
-                               "ViT) only so far: set train.bf16 = false (or use the jax or torch backend)")
-        task = tasks.backend_module(model_spec.task, "tf")
-        with self.strategy.scope(), image_models.dtype_policy("mixed_bfloat16" if optimizer.bf16 else "float32"):
-            if model_spec.architecture:  # the user's model starts from its own initialisation
-                keras_model = model.build_user_model(model_spec, optimizer.seed,
-                                                     getattr(task, "model_inputs", model.text_inputs))
-            elif image_family:
-                keras_model = image_models.build_image_model(model_spec, task.model_inputs)
-            else:
-                keras_model = model.build(model_spec, task)
-            steps = Steps(self.strategy, keras_model, optimizer, task, self.jit_compile)
-        if not model_spec.architecture:
-            checkpoint.load_params(steps, model_spec.params, "the initial parameters")
-            checkpoint.load_buffers(steps, model_spec.buffers, "the initial batch-norm statistics")
+        task = tasks_tf.load(model_spec.task)
+        with self.strategy.scope(), dtype_policy("mixed_bfloat16" if optimizer.bf16 else "float32"):
+            built = kinds_tf.load(model_spec).build(model_spec, task, optimizer)
+            steps = Steps(self.strategy, built, optimizer, task, model_spec.inputs, self.jit_compile)
+        checkpoint.load_params(steps, built.params, "the initial parameters")
+        checkpoint.load_buffers(steps, built.buffers, "the initial batch-norm statistics")
         self._steps.append(steps)
         return TfState(steps)
 
@@ -113,3 +104,15 @@ class TfBackend(BackendBase):
 
     def stop_profile(self) -> None:
         tf.profiler.experimental.stop()
+
+
+@contextlib.contextmanager
+def dtype_policy(name: str) -> Iterator[None]:
+    """Keras' dtype policy while the model is built: "mixed_bfloat16" computes in bfloat16 with float32
+    variables (batch-norm statistics, attention softmax and the loss stay float32)."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from types import ModuleType
 
 import keras
 import numpy as np
@@ -44,8 +43,9 @@ import tensorflow as tf
 
 from tpuplex.collate import check_divisible, check_micro_batches
 from tpuplex.errors import TpuplexError
-from tpuplex.protocol import IMAGE_INPUTS, MODEL_INPUTS, Batch, OptimizerSpec, batch_rows, decays, head_inputs
-from tpuplex_tf.model import TaskModel, UserClassifier, text_inputs
+from tpuplex.kinds.tf import Built
+from tpuplex.protocol import Batch, OptimizerSpec, batch_rows, decays, head_inputs
+from tpuplex.tasks.tf import TaskModule
 
 
 class Steps:
@@ -61,13 +61,13 @@ class Steps:
         traces: Python traces of the top-level tf.functions (training and prediction programs).
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, model: TaskModel | UserClassifier, optimizer: OptimizerSpec,
-                 task: ModuleType, jit_compile: bool):
+    def __init__(self, strategy: tf.distribute.Strategy, built: Built, optimizer: OptimizerSpec, task: TaskModule,
+                 inputs: tuple[str, ...], jit_compile: bool):
         self.strategy = strategy
-        self.model = model
+        self.model = model = built.network
         self.optimizer = optimizer
         self.task = task
-        self.model_inputs = getattr(task, "model_inputs", text_inputs)
+        self.inputs = inputs
         state = model.state_variables()
         self.state_names, self._state_keras = list(state), list(state.values())
         self.state_variables = [v.value for v in self._state_keras]
@@ -83,7 +83,7 @@ class Steps:
         self.traces = 0
         # A forward pass that synchronises the replicas itself (cross-replica batch norm) cannot run in a nested
         # tf.function under MirroredStrategy: it runs inside the outer program (which TPUStrategy compiles whole).
-        synchronises = getattr(model, "synchronises_replicas", False) and strategy.num_replicas_in_sync > 1
+        synchronises = built.synchronises_replicas and strategy.num_replicas_in_sync > 1
         self._replica_gradients_program = self._replica_gradients if synchronises else \
             tf.function(self._replica_gradients, jit_compile=jit_compile)
         self._update_xla = tf.function(self._sgd if optimizer.optimizer == "sgd" else self._adamw,
@@ -102,7 +102,7 @@ class Steps:
                                "one shape (group steps_per_execution batches by bucket length)")
         rows = batch_rows(batches[0])
         check_micro_batches(rows, self.strategy.num_replicas_in_sync, self.optimizer.grad_accum)
-        keys = (*_inputs(batches[0]), "labels", "weight", *head_inputs(batches[0]))
+        keys = (*self.inputs, "labels", "weight", *head_inputs(batches[0], self.inputs))
         arrays = {key: np.concatenate([_train_array(b, key) for b in batches]) for key in keys}
         arrays["learning_rate"] = np.repeat(np.asarray(learning_rates, np.float32), rows)
         return [float(loss) for loss in self._program(self._train_loop, arrays, rows)(arrays).numpy()]
@@ -111,7 +111,7 @@ class Steps:
         """The task's predict outputs [B, ...] for every row of `batch`."""
         rows = batch_rows(batch)
         check_divisible(rows, self.strategy.num_replicas_in_sync, "the evaluation batch size")
-        keys = (*_inputs(batch), "labels", *head_inputs(batch))
+        keys = (*self.inputs, "labels", *head_inputs(batch, self.inputs))
         arrays = {key: _train_array(batch, key) for key in keys if key in batch}
         return self._program(self._predict, arrays, rows)(arrays).numpy()
 
@@ -213,7 +213,8 @@ class Steps:
     def _train_forward(self, rows: dict[str, tf.Tensor], seed: tf.Tensor, model_state: list[tf.Tensor]):
         """(outputs, new model state) of a training forward pass from `model_state`: the state's updates are
         collected by a StatelessScope, not written (replicas write them together, averaged, in `_write`)."""
-        call = functools.partial(self.model, *self.model_inputs(rows), seed=seed, **head_inputs(rows))
+        call = functools.partial(self.model, *self.task.model_inputs(rows), seed=seed,
+                                 **head_inputs(rows, self.inputs))
         if not self._state_keras:
             return call(), model_state
         with keras.StatelessScope(state_mapping=list(zip(self._state_keras, model_state, strict=True))) as scope:
@@ -266,23 +267,19 @@ class Steps:
         return self._logits_xla(self._replica_rows(arrays, 0, rows))
 
     def _logits(self, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-        return self.task.predict_outputs(self.model(*self.model_inputs(batch), **head_inputs(batch)), batch)
+        outputs = self.model(*self.task.model_inputs(batch), **head_inputs(batch, self.inputs))
+        return self.task.predict_outputs(outputs, batch)
 
 
 def _train_array(batch: Batch, key: str) -> np.ndarray:
-    """One training input as the dtype the program takes; a batch without `weight` counts every row."""
+    """One training input as the dtype the program takes: uint8 (images) as it is, other inputs int32; a batch
+    without `weight` counts every row."""
     if key == "weight":
         return np.asarray(batch.get("weight", np.ones(np.shape(batch["labels"]))), np.float32)
-    if key == "labels":
-        return np.asarray(batch["labels"])
-    if key in IMAGE_INPUTS:
-        return np.asarray(batch[key], np.uint8)
-    return np.asarray(batch[key], np.int32)
-
-
-def _inputs(batch: Batch) -> tuple[str, ...]:
-    """The model inputs `batch` holds: token ids, types and mask, or images."""
-    return tuple(key for key in (*MODEL_INPUTS, *IMAGE_INPUTS) if key in batch)
+    array = np.asarray(batch[key])
+    if key == "labels" or array.dtype == np.uint8:
+        return array
+    return array.astype(np.int32, copy=False)
 
 
 def _assign(variable: tf.Variable, value: tf.Tensor):

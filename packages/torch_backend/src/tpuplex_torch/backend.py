@@ -8,12 +8,13 @@ from typing import ClassVar
 import numpy as np
 
 import torch
-from tpuplex import tasks
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
+from tpuplex.kinds import torch as kinds_torch
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
-from tpuplex_torch import checkpoint, devices, export, model, step
+from tpuplex.tasks import torch as tasks_torch
+from tpuplex_torch import checkpoint, devices, export, step
 from tpuplex_torch.step import TorchState
 
 
@@ -32,11 +33,11 @@ class TorchBackend(BackendBase):
         return self.placement.topology
 
     def init(self, model_spec: ModelSpec, optimizer: OptimizerSpec) -> TorchState:
-        built = model.build(model_spec, optimizer.seed)
+        task = tasks_torch.load(model_spec.task)
+        built = kinds_torch.load(model_spec).build(model_spec, task, optimizer)
         module = self._batch_norm_across_processes(built.module, model_spec).to(self.placement.device)
         state = TorchState(module, step.make_optimizer(module, optimizer), optimizer, built.forward,
-                           self.placement.compiled(built.forward), tasks.backend_module(model_spec.task, "torch"),
-                           tuple(built.buffers))
+                           self.placement.compiled(built.forward), task, tuple(built.buffers))
         return self.state_from_arrays(state, checkpoint.initial(built.params, built.buffers))
 
     def _batch_norm_across_processes(self, module: torch.nn.Module, model_spec: ModelSpec) -> torch.nn.Module:

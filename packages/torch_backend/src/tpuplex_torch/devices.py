@@ -35,10 +35,10 @@ from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows
-from tpuplex.protocol import IMAGE_INPUTS, MODEL_INPUTS, Batch, batch_rows, head_inputs
+from tpuplex.protocol import TARGETS, Batch, batch_rows
 
 if TYPE_CHECKING:
-    from tpuplex_torch.model import Forward
+    from tpuplex.kinds.torch import Forward
 
 XLA_INSTALL = "pip install tpuplex-torch[xla]"
 _PJRT_DEVICE = {"tpu": "TPU", "gpu": "CUDA", "cpu": "CPU"}
@@ -61,12 +61,12 @@ def claim(runtime: RuntimeConfig) -> Placement:
 
 
 def host_tensors(batch: Batch) -> dict[str, torch.Tensor]:
-    """A host batch as CPU tensors: ids and mask int64 [B, L] (images uint8 [B, H, W, 3] as they are), the task's
-    labels int64 (float32 for regression) and weight float32 of the labels' shape ([B], or [B, L] per token; ones
-    when the batch has none), and the head's inputs int64. A predict batch may come without labels."""
-    tensors = {key: torch.from_numpy(np.asarray(batch[key], dtype=np.int64))
-               for key in (*MODEL_INPUTS, *head_inputs(batch)) if key in batch}
-    tensors |= {key: torch.from_numpy(np.ascontiguousarray(batch[key])) for key in IMAGE_INPUTS if key in batch}
+    """A host batch as CPU tensors: the model's and the head's inputs int64 (uint8 arrays, images
+    [B, H, W, 3], as they are), the task's labels int64 (float32 for regression) and weight float32 of the labels'
+    shape ([B], or [B, L] per token; ones when the batch has none). A predict batch may come without labels."""
+    tensors = {key: torch.from_numpy(np.ascontiguousarray(array) if array.dtype == np.uint8 else
+                                     np.asarray(array, dtype=np.int64))
+               for key, array in ((key, np.asarray(value)) for key, value in batch.items()) if key not in TARGETS}
     if "labels" not in batch:
         return tensors
     labels = np.asarray(batch["labels"])

@@ -4,26 +4,22 @@
     <folder>/serving.json    what the program takes and returns, and the task's serving facts (classes, size)
 
 Plain torch loads it: `torch.export.load("model.pt2").module()(inputs)`. The task's torch module says what the
-program wraps (`serving_module(model, data)`); tasks without one are exported as HF folders instead.
+program wraps (`TaskModule.serving(model, data)`); tasks without one are exported as HF folders instead.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
-from tpuplex.errors import TpuplexError
+from tpuplex.tasks.torch import TaskModule
 
 
-def torch_export(model: torch.nn.Module, task: ModuleType, folder: Path, data: Any) -> None:
+def torch_export(model: torch.nn.Module, task: TaskModule, folder: Path, data: Any) -> None:
     """Write `model` (in eval mode, on the CPU) wrapped by the task's serving module into `folder`."""
-    if not hasattr(task, "serving_module"):
-        raise TpuplexError("this task has no torch_export format: use tpuplex export --format hf (a folder "
-                           "transformers' AutoModelFor... loads in plain torch)")
-    wrapper, example, dynamic_shapes, contract = task.serving_module(model.cpu().eval(), data)
+    wrapper, example, dynamic_shapes, contract = task.serving(model.cpu().eval(), data)
     program = torch.export.export(wrapper, example, dynamic_shapes=dynamic_shapes)
     torch.export.save(program, folder / "model.pt2")
     (folder / "serving.json").write_text(json.dumps(contract, indent=2) + "\n")

@@ -12,30 +12,30 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from types import ModuleType
 
 import numpy as np
 
 import torch
 from tpuplex.collate import check_micro_batches
+from tpuplex.kinds.torch import Forward
 from tpuplex.protocol import Batch, OptimizerSpec, decays
+from tpuplex.tasks.torch import TaskModule
 from tpuplex_torch.devices import Placement
-from tpuplex_torch.model import Forward
 
 
 @dataclasses.dataclass
 class TorchState:
-    """The training state, updated in place. forward: how to call the model (`tpuplex_torch.model.Built`);
+    """The training state, updated in place. forward: how to call the model (`tpuplex.kinds.torch.Built`);
     train_forward: the same, as the train step calls it (compiled under torch_mode = "compile"); task: the task's
-    torch module (`unit_losses`, `predict_outputs`); buffer_names: the model's buffers that checkpoints carry (a
-    user model's batch-norm statistics); step: optimizer updates applied so far."""
+    torch module (`tpuplex.tasks.torch.TaskModule`: `unit_losses`, `predict_outputs`); buffer_names: the model's
+    buffers that checkpoints carry (a user model's batch-norm statistics); step: optimizer updates applied so far."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     spec: OptimizerSpec
     forward: Forward
     train_forward: Forward
-    task: ModuleType
+    task: TaskModule
     buffer_names: tuple[str, ...] = ()
     step: int = 0
 

@@ -40,7 +40,3 @@ class ImageFamily:
 RESNET = ImageFamily(("resnet",), "resnet", "ResNetForImageClassification", resnet.read)
 VIT = ImageFamily(("vit",), "vit", "ViTForImageClassification", vit.read)
 
-
-def example_image_shape(arch: Any) -> tuple[int, int, int]:
-    """(H, W, C) of an image the model takes, to build its variables: a ViT's own size, any size for a ResNet."""
-    return (*getattr(arch, "image_size", (32, 32)), arch.num_channels)

@@ -22,47 +22,12 @@ backend only; the core checks its names and shapes like any other.
 
 from __future__ import annotations
 
-import importlib
-import re
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tpuplex.errors import TpuplexError
-from tpuplex.protocol import MODEL_INPUTS
-
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-
-
-def check_import_path(architecture: str) -> None:
-    """Raise one clear error unless `architecture` looks like `package.module:Attribute` (with `{backend}`
-    allowed in the module part)."""
-    if not _IMPORT_PATH.match(architecture.replace("{backend}", "backend")):
-        raise TpuplexError(f"model.architecture = {architecture!r} is not an import path: write "
-                           "\"package.module:ClassName\" (or leave it empty for the checkpoint's own family)")
-
-
-def add_search_path(folder: Path) -> None:
-    """Let user models import from `folder` (after everything installed, so they never shadow a library)."""
-    if str(folder) not in sys.path:
-        sys.path.append(str(folder))
-
-
-def import_object(path: str, field: str) -> Any:
-    """The object `package.module:attribute` names, imported now; `field` (e.g. "task.name = 'x'") starts the one
-    clear error when it cannot be."""
-    module_name, attribute = path.split(":")
-    try:
-        found: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as error:
-        raise TpuplexError(f"{field} cannot be imported ({type(error).__name__}: {error}): make {module_name} "
-                           "importable (pip install -e your package, or add its folder to PYTHONPATH)") from None
-    return found
+from tpuplex.plugins import add_search_path, check_import_path, import_object
 
 
 def resolve(architecture: str, backend: str) -> Any:
@@ -74,17 +39,6 @@ def resolve(architecture: str, backend: str) -> Any:
         raise TpuplexError(f"model.architecture = {architecture!r} is a {type(found).__name__}, not a class or "
                            "function: name the model's class")
     return found
-
-
-def example_batch(arguments: Mapping[str, Any], rows: int = 2) -> dict[str, np.ndarray]:
-    """A batch of `rows` zeros shaped as the model's inputs, to build and check a model of your own: images uint8
-    [rows, H, W, C] when the task builds it with `image_shape`, else token ids, types and mask int32 [rows, 8];
-    labels int32 [rows]."""
-    if "image_shape" in arguments:
-        inputs = {"images": np.zeros((rows, *arguments["image_shape"]), np.uint8)}
-    else:
-        inputs = {name: np.zeros((rows, 8), np.int32) for name in MODEL_INPUTS}
-    return {**inputs, "labels": np.zeros(rows, np.int32)}
 
 
 def check_logits(architecture: str, shape: tuple[int, ...] | str, rows: int, num_labels: int) -> None:

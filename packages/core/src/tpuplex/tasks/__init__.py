@@ -10,14 +10,12 @@ Adding a built-in task is one folder under `tpuplex/tasks/` plus one line in BUI
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import re
-import types
 from collections.abc import Mapping
 from typing import Any
 
+from tpuplex.config import build_section
 from tpuplex.errors import TpuplexError
-from tpuplex.models.user import import_object
+from tpuplex.plugins import IMPORT_PATH, construct, import_object
 from tpuplex.tasks.base import Head, Task, TaskData
 
 BUILTIN: dict[str, str] = {
@@ -26,13 +24,12 @@ BUILTIN: dict[str, str] = {
     "token_classification": "tpuplex.tasks.token_classification:TASK",
     "image_classification": "tpuplex.tasks.image_classification:TASK",
 }
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 def get(name: str) -> Task:
     """The task `[task] name` names: a built-in one, or `package.module:ATTRIBUTE` (a `Task` instance)."""
     path = BUILTIN.get(name, name)
-    if not _IMPORT_PATH.match(path):
+    if not IMPORT_PATH.match(path):
         raise TpuplexError(f"task.name = {name!r} is not a task: use one of {', '.join(BUILTIN)} or the import path "
                            "of your own, \"package.module:TASK\"")
     found = import_object(path, f"task.name = {name!r}")
@@ -43,22 +40,23 @@ def get(name: str) -> Task:
 
 def options(task: Task, given: Mapping[str, Any]) -> Any:
     """The task's `Options` from the `[task]` fields besides `name`, each checked (unknown fields named)."""
-    from tpuplex.config import build_section
-
     return build_section("task", task.Options, dict(given))
 
 
-def backend_module(task: Task, backend: str) -> types.ModuleType:
-    """The task's module for `backend` (its head and loss in that framework), imported now."""
-    path = task.backends.get(backend)
+def framework_module(task: Task, framework: str, contract: type) -> Any:
+    """The task's module for `framework` (`Task.backends`: "package.module:Class", a subclass of `contract`, the
+    framework's `TaskModule` in `tpuplex.tasks.<framework>`), imported and constructed now."""
+    path = task.backends.get(framework)
     if path is None:
-        raise TpuplexError(f"the {task.name} task has no {backend} module: use one of the backends "
+        raise TpuplexError(f"the {task.name} task has no {framework} module: use one of the backends "
                            f"{', '.join(task.backends)}")
-    return importlib.import_module(path)
+    module = construct(path, f"the {task.name} task's {framework} module", contract)
+    module.name = task.name
+    return module
 
 
 def option_fields(task: Task) -> tuple[str, ...]:
     return tuple(field.name for field in dataclasses.fields(task.Options))
 
 
-__all__ = ["BUILTIN", "Head", "Task", "TaskData", "backend_module", "get", "option_fields", "options"]
+__all__ = ["BUILTIN", "Head", "Task", "TaskData", "framework_module", "get", "option_fields", "options"]

@@ -6,22 +6,18 @@ specific to its problem, in two halves:
 - framework-free (this module's `Task`): which data it reads and how raw examples become static-shape host
   batches, its options (`[task]` fields), the head each model family gets under HF names, its metrics, its
   prediction files and what an HF export says about it;
-- one small module per backend (`Task.backends["jax" | "tf" | "torch"]`) with that framework's head and the loss
-  of each unit the task weighs (an example, a token, a masked position).
+- one small module per framework (`Task.backends["jax" | "tf" | "torch"]`), a subclass of that framework's
+  `TaskModule` (`tpuplex.tasks.jax`, `.tf`, `.torch`: the same method names in each) with the head, what the
+  model is called with, the loss of each unit the task weighs (an example, a token, a masked position) and
+  serving.
 
 The core's Trainer, batching, checkpoints and CLI, and the backends' devices, steps and optimizer, know no task:
 a batch is a dict of arrays whose "weight" has the shape of the task's loss units, and every backend minimises
 sum(weight * unit_loss) / max(sum(weight), 1) over the global batch.
 
-A backend module provides (the same names in every framework):
-
-    Head(arch, head, dtype...)            the head as a module of that framework (torch: `build_model`)
-    unit_losses(outputs, batch)           float32, the shape of batch["weight"]
-    predict_outputs(outputs, batch)       what `Backend.predict` returns per row (logits, or per-token values)
-    forward(model, encoder_inputs, batch) torch only, optional: the forward pass when the head does not run on
-                                          every position (the masked LM's `masked_positions`)
-
-A batch entry beyond the protocol's BATCH_KEYS (`protocol.head_inputs`) reaches the head as a keyword argument.
+The kinds of model a task trains are named in `Task.model_kinds` (`tpuplex.kinds`: a text encoder family, an
+image family, your own model); the kind builds the network, the task adds its parts. A batch entry beyond the
+model's inputs and targets (`protocol.head_inputs`) reaches the head as a keyword argument.
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ import numpy as np
 from tpuplex.collate import Encoded
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
-from tpuplex.protocol import Batch
+from tpuplex.protocol import TEXT_INPUTS, Batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,26 +103,44 @@ class TaskData:
         return {"train": self.train, **self.eval, **({"data.test_file": self.test} if self.test else {})}
 
 
+def framework_modules(package: str) -> dict[str, str]:
+    """`Task.backends` for a task folder `package` with a `jax.py`, `tf.py` and `torch.py`, each naming its
+    `TaskModule` subclass `Module`."""
+    return {framework: f"{package}.{framework}:Module" for framework in ("jax", "tf", "torch")}
+
+
 class Task:
     """A task's framework-free half; subclasses set the class attributes and implement `prepare` and `head`.
 
     name: the task's name in `[task] name`; Options: the dataclass of its other `[task]` fields; backends:
-    backend name -> import path of that framework's module; auto_class: transformers' `AutoModelFor...`.
+    framework -> import path of that framework's `TaskModule` ("package.module:Class"); auto_class:
+    transformers' `AutoModelFor...`.
     """
 
     name: ClassVar[str]
     Options: ClassVar[type]
     backends: ClassVar[Mapping[str, str]]
     auto_class: ClassVar[str]
+    model_kinds: ClassVar[tuple[str, ...]] = ("text",)
+    """The kinds of model (`tpuplex.kinds`: "text", "image", "own") the task can train."""
+    inputs: ClassVar[tuple[str, ...]] = TEXT_INPUTS
+    """The batch entries the model takes (`tpuplex.protocol`)."""
     tokenized: ClassVar[bool] = True
-    """Whether the task reads text through the checkpoint's tokenizer (False: images, and no checkpoint)."""
+    """Whether the task reads text through the checkpoint's tokenizer (False: images; a model of your own then
+    needs no checkpoint)."""
 
     def check(self, config: Any, options: Any) -> None:
         """Cheap checks of the run's data settings (fields, files exist), before any backend starts."""
 
-    def prepare(self, config: Any, options: Any, tokenizer_dir: Path) -> TaskData:
-        """Read and encode the run's data (`config.data`), checking it first."""
+    def prepare(self, config: Any, options: Any, tokenizer_dir: Path | None) -> TaskData:
+        """Read and encode the run's data (`config.data`), checking it first; `tokenizer_dir` is the model's
+        checkpoint folder (a text task's tokenizer)."""
         raise NotImplementedError
+
+    def example_batch(self, data: TaskData | None, rows: int = 2) -> dict[str, np.ndarray]:
+        """`rows` rows of zeros shaped as the task's batches, to build a model's variables: token ids, types and
+        mask int32 [rows, 8], labels int32 [rows]."""
+        return {**{name: np.zeros((rows, 8), np.int32) for name in TEXT_INPUTS}, "labels": np.zeros(rows, np.int32)}
 
     def head(self, family: Family, arch: Architecture, hf_config: Mapping[str, Any], data: TaskData) -> Head:
         """The head `family` gets for `data` (its sizes may depend on the data: classes, tags)."""

@@ -33,13 +33,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tpuplex import models, params
 from tpuplex.data import images as image_files
 from tpuplex.errors import TpuplexError
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import ImageFamily
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, check_held_out
+from tpuplex.tasks.base import Task, TaskData, check_held_out, framework_modules
 from tpuplex.tasks.image_classification.data import ImageSplit, augment, held_out
 from tpuplex.tasks.sequence_classification.heads import ClassifierHead
 
@@ -92,8 +91,10 @@ class ImageData(TaskData):
 class ImageClassification(Task):
     name: ClassVar[str] = "image_classification"
     Options: ClassVar[type] = Options
-    backends: ClassVar[Mapping[str, str]] = {backend: f"{__name__}.{backend}" for backend in ("jax", "tf", "torch")}
+    backends: ClassVar[Mapping[str, str]] = framework_modules(__name__)
+    model_kinds: ClassVar[tuple[str, ...]] = ("image", "own")
     auto_class: ClassVar[str] = "AutoModelForImageClassification"
+    inputs: ClassVar[tuple[str, ...]] = ("images",)
     tokenized: ClassVar[bool] = False
 
     def check(self, config: Any, options: Options) -> None:
@@ -105,8 +106,6 @@ class ImageClassification(Task):
         if not config.data.train_file:
             raise TpuplexError("data.train_file is empty: name a class-per-folder image tree, a .csv/.jsonl of "
                                "(path, label), or a folder tpuplex prepare wrote")
-        if not config.model.architecture:
-            image_family_checkpoint(config.model.checkpoint)
         for field, spec in (("data.train_file", config.data.train_file),
                             *((f"data.eval_files[{i}]", spec) for i, spec in enumerate(config.data.eval_files))):
             if not is_url(spec):
@@ -150,6 +149,10 @@ class ImageClassification(Task):
                                    f"{list(data.image_shape[:2])}: set task.image_size = {list(arch.image_size)}")
         return ClassifierHead(modules={}, shapes={}, drawn=(), num_labels=len(data.classes))
 
+    def example_batch(self, data: ImageData, rows: int = 2) -> dict[str, np.ndarray]:
+        """`rows` black images uint8 [rows, H, W, 3] of the data's size, and labels int32 [rows]."""
+        return {"images": np.zeros((rows, *data.image_shape), np.uint8), "labels": np.zeros(rows, np.int32)}
+
     def model_arguments(self, data: ImageData, head: ClassifierHead, vocab_size: int) -> dict[str, Any]:
         return {"num_labels": len(data.classes), "image_shape": data.image_shape}
 
@@ -190,17 +193,6 @@ class ImageClassification(Task):
             if write:
                 written[name] = _write_tsv(out / f"{name}.tsv", keys, softmax(logits), data.classes)
         return written
-
-
-def image_family_checkpoint(checkpoint: str) -> None:
-    """`model.checkpoint` names a ResNet or ViT (a folder, or a hub id), checked before any backend starts."""
-    family = None
-    if checkpoint != params.MINILM_ALIAS:
-        family = models.family_of(params.read_hf_config(params.resolve_checkpoint(checkpoint)))
-    if family not in models.IMAGE_FAMILIES:
-        raise TpuplexError(f"model.checkpoint = {checkpoint!r} is not an image model: give a folder with a ResNet "
-                           "or ViT config.json (and model.safetensors to start from trained weights), or set "
-                           'model.architecture to a model of your own (e.g. "models.{backend}_cnn:FlowersCNN")')
 
 
 def image_size(options: Options) -> tuple[int, int] | None:

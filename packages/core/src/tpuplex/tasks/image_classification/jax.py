@@ -1,5 +1,5 @@
-"""Image classification in JAX: the model is your own Flax module; this module says how it is called and what
-the loss of each image is."""
+"""Image classification in JAX: how the model (an image family, or your own Flax module) is called and what the
+loss of each image is."""
 
 from __future__ import annotations
 
@@ -7,19 +7,20 @@ import jax.numpy as jnp
 import optax
 
 import jax
+from tpuplex.tasks import jax as tasks_jax
 
 
-def model_call(rows: dict[str, jax.Array], train: bool, dropout: bool) -> tuple[tuple, dict]:
-    """images uint8 [b, H, W, 3] scaled to float32 [0, 1] on the device; `train` (batch statistics rather than
-    the moving averages) and `deterministic` (dropout off: outside training, or when model.dropout is false)."""
-    return (rows["images"].astype(jnp.float32) / 255.0,), {"train": train, "deterministic": not (train and dropout)}
+class Module(tasks_jax.TaskModule):
+    def model_inputs(self, rows: dict[str, jax.Array], train: bool, dropout: bool) -> tuple[tuple, dict]:
+        """images uint8 [b, H, W, 3] scaled to float32 [0, 1] on the device; `train` (batch statistics rather
+        than the moving averages) and `deterministic` (dropout off: outside training, or when model.dropout is
+        false)."""
+        return (rows["images"].astype(jnp.float32) / 255.0,), {"train": train, "deterministic": not (train and dropout)}
 
+    def unit_losses(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
+        """Cross-entropy per image [b] from logits [b, classes] (float32)."""
+        return optax.softmax_cross_entropy_with_integer_labels(outputs.astype(jnp.float32), rows["labels"])
 
-def unit_losses(outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """Cross-entropy per image [b] from logits [b, classes] (float32)."""
-    return optax.softmax_cross_entropy_with_integer_labels(outputs.astype(jnp.float32), batch["labels"])
-
-
-def predict_outputs(outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """Logits float32 [b, classes]."""
-    return outputs.astype(jnp.float32)
+    def predict_outputs(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
+        """Logits float32 [b, classes]."""
+        return outputs.astype(jnp.float32)

@@ -1,25 +1,11 @@
-"""Image classification in Keras (TensorFlow): the model is your own Keras model; this module says what it is
-called with, the loss of each image, and the SavedModel's serving outputs."""
+"""Image classification in Keras (TensorFlow): what the model (an image family, or your own) is called with, the
+loss of each image, and the SavedModel's serving endpoint."""
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-
-def model_inputs(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor]:
-    """images uint8 [B, H, W, 3] -> float32 [B, H, W, 3] in [0, 1], scaled on the device."""
-    return (tf.cast(batch["images"], tf.float32) / 255.0,)
-
-
-def unit_losses(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-    """Cross-entropy per image [B] from logits [B, classes]."""
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32),
-                                                          logits=tf.cast(outputs, tf.float32))
-
-
-def predict_outputs(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-    """Logits float32 [B, classes]."""
-    return tf.cast(outputs, tf.float32)
+from tpuplex.tasks import tf as tasks_tf
 
 
 def decode_and_resize(encoded: tf.Tensor, height: int, width: int) -> tf.Tensor:
@@ -39,19 +25,35 @@ def decode_and_resize(encoded: tf.Tensor, height: int, width: int) -> tf.Tensor:
     return tf.cast(tf.clip_by_value(tf.round(resized), 0.0, 255.0), tf.uint8)
 
 
-def serving_endpoint(model, data) -> tuple:
-    """`serving_default` of an image run's SavedModel: `images`, a string [batch] of encoded JPEG/PNG files ->
-    `classes` int32 [batch] (the best class), `probabilities` float32 [batch, classes] and `class_names` string
-    [batch], decoded and resized as `tpuplex prepare` does (`decode_and_resize`)."""
-    height, width, _ = data.image_shape
-    names = tf.constant(list(data.classes))
+class Module(tasks_tf.TaskModule):
+    def model_inputs(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor]:
+        """images uint8 [B, H, W, 3] -> float32 [B, H, W, 3] in [0, 1], scaled on the device."""
+        return (tf.cast(batch["images"], tf.float32) / 255.0,)
 
-    def serve(images: tf.Tensor) -> dict[str, tf.Tensor]:
-        pixels = tf.map_fn(lambda encoded: decode_and_resize(encoded, height, width), images,
-                           fn_output_signature=tf.TensorSpec([height, width, 3], tf.uint8))
-        logits = tf.cast(model(*model_inputs({"images": pixels})), tf.float32)
-        classes = tf.argmax(logits, axis=-1, output_type=tf.int32)
-        return {"classes": classes, "probabilities": tf.nn.softmax(logits, axis=-1),
-                "class_names": tf.gather(names, classes)}
 
-    return serve, [tf.TensorSpec([None], tf.string, name="images")]
+    def unit_losses(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """Cross-entropy per image [B] from logits [B, classes]."""
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32),
+                                                              logits=tf.cast(outputs, tf.float32))
+
+
+    def predict_outputs(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """Logits float32 [B, classes]."""
+        return tf.cast(outputs, tf.float32)
+
+    def serving(self, model, data) -> tuple:
+        """`serving_default` of an image run's SavedModel: `images`, a string [batch] of encoded JPEG/PNG files ->
+        `classes` int32 [batch] (the best class), `probabilities` float32 [batch, classes] and `class_names` string
+        [batch], decoded and resized as `tpuplex prepare` does (`decode_and_resize`)."""
+        height, width, _ = data.image_shape
+        names = tf.constant(list(data.classes))
+
+        def serve(images: tf.Tensor) -> dict[str, tf.Tensor]:
+            pixels = tf.map_fn(lambda encoded: decode_and_resize(encoded, height, width), images,
+                               fn_output_signature=tf.TensorSpec([height, width, 3], tf.uint8))
+            logits = tf.cast(model(*self.model_inputs({"images": pixels})), tf.float32)
+            classes = tf.argmax(logits, axis=-1, output_type=tf.int32)
+            return {"classes": classes, "probabilities": tf.nn.softmax(logits, axis=-1),
+                    "class_names": tf.gather(names, classes)}
+
+        return serve, [tf.TensorSpec([None], tf.string, name="images")]

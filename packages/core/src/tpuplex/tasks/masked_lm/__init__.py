@@ -35,7 +35,7 @@ from tpuplex.data.token_shards import PreparedTokens, open_tokens
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, check_held_out
+from tpuplex.tasks.base import Task, TaskData, check_held_out, framework_modules
 from tpuplex.tasks.masked_lm import data as text
 from tpuplex.tasks.masked_lm.data import tokenizer_hash
 from tpuplex.tasks.masked_lm.heads import FAMILY_HEADS, MaskedLMHead, masked_lm_head
@@ -91,7 +91,7 @@ class MaskedLMData(TaskData):
 class MaskedLM(Task):
     name: ClassVar[str] = "masked_lm"
     Options: ClassVar[type] = Options
-    backends: ClassVar[Mapping[str, str]] = {backend: f"{__name__}.{backend}" for backend in ("jax", "tf", "torch")}
+    backends: ClassVar[Mapping[str, str]] = framework_modules(__name__)
     auto_class: ClassVar[str] = "AutoModelForMaskedLM"
 
     def check(self, config: Any, options: Options) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.tasks.base import Head
 
@@ -51,12 +50,9 @@ FAMILY_HEADS: dict[str, _FamilyHead] = {
 }
 
 
-def masked_lm_head(family: Family | None, arch: Architecture | None) -> MaskedLMHead:
-    """`family`'s masked-LM head; transform, norm and bias are drawn when the checkpoint lacks them."""
-    if family is None or family.name not in FAMILY_HEADS:
-        what = "your own model (model.architecture)" if family is None else f"the {family.name} family"
-        raise TpuplexError(f"the masked_lm task has no head for {what}: use a checkpoint of one of the families "
-                           f"{', '.join(FAMILY_HEADS)} (model.checkpoint) and leave model.architecture empty")
+def masked_lm_head(family: Family, arch: Architecture) -> MaskedLMHead:
+    """`family`'s masked-LM head (every text family has one); transform, norm and bias are drawn when the
+    checkpoint lacks them."""
     found = FAMILY_HEADS[family.name]
     embed, hidden = arch.embedding_size, arch.hidden_size
     return MaskedLMHead(

@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import optax
 
 import jax
+from tpuplex.layers.jax import ACTIVATIONS
 from tpuplex.models import Architecture
+from tpuplex.tasks import jax as tasks_jax
 from tpuplex.tasks.masked_lm.heads import MaskedLMHead
-from tpuplex_jax.model import ACTIVATIONS
 
 
 class Head(nn.Module):
@@ -37,16 +38,15 @@ class Head(nn.Module):
         return logits.astype(jnp.float32)
 
 
-def head_module(arch: Architecture, head: MaskedLMHead, dtype: Any) -> nn.Module:
-    return Head(head.embedding_size, head.vocab_size, head.activation, head.layer_norm_eps, dtype)
+class Module(tasks_jax.TaskModule):
+    def build_head(self, arch: Architecture, head: MaskedLMHead, dtype: Any) -> Head:
+        return Head(head.embedding_size, head.vocab_size, head.activation, head.layer_norm_eps, dtype)
 
+    def unit_losses(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
+        """Per-position cross-entropy [B, P] of logits [B, P, V] against the original ids."""
+        return optax.softmax_cross_entropy_with_integer_labels(outputs, rows["labels"])
 
-def unit_losses(outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """Per-position cross-entropy [B, P] of logits [B, P, V] against the original ids."""
-    return optax.softmax_cross_entropy_with_integer_labels(outputs, batch["labels"])
-
-
-def predict_outputs(outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """float32 [B, P, 2]: each position's cross-entropy and 1.0 where the most likely token is the label."""
-    correct = (jnp.argmax(outputs, axis=-1) == batch["labels"]).astype(jnp.float32)
-    return jnp.stack([unit_losses(outputs, batch), correct], axis=-1)
+    def predict_outputs(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
+        """float32 [B, P, 2]: each position's cross-entropy and 1.0 where the most likely token is the label."""
+        correct = (jnp.argmax(outputs, axis=-1) == rows["labels"]).astype(jnp.float32)
+        return jnp.stack([self.unit_losses(outputs, rows), correct], axis=-1)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tpuplex.layers.tf import ACTIVATIONS, Variables, dense_variables, norm_variables
 from tpuplex.models import Architecture
+from tpuplex.tasks import tf as tasks_tf
 from tpuplex.tasks.masked_lm.heads import MaskedLMHead
-from tpuplex_tf.model import ACTIVATIONS, Variables, dense_variables, norm_variables
 
 
 class Head(keras.layers.Layer):
@@ -33,22 +34,17 @@ class Head(keras.layers.Layer):
                 "head.bias": (self.bias, False)}
 
 
-def head_layer(arch: Architecture, head: MaskedLMHead, word_embeddings: keras.Variable, name: str) -> Head:
-    return Head(head, word_embeddings, name=name)
+class Module(tasks_tf.TaskModule):
+    def build_head(self, arch: Architecture, head: MaskedLMHead, word_embeddings: keras.Variable) -> Head:
+        return Head(head, word_embeddings, name="head")
 
+    def unit_losses(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """Per-position cross-entropy [B, P] of logits [B, P, V] against the original ids."""
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32),
+                                                              logits=outputs)
 
-def unit_losses(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-    """Per-position cross-entropy [B, P] of logits [B, P, V] against the original ids."""
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32), logits=outputs)
-
-
-def predict_outputs(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-    """float32 [B, P, 2]: each position's cross-entropy and 1.0 where the most likely token is the label."""
-    labels = tf.cast(batch["labels"], tf.int32)
-    correct = tf.cast(tf.equal(tf.argmax(outputs, axis=-1, output_type=tf.int32), labels), tf.float32)
-    return tf.stack([unit_losses(outputs, batch), correct], axis=-1)
-
-
-def serving_outputs(outputs: tf.Tensor) -> dict[str, tf.Tensor]:
-    """The SavedModel's outputs: logits [batch, length, vocab]."""
-    return {"logits": outputs}
+    def predict_outputs(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """float32 [B, P, 2]: each position's cross-entropy and 1.0 where the most likely token is the label."""
+        labels = tf.cast(batch["labels"], tf.int32)
+        correct = tf.cast(tf.equal(tf.argmax(outputs, axis=-1, output_type=tf.int32), labels), tf.float32)
+        return tf.stack([self.unit_losses(outputs, batch), correct], axis=-1)

@@ -4,42 +4,36 @@ embeddings); this module runs that head on the masked positions and gives their 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch.nn.functional as F
 
 import torch
-from tpuplex.tasks.masked_lm.heads import FAMILY_HEADS, MaskedLMHead
+from tpuplex.tasks import torch as tasks_torch
+from tpuplex.tasks.masked_lm.heads import FAMILY_HEADS
 
 _HEAD_CALLS = {name: head.calls for head in FAMILY_HEADS.values() for name in head.hf_classes}
 
 
-def head_config(head: MaskedLMHead) -> dict[str, Any]:
-    """The head's sizes come from the encoder's config: nothing to add."""
-    return {}
+class Module(tasks_torch.TaskModule):
+    def forward(self, model: torch.nn.Module, encoder_inputs: Mapping[str, torch.Tensor],
+                batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """HF's `*ForMaskedLM` forward in two parts: the encoder on every position, then the family's head on
+        `batch["masked_positions"]` [b, P] only (every position without it) -> logits [b, P, V]."""
+        hidden = model.base_model(**encoder_inputs)[0]
+        positions = batch.get("masked_positions")
+        if positions is not None:
+            hidden = torch.gather(hidden, 1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+        for name in _HEAD_CALLS[type(model).__name__]:
+            hidden = model.get_submodule(name)(hidden)
+        return hidden
 
+    def unit_losses(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Per-position cross-entropy [b, P] in float32 of logits [b, P, V] against the original ids."""
+        rows, length, vocab = outputs.shape
+        losses = F.cross_entropy(outputs.float().reshape(-1, vocab), batch["labels"].reshape(-1), reduction="none")
+        return losses.view(rows, length)
 
-def forward(model: torch.nn.Module, encoder_inputs: Mapping[str, torch.Tensor],
-            batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """HF's `*ForMaskedLM` forward in two parts: the encoder on every position, then the family's head on
-    `batch["masked_positions"]` [b, P] only (every position without it) -> logits [b, P, V]."""
-    hidden = model.base_model(**encoder_inputs)[0]
-    positions = batch.get("masked_positions")
-    if positions is not None:
-        hidden = torch.gather(hidden, 1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
-    for name in _HEAD_CALLS[type(model).__name__]:
-        hidden = model.get_submodule(name)(hidden)
-    return hidden
-
-
-def unit_losses(outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Per-position cross-entropy [b, P] in float32 of logits [b, P, V] against the original ids."""
-    rows, length, vocab = outputs.shape
-    losses = F.cross_entropy(outputs.float().reshape(-1, vocab), batch["labels"].reshape(-1), reduction="none")
-    return losses.view(rows, length)
-
-
-def predict_outputs(outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """float32 [b, P, 2]: each position's cross-entropy and 1.0 where the most likely token is the label."""
-    correct = (outputs.argmax(dim=-1) == batch["labels"]).float()
-    return torch.stack([unit_losses(outputs, batch), correct], dim=-1)
+    def predict_outputs(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """float32 [b, P, 2]: each position's cross-entropy and 1.0 where the most likely token is the label."""
+        correct = (outputs.argmax(dim=-1) == batch["labels"]).float()
+        return torch.stack([self.unit_losses(outputs, batch), correct], dim=-1)

@@ -23,7 +23,7 @@ from tpuplex.data.tokens import encode_cached
 from tpuplex.glue import Dataset, GlueData, Source
 from tpuplex.metrics import compute, cross_entropy
 from tpuplex.models import Architecture, Family
-from tpuplex.tasks.base import Task, TaskData
+from tpuplex.tasks.base import Task, TaskData, framework_modules
 from tpuplex.tasks.sequence_classification.heads import FAMILY_HEADS, ClassifierHead, classifier_head
 
 
@@ -52,7 +52,8 @@ class ClassificationData(TaskData):
 class SequenceClassification(Task):
     name: ClassVar[str] = "sequence_classification"
     Options: ClassVar[type] = Options
-    backends: ClassVar[Mapping[str, str]] = {backend: f"{__name__}.{backend}" for backend in ("jax", "tf", "torch")}
+    backends: ClassVar[Mapping[str, str]] = framework_modules(__name__)
+    model_kinds: ClassVar[tuple[str, ...]] = ("text", "own")
     auto_class: ClassVar[str] = "AutoModelForSequenceClassification"
 
     def check(self, config: Any, options: Options) -> None:

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import optax
 
 import jax
+from tpuplex.layers.jax import ACTIVATIONS
 from tpuplex.models import Architecture
+from tpuplex.tasks import jax as tasks_jax
 from tpuplex.tasks.sequence_classification.heads import ClassifierHead
-from tpuplex_jax.model import ACTIVATIONS
 
 
 class Head(nn.Module):
@@ -35,17 +36,16 @@ class Head(nn.Module):
         return logits.astype(jnp.float32)
 
 
-def head_module(arch: Architecture, head: ClassifierHead, dtype: Any) -> nn.Module:
-    return Head(arch.hidden_size, head.num_labels, head.activation, head.dropout_first, head.dropout, dtype)
+class Module(tasks_jax.TaskModule):
+    def build_head(self, arch: Architecture, head: ClassifierHead, dtype: Any) -> Head:
+        return Head(arch.hidden_size, head.num_labels, head.activation, head.dropout_first, head.dropout, dtype)
 
+    def unit_losses(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
+        """Per-example loss [B]: cross-entropy on logits [B, C] and int labels, or squared error when C == 1."""
+        if outputs.shape[-1] == 1:
+            return jnp.square(outputs[:, 0] - rows["labels"].astype(jnp.float32))
+        return optax.softmax_cross_entropy_with_integer_labels(outputs, rows["labels"])
 
-def unit_losses(outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """Per-example loss [B]: cross-entropy on logits [B, C] and int labels, or squared error when C == 1."""
-    if outputs.shape[-1] == 1:
-        return jnp.square(outputs[:, 0] - batch["labels"].astype(jnp.float32))
-    return optax.softmax_cross_entropy_with_integer_labels(outputs, batch["labels"])
-
-
-def predict_outputs(outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """Logits float32 [B, C]."""
-    return outputs
+    def predict_outputs(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
+        """Logits float32 [B, C]."""
+        return outputs

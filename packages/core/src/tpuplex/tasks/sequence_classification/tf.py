@@ -6,9 +6,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tpuplex.layers.tf import ACTIVATIONS, Variables, dense_variables, dropout
 from tpuplex.models import Architecture
+from tpuplex.tasks import tf as tasks_tf
 from tpuplex.tasks.sequence_classification.heads import ClassifierHead
-from tpuplex_tf.model import ACTIVATIONS, Variables, dense_variables, dropout
 
 
 class Head(keras.layers.Layer):
@@ -31,23 +32,22 @@ class Head(keras.layers.Layer):
         return {**dense_variables("head.dense", self.dense), **dense_variables("head.out", self.out)}
 
 
-def head_layer(arch: Architecture, head: ClassifierHead, word_embeddings: keras.Variable, name: str) -> Head:
-    return Head(arch, head, name=name)
+class Module(tasks_tf.TaskModule):
+    def build_head(self, arch: Architecture, head: ClassifierHead, word_embeddings: keras.Variable) -> Head:
+        return Head(arch, head, name="head")
 
+    def unit_losses(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """[B] cross-entropy, or squared error when there is one output (logits [B, 1] vs float labels [B])."""
+        if outputs.shape[-1] == 1:
+            return tf.square(outputs[:, 0] - tf.cast(batch["labels"], outputs.dtype))
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32),
+                                                              logits=outputs)
 
-def unit_losses(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-    """[B] cross-entropy, or squared error when there is one output (logits [B, 1] vs float labels [B])."""
-    if outputs.shape[-1] == 1:
-        return tf.square(outputs[:, 0] - tf.cast(batch["labels"], outputs.dtype))
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32), logits=outputs)
+    def predict_outputs(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """Logits float32 [B, C]."""
+        return outputs
 
-
-def predict_outputs(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-    """Logits float32 [B, C]."""
-    return outputs
-
-
-def serving_outputs(outputs: tf.Tensor) -> dict[str, tf.Tensor]:
-    """The SavedModel's outputs: logits and probabilities [batch, C] (softmax; for regression the score itself)."""
-    probabilities = outputs if outputs.shape[-1] == 1 else tf.nn.softmax(outputs, axis=-1)
-    return {"logits": outputs, "probabilities": probabilities}
+    def serving_outputs(self, outputs: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Logits and probabilities [batch, C] (softmax; for regression the score itself)."""
+        probabilities = outputs if outputs.shape[-1] == 1 else tf.nn.softmax(outputs, axis=-1)
+        return {"logits": outputs, "probabilities": probabilities}

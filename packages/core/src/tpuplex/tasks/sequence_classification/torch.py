@@ -9,23 +9,22 @@ from typing import Any
 import torch.nn.functional as F
 
 import torch
+from tpuplex.tasks import torch as tasks_torch
 from tpuplex.tasks.sequence_classification.heads import ClassifierHead
 
 
-def head_config(head: ClassifierHead) -> dict[str, Any]:
-    """The HF config fields that size the head."""
-    return {"num_labels": head.num_labels}
+class Module(tasks_torch.TaskModule):
+    def head_config(self, head: ClassifierHead) -> dict[str, Any]:
+        return {"num_labels": head.num_labels}
 
+    def unit_losses(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Loss per row [b] in float32: cross-entropy for class labels, squared error for float (regression)
+        labels against logits [b, 1]."""
+        logits, labels = outputs.float(), batch["labels"]
+        if labels.is_floating_point():
+            return (logits[:, 0] - labels) ** 2
+        return F.cross_entropy(logits, labels, reduction="none")
 
-def unit_losses(outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Loss per row [b] in float32: cross-entropy for class labels, squared error for float (regression) labels
-    against logits [b, 1]."""
-    logits, labels = outputs.float(), batch["labels"]
-    if labels.is_floating_point():
-        return (logits[:, 0] - labels) ** 2
-    return F.cross_entropy(logits, labels, reduction="none")
-
-
-def predict_outputs(outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Logits float32 [b, num_labels]."""
-    return outputs.float()
+    def predict_outputs(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Logits float32 [b, num_labels]."""
+        return outputs.float()

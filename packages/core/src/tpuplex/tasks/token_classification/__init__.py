@@ -39,7 +39,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData
+from tpuplex.tasks.base import Task, TaskData, framework_modules
 from tpuplex.tasks.token_classification import data as tagged
 from tpuplex.tasks.token_classification.entities import check_scheme, scores
 from tpuplex.tasks.token_classification.heads import FAMILY_HEADS, TokenClassifierHead, token_classifier_head
@@ -107,7 +107,7 @@ def scored(batch: Batch) -> Batch:
 class TokenClassification(Task):
     name: ClassVar[str] = "token_classification"
     Options: ClassVar[type] = Options
-    backends: ClassVar[Mapping[str, str]] = {backend: f"{__name__}.{backend}" for backend in ("jax", "tf", "torch")}
+    backends: ClassVar[Mapping[str, str]] = framework_modules(__name__)
     auto_class: ClassVar[str] = "AutoModelForTokenClassification"
 
     def check(self, config: Any, options: Options) -> None:

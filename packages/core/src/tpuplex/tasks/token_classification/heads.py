@@ -11,7 +11,6 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.models.family import ConfigReader
 from tpuplex.tasks.base import Head
@@ -50,12 +49,9 @@ FAMILY_HEADS: dict[str, _FamilyHead] = {
 }
 
 
-def token_classifier_head(family: Family | None, arch: Architecture | None, hf_config: Mapping[str, Any],
+def token_classifier_head(family: Family, arch: Architecture, hf_config: Mapping[str, Any],
                           num_labels: int) -> TokenClassifierHead:
     """`family`'s token classifier for `num_labels` tags; `head.out` is drawn when the checkpoint lacks it."""
-    if family is None:
-        raise TpuplexError("the token_classification task has no head for your own model (model.architecture): use "
-                           f"a checkpoint of one of the families {', '.join(FAMILY_HEADS)} (model.checkpoint)")
     hidden = arch.hidden_size
     return TokenClassifierHead(
         modules={"head.out": "classifier"},

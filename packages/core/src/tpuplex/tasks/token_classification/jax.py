@@ -10,6 +10,7 @@ import optax
 
 import jax
 from tpuplex.models import Architecture
+from tpuplex.tasks import jax as tasks_jax
 from tpuplex.tasks.token_classification.heads import TokenClassifierHead
 
 
@@ -26,15 +27,14 @@ class Head(nn.Module):
         return nn.Dense(self.num_labels, dtype=self.dtype, name="out")(hidden).astype(jnp.float32)
 
 
-def head_module(arch: Architecture, head: TokenClassifierHead, dtype: Any) -> nn.Module:
-    return Head(head.num_labels, head.dropout, dtype)
+class Module(tasks_jax.TaskModule):
+    def build_head(self, arch: Architecture, head: TokenClassifierHead, dtype: Any) -> Head:
+        return Head(head.num_labels, head.dropout, dtype)
 
+    def unit_losses(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
+        """Per-token cross-entropy [B, L] of logits [B, L, T] against the tag ids."""
+        return optax.softmax_cross_entropy_with_integer_labels(outputs, rows["labels"])
 
-def unit_losses(outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """Per-token cross-entropy [B, L] of logits [B, L, T] against the tag ids."""
-    return optax.softmax_cross_entropy_with_integer_labels(outputs, batch["labels"])
-
-
-def predict_outputs(outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """Logits float32 [B, L, T]."""
-    return outputs
+    def predict_outputs(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
+        """Logits float32 [B, L, T]."""
+        return outputs

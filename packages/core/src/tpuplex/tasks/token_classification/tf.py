@@ -6,9 +6,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tpuplex.layers.tf import Variables, dense_variables, dropout
 from tpuplex.models import Architecture
+from tpuplex.tasks import tf as tasks_tf
 from tpuplex.tasks.token_classification.heads import TokenClassifierHead
-from tpuplex_tf.model import Variables, dense_variables, dropout
 
 
 class Head(keras.layers.Layer):
@@ -26,20 +27,19 @@ class Head(keras.layers.Layer):
         return dense_variables("head.out", self.out)
 
 
-def head_layer(arch: Architecture, head: TokenClassifierHead, word_embeddings: keras.Variable, name: str) -> Head:
-    return Head(head, name=name)
+class Module(tasks_tf.TaskModule):
+    def build_head(self, arch: Architecture, head: TokenClassifierHead, word_embeddings: keras.Variable) -> Head:
+        return Head(head, name="head")
 
+    def unit_losses(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """Per-token cross-entropy [B, L] of logits [B, L, T] against the tag ids."""
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32),
+                                                              logits=outputs)
 
-def unit_losses(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-    """Per-token cross-entropy [B, L] of logits [B, L, T] against the tag ids."""
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32), logits=outputs)
+    def predict_outputs(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """Logits float32 [B, L, T]."""
+        return outputs
 
-
-def predict_outputs(outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-    """Logits float32 [B, L, T]."""
-    return outputs
-
-
-def serving_outputs(outputs: tf.Tensor) -> dict[str, tf.Tensor]:
-    """The SavedModel's outputs: logits and probabilities [batch, length, tags]."""
-    return {"logits": outputs, "probabilities": tf.nn.softmax(outputs, axis=-1)}
+    def serving_outputs(self, outputs: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Logits and probabilities [batch, length, tags]."""
+        return {"logits": outputs, "probabilities": tf.nn.softmax(outputs, axis=-1)}

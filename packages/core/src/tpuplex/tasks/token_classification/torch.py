@@ -9,21 +9,20 @@ from typing import Any
 import torch.nn.functional as F
 
 import torch
+from tpuplex.tasks import torch as tasks_torch
 from tpuplex.tasks.token_classification.heads import TokenClassifierHead
 
 
-def head_config(head: TokenClassifierHead) -> dict[str, Any]:
-    """The HF config fields that size the head."""
-    return {"num_labels": head.num_labels}
+class Module(tasks_torch.TaskModule):
+    def head_config(self, head: TokenClassifierHead) -> dict[str, Any]:
+        return {"num_labels": head.num_labels}
 
+    def unit_losses(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token cross-entropy [b, L] in float32 of logits [b, L, T] against the tag ids."""
+        rows, length, tags = outputs.shape
+        losses = F.cross_entropy(outputs.float().reshape(-1, tags), batch["labels"].reshape(-1), reduction="none")
+        return losses.view(rows, length)
 
-def unit_losses(outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Per-token cross-entropy [b, L] in float32 of logits [b, L, T] against the tag ids."""
-    rows, length, tags = outputs.shape
-    losses = F.cross_entropy(outputs.float().reshape(-1, tags), batch["labels"].reshape(-1), reduction="none")
-    return losses.view(rows, length)
-
-
-def predict_outputs(outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Logits float32 [b, L, T]."""
-    return outputs.float()
+    def predict_outputs(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Logits float32 [b, L, T]."""
+        return outputs.float()

@@ -12,20 +12,17 @@ strided convolution (where "same" would pad one side only); the stem's max-pool 
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 
 import keras
 import tensorflow as tf
 
-from tpuplex import models
-from tpuplex.models import user
-from tpuplex.models.image_family import example_image_shape
+from tpuplex.kinds.image import example_image_shape
+from tpuplex.kinds.tf import Built, KindModule
+from tpuplex.layers.tf import ACTIVATIONS, Variables, dense_variables, dropout, norm_variables
 from tpuplex.models.resnet import Conv, ResNet
 from tpuplex.models.vit import ViT
-from tpuplex.protocol import ModelSpec
-from tpuplex_tf.model import ACTIVATIONS, Variables, dense_variables, dropout, norm_variables
+from tpuplex.protocol import ModelSpec, OptimizerSpec
 
 MOMENTUM, EPSILON = 0.1, 1e-5
 """torch.nn.BatchNorm2d's defaults, which HF's ResNet keeps."""
@@ -202,6 +199,7 @@ class ViTClassifier(keras.Model):
     def __init__(self, arch: ViT, num_labels: int, cross_replica: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.arch = arch
+        self.synchronises_replicas = False  # no batch norm
         self.projection = keras.layers.Conv2D(arch.hidden_size, arch.patch_size, arch.patch_size)
         self.cls_token = self.add_weight(shape=(1, 1, arch.hidden_size), initializer="zeros", name="cls_token")
         self.position_embeddings = self.add_weight(shape=(1, arch.num_patches + 1, arch.hidden_size),
@@ -234,30 +232,17 @@ class ViTClassifier(keras.Model):
         return {}
 
 
-@contextlib.contextmanager
-def dtype_policy(name: str) -> Iterator[None]:
-    """Keras' dtype policy while the model is built: "mixed_bfloat16" computes in bfloat16 with float32
-    variables (batch-norm statistics, attention softmax and the loss stay float32)."""
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(name)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
-
-
 def image_model(arch: ResNet | ViT, num_labels: int, cross_replica: bool) -> ResNetClassifier | ViTClassifier:
     """The family's Keras classifier for `arch`, its variables not created yet (call it once)."""
     module = ResNetClassifier if isinstance(arch, ResNet) else ViTClassifier
     return module(arch, num_labels, cross_replica)
 
 
-def build_image_model(spec: ModelSpec, model_inputs) -> ResNetClassifier | ViTClassifier:
-    """The image family's classifier with every variable created (call under the strategy's scope); the core's
-    parameters and statistics are assigned afterwards (`tpuplex_tf.checkpoint`)."""
-    arch = models.family_of(spec.hf_config).architecture(spec.hf_config)
-    arch = arch if spec.dropout else arch.without_dropout()
-    module = image_model(arch, spec.num_labels, spec.batch_norm == "cross_replica")
-    example = user.example_batch({"image_shape": example_image_shape(arch)})
-    module(*model_inputs({"images": tf.constant(example["images"])}))
-    return module
+class ImageFamily(KindModule):
+    def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
+        """The image family's classifier with every variable created (called under the strategy's scope and the
+        dtype policy), to start from the core's parameters and batch-norm statistics."""
+        arch = spec.arch if spec.dropout else spec.arch.without_dropout()
+        module = image_model(arch, spec.num_labels, spec.batch_norm == "cross_replica")
+        module(*task.model_inputs({"images": tf.zeros((2, *example_image_shape(arch)), tf.uint8)}))
+        return Built(module, spec.params, spec.buffers, module.synchronises_replicas)

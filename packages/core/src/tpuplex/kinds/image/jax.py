@@ -10,22 +10,20 @@ the three backends and transformers share one checkpoint.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 import jax
-from tpuplex import models
-from tpuplex.models import user
-from tpuplex.models.image_family import example_image_shape
+from tpuplex.kinds.image import example_image_shape
+from tpuplex.kinds.jax import REPLICA_AXIS, Built, KindModule
+from tpuplex.layers.jax import ACTIVATIONS, Naming, to_flax
 from tpuplex.models.resnet import Conv, ResNet
 from tpuplex.models.vit import ViT
 from tpuplex.params import check_names
-from tpuplex.protocol import ModelSpec
-from tpuplex_jax.model import ACTIVATIONS, Naming, to_flax
-from tpuplex_jax.step import AXIS
+from tpuplex.protocol import ModelSpec, OptimizerSpec
 
 MOMENTUM, EPSILON = 0.1, 1e-5
 """torch.nn.BatchNorm2d's defaults, which HF's ResNet keeps."""
@@ -153,19 +151,19 @@ def image_model(arch: ResNet | ViT, num_labels: int, axis_name: str | None, dtyp
     return module(arch, num_labels, axis_name, dtype)
 
 
-def build_image_model(spec: ModelSpec, dtype: Any, model_call: Callable) -> tuple[nn.Module, Any, dict, Naming,
-                                                                                   Naming]:
-    """The image family's Flax classifier, its parameters and batch-norm statistics from the core (HF names), and
-    the namings of both trees; `model_call` (the task module's) says how the model is called."""
-    arch = models.family_of(spec.hf_config).architecture(spec.hf_config)
-    arch = arch if spec.dropout else arch.without_dropout()
-    axis = AXIS if spec.batch_norm == "cross_replica" else None
-    flax_model = image_model(arch, spec.num_labels, axis, dtype)
-    args, kwargs = model_call(user.example_batch({"image_shape": example_image_shape(arch)}), False, False)
-    template = jax.eval_shape(lambda: flax_model.init(jax.random.key(0), *args, **kwargs))
-    params_template, state_template = template["params"], {k: v for k, v in template.items() if k != "params"}
-    naming, state_naming = Naming.hf(params_template), Naming.hf(state_template, collection=True)
-    check_names(naming.shapes(params_template), spec.params, "model.params")
-    check_names(state_naming.shapes(state_template), spec.buffers, "the batch-norm statistics")
-    return (flax_model, to_flax(spec.params, params_template, naming),
-            to_flax(spec.buffers, state_template, state_naming), naming, state_naming)
+class ImageFamily(KindModule):
+    def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
+        """The image family's Flax classifier, its parameters and batch-norm statistics from the core (HF names),
+        and the namings of both trees."""
+        arch = spec.arch if spec.dropout else spec.arch.without_dropout()
+        axis = REPLICA_AXIS if spec.batch_norm == "cross_replica" else None
+        network = image_model(arch, spec.num_labels, axis, jnp.bfloat16 if optimizer.bf16 else jnp.float32)
+        images = np.zeros((2, *example_image_shape(arch)), np.uint8)
+        args, kwargs = task.model_inputs({"images": images}, False, False)
+        template = jax.eval_shape(lambda: network.init(jax.random.key(0), *args, **kwargs))
+        params_template, state_template = template["params"], {k: v for k, v in template.items() if k != "params"}
+        naming, state_naming = Naming.hf(params_template), Naming.hf(state_template, collection=True)
+        check_names(naming.shapes(params_template), spec.params, "model.params")
+        check_names(state_naming.shapes(state_template), spec.buffers, "the batch-norm statistics")
+        return Built(network, to_flax(spec.params, params_template, naming),
+                     to_flax(spec.buffers, state_template, state_naming), naming, state_naming, np.iinfo(np.int32).max)

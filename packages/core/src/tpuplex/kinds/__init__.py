@@ -1,0 +1,119 @@
+"""Kinds of model, each a plug-in like a task: one resolution from `[model]` to the kind that owns what differs.
+
+    text    an HF text encoder family (BERT, RoBERTa, DistilBERT, ELECTRA, ALBERT) with the task's head
+    image   an HF image family (ResNet, ViT)
+    own     your own network (`model.architecture`) in the backend's framework (`tpuplex.models.user`)
+
+    kind = kinds.resolve(config, task)    # the ModelKind of this run, checked against the task's `model_kinds`
+    kind.checkpoint_dir                   # the folder of the weights and a text task's tokenizer (or None)
+    kind.check(config); kind.check_data(data)
+    model = kind.spec(config, task, data) # the ModelSpec a backend builds: initial state from the core
+
+A kind is one folder (`tpuplex/kinds/<kind>/`): `__init__.py`, framework-free (which families it answers to, how
+its initial state is drawn or read), and one module per framework (`tf.py`, `jax.py`, `torch.py`) whose
+`KindModule` builds the network (the contract is `tpuplex.kinds.<framework>`); `frameworks` names them. The
+backends call `build` of the kind a spec names and never ask which kind it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tpuplex import models, params
+from tpuplex.errors import TpuplexError
+from tpuplex.plugins import construct
+from tpuplex.protocol import ModelSpec
+
+
+class ModelKind:
+    """A kind of model as one run resolved it (subclasses set `name`, `frameworks` and what they answer to).
+
+    checkpoint_dir: where the weights (and a text task's tokenizer) come from; None when nothing is read.
+    hf_config, family, arch: the checkpoint's config.json, its family and architecture (empty / None for a model
+        of your own).
+    """
+
+    name: ClassVar[str]
+    frameworks: ClassVar[Mapping[str, str]]
+    """Backend name -> import path ("package.module:Class") of the kind's `KindModule` in that framework."""
+    families: ClassVar[tuple[Any, ...]] = ()
+    """The families (`tpuplex.models`) whose checkpoints are this kind."""
+
+    def __init__(self, checkpoint_dir: Path | None, hf_config: Mapping[str, Any], family: Any, arch: Any):
+        self.checkpoint_dir, self.hf_config, self.family, self.arch = checkpoint_dir, hf_config, family, arch
+
+    def check(self, config: Any, task: Any) -> None:
+        """Cheap checks of the config against the model, before the data is read."""
+
+    def check_data(self, data: Any) -> None:
+        """Checks of the task's encoded data against the model (token ids within the vocabulary)."""
+
+    def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The parameters and non-trainable state every backend starts from (HF names, torch layout)."""
+        raise NotImplementedError
+
+    def model_arguments(self, config: Any, task: Any, data: Any, head: Any) -> dict[str, Any]:
+        """What a model of your own is built with (`Task.model_arguments`); nothing for a family."""
+        return {}
+
+    def spec(self, config: Any, task: Any, data: Any) -> ModelSpec:
+        """The model to build for `task` on `data`: the head, the initial state, and what the backends need."""
+        head = task.head(self.family, self.arch, self.hf_config, data)
+        initial, buffers = self.initial_state(head, config.train.seed)
+        return ModelSpec(kind=self, task=task, inputs=task.inputs, head=head, hf_config=self.hf_config,
+                         family=self.family, arch=self.arch, params=initial, buffers=buffers,
+                         dropout=config.model.dropout, checkpoint_dir=self.checkpoint_dir,
+                         architecture=config.model.architecture, batch_norm=config.model.batch_norm,
+                         model_arguments=self.model_arguments(config, task, data, head),
+                         example_batch=task.example_batch(data))
+
+
+def resolve(config: Any, task: Any) -> ModelKind:
+    """The kind of model `config.model` names for `task`: your own (`model.architecture`), else the kind whose
+    families include the checkpoint's; one clear error when the task cannot train it."""
+    from tpuplex.kinds.image import ImageFamilies
+    from tpuplex.kinds.own import OwnModel
+    from tpuplex.kinds.text import TextEncoders
+
+    if config.model.architecture:
+        kind: ModelKind = OwnModel.resolve(config, task)
+    else:
+        checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint)
+        hf_config = params.read_hf_config(checkpoint_dir)
+        family, arch = models.architecture_of(hf_config, checkpoint_dir / "config.json")
+        found = next(kind for kind in (TextEncoders, ImageFamilies) if family in kind.families)
+        kind = found(checkpoint_dir, hf_config, family, arch)
+    if kind.name not in task.model_kinds:
+        raise TpuplexError(mismatch(config, task, kind))
+    return kind
+
+
+def mismatch(config: Any, task: Any, kind: ModelKind) -> str:
+    """The one-line refusal of a model the task cannot train, naming the kinds it can."""
+    from tpuplex.kinds.image import ImageFamilies
+    from tpuplex.kinds.text import TextEncoders
+
+    accepted = [kind for kind in (TextEncoders, ImageFamilies) if kind.name in task.model_kinds]
+    model_types = ", ".join(t for accepted_kind in accepted for family in accepted_kind.families
+                            for t in family.model_types)
+    if kind.name == "own":
+        return (f"the {task.name} task cannot train a model of your own (model.architecture = "
+                f"{config.model.architecture!r}): leave model.architecture empty and give model.checkpoint a "
+                f"{model_types} model")
+    own = ('; or set model.architecture to a model of your own (e.g. "models.{backend}_cnn:FlowersCNN")'
+           if "own" in task.model_kinds else "")
+    return (f"model.checkpoint {kind.checkpoint_dir} is a {kind.family.name} model, which the {task.name} task "
+            f"cannot train: give a checkpoint folder of a {model_types} model{own}")
+
+
+def framework_module(spec: ModelSpec, framework: str, contract: type) -> Any:
+    """The `KindModule` of `framework` (a subclass of `contract`, in `tpuplex.kinds.<framework>`) of the kind
+    `spec` was resolved to, imported and constructed now."""
+    return construct(spec.kind.frameworks[framework], f"the {spec.kind.name} model's {framework} module", contract)
+
+
+__all__ = ["ModelKind", "framework_module", "mismatch", "resolve"]

@@ -1,0 +1,48 @@
+"""The contract of a model kind's Flax (JAX) module: `build`, which the jax backend calls for every kind.
+
+The backend replicates the model's steps over its devices with the axis `REPLICA_AXIS` (what cross-replica batch
+norm averages over) and keeps the trees `Built` gives under the portable names its namings spell.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+
+from tpuplex import kinds
+from tpuplex.layers.jax import Naming
+from tpuplex.protocol import ModelSpec, OptimizerSpec
+
+REPLICA_AXIS = "replicas"
+"""The name of the replica axis in the jax backend's replicated steps."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A Flax network and its initial trees.
+
+    params: the parameter tree; model_state: the other collections (`{"batch_stats": ...}`; empty for most);
+    naming, state_naming: how their paths become portable names; max_length: the longest sequence it takes (its
+    position embeddings), int32's max when it has no such limit.
+    """
+
+    network: nn.Module
+    params: Any
+    model_state: dict
+    naming: Naming
+    state_naming: Naming
+    max_length: int
+
+
+class KindModule(abc.ABC):
+    @abc.abstractmethod
+    def build(self, spec: ModelSpec, task: Any, optimizer: OptimizerSpec) -> Built:
+        """The network of `spec` with the task's parts (`tpuplex.tasks.jax.TaskModule`), computing in bfloat16
+        when `optimizer.bf16` (parameters stay float32)."""
+
+
+def load(spec: ModelSpec) -> KindModule:
+    return kinds.framework_module(spec, "jax", KindModule)

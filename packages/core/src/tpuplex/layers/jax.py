@@ -1,0 +1,101 @@
+"""What every Flax (JAX) module of tpuplex shares: activations by HF name, and the naming between Flax trees and
+portable names.
+
+Modules are named after the core's *canonical* parameter names, so a parameter's tree path spells its canonical
+name (`block.3/query/kernel` is `block.3.query.weight`, transposed: Flax keeps Dense kernels [in, out], torch
+[out, in]); a family's table (`Family.hf_names`) turns those into HF names. A `Naming` holds that table;
+`to_flax` / `to_portable_arrays` convert whole trees with it (parameters, and Adam moments, which share the
+layout). A model of your own gets a native `Naming`: its tree paths as they are.
+
+A framework module (docs/ARCHITECTURE.md): imported by the jax backend and the `jax.py` of tasks and model kinds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+import jax
+from tpuplex.params import from_torch_layout, to_torch_layout, torch_shape
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # HF "gelu" is the exact erf form
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+    "tanh": jnp.tanh,
+}
+_CANONICAL_LEAF = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
+
+
+def canonical_name(path: tuple[Any, ...]) -> str:
+    """The canonical name of the Flax parameter at tree `path` (jax.tree_util key path or plain strings)."""
+    *modules, leaf = (getattr(key, "key", key) for key in path)
+    return ".".join([*modules, _CANONICAL_LEAF.get(leaf, leaf)])
+
+
+def _is_kernel(path: tuple[Any, ...]) -> bool:
+    return getattr(path[-1], "key", path[-1]) == "kernel"
+
+
+@dataclasses.dataclass(frozen=True)
+class Naming:
+    """How the paths of a Flax tree become portable names.
+
+    names: canonical name -> portable name (HF names for a family, from `Family.hf_names`).
+    torch_layout: kernels take torch's layout (Dense [out, in], Conv OIHW) for HF families; a user model's
+        arrays keep their Flax layout.
+    """
+
+    names: Mapping[str, str]
+    torch_layout: bool = True
+
+    @classmethod
+    def native(cls, tree: Any) -> Naming:
+        """A user model's naming: the tree path joined with ".", leaves as Flax calls them, Flax layout."""
+        flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return cls({canonical_name(path): ".".join(str(getattr(key, "key", key)) for key in path)
+                    for path, _ in flat}, torch_layout=False)
+
+    @classmethod
+    def hf(cls, tree: Any, collection: bool = False) -> Naming:
+        """A tree whose module names are already HF's (the image families): the canonical names as they are,
+        without the Flax collection's name (`batch_stats`) when `collection`."""
+        flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+        names = (canonical_name(path) for path, _ in flat)
+        return cls({name: name.split(".", 1)[1] if collection else name for name in names})
+
+    def of(self, path: tuple[Any, ...]) -> str:
+        return self.names[canonical_name(path)]
+
+    def transposed(self, path: tuple[Any, ...]) -> bool:
+        return self.torch_layout and _is_kernel(path)
+
+    def shapes(self, template: Any) -> dict[str, tuple[int, ...]]:
+        """Portable name -> portable shape of every leaf of `template`."""
+        flat = jax.tree_util.tree_flatten_with_path(template)[0]
+        return {self.of(path): torch_shape(tuple(leaf.shape))
+                if self.transposed(path) else tuple(leaf.shape) for path, leaf in flat}
+
+
+def to_flax(arrays: Mapping[str, np.ndarray], template: Any, naming: Naming) -> Any:
+    """Portable arrays -> a Flax tree shaped like `template` (numpy leaves of the template's dtypes)."""
+    def convert(path, leaf):
+        array = np.asarray(arrays[naming.of(path)], dtype=leaf.dtype)
+        return from_torch_layout(array) if naming.transposed(path) else array
+
+    return jax.tree_util.tree_map_with_path(convert, template)
+
+
+def to_portable_arrays(tree: Any, naming: Naming) -> dict[str, np.ndarray]:
+    """A Flax tree (parameters, Adam moments, batch statistics) -> portable numpy arrays: float32, counts int64."""
+    def portable(path, leaf) -> np.ndarray:
+        array = np.asarray(leaf)
+        array = array.astype(np.int64 if np.issubdtype(array.dtype, np.integer) else np.float32)
+        return to_torch_layout(array) if naming.transposed(path) else np.array(array, order="C")  # 0-d stays 0-d
+
+    return {naming.of(path): portable(path, leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}

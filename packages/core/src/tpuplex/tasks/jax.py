@@ -1,0 +1,49 @@
+"""The contract of a task's Flax (JAX) module, what the jax backend and the model kinds call.
+
+A task's `jax.py` subclasses `TaskModule` and `Task.backends["jax"]` names the class ("package.module:Class").
+Rows here are one replica's arrays: the model's inputs, `labels` and `weight` (the task's loss units), and the
+head's inputs (`tpuplex.protocol.head_inputs`).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import flax.linen as nn
+
+import jax
+from tpuplex import tasks
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import TEXT_INPUTS, head_inputs
+
+
+class TaskModule(abc.ABC):
+    """A task in Flax: its head on a text encoder, how the model is called, and its losses."""
+
+    name: str = ""
+    """The task's name, set by `load`."""
+
+    def build_head(self, arch: Any, head: Any, dtype: Any) -> nn.Module:
+        """The head on a text encoder (`tpuplex.kinds.text`): a module called as `head(hidden [B, L, H],
+        word_embeddings [V, E], deterministic, **head_inputs)`; `dtype` is the compute dtype."""
+        raise TpuplexError(f"the {self.name} task has no head for a text encoder")
+
+    def model_inputs(self, rows: dict[str, jax.Array], train: bool, dropout: bool) -> tuple[tuple, dict]:
+        """The model's call as (arguments, keyword arguments): input_ids, token_type_ids, attention_mask [b, L],
+        `deterministic` (no dropout outside training, or when it is off) and the head's inputs."""
+        return tuple(rows[name] for name in TEXT_INPUTS), {"deterministic": not (train and dropout),
+                                                          **head_inputs(rows)}
+
+    @abc.abstractmethod
+    def unit_losses(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
+        """float32 losses of the task's units, the shape of rows["weight"]."""
+
+    @abc.abstractmethod
+    def predict_outputs(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
+        """What `Backend.predict` returns per row."""
+
+
+def load(task: Any) -> TaskModule:
+    """The task's Flax module (`Task.backends["jax"]`), checked to be a `TaskModule`."""
+    return tasks.framework_module(task, "jax", TaskModule)

@@ -1,0 +1,60 @@
+"""The contract of a task's Keras (TensorFlow) module, what the tf backend and the model kinds call.
+
+A task's `tf.py` subclasses `TaskModule` and `Task.backends["tf"]` names the class ("package.module:Class").
+Batches here are dicts of tensors: the model's inputs, `labels` and `weight` (the task's loss units), and the
+head's inputs (`tpuplex.protocol.head_inputs`).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tpuplex import tasks
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import TEXT_INPUTS
+
+
+class TaskModule(abc.ABC):
+    """A task in Keras: its head on a text encoder, what the model is called with, its losses and serving."""
+
+    name: str = ""
+    """The task's name, set by `load`."""
+
+    def build_head(self, arch: Any, head: Any, word_embeddings: keras.Variable) -> keras.layers.Layer:
+        """The head on a text encoder (`tpuplex.kinds.text`): a layer called as `head(hidden [B, L, H], seed,
+        **head_inputs)` with `canonical_variables()`; `word_embeddings` [V, E] for tied decoders."""
+        raise TpuplexError(f"the {self.name} task has no head for a text encoder")
+
+    def model_inputs(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, ...]:
+        """What the model is called with: input_ids, token_type_ids, attention_mask int32 [B, L]."""
+        return tuple(batch[name] for name in TEXT_INPUTS)
+
+    @abc.abstractmethod
+    def unit_losses(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """float32 losses of the task's units, the shape of batch["weight"]."""
+
+    @abc.abstractmethod
+    def predict_outputs(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """What `Backend.predict` returns per row."""
+
+    def serving(self, model: Any, data: Any) -> tuple[Any, list[tf.TensorSpec]]:
+        """The SavedModel's `serving_default` (`tpuplex export --format saved_model`): a function and its input
+        signature. For text: input_ids, token_type_ids, attention_mask int32 [batch, length] (the tokenizer runs
+        beside the server) -> `serving_outputs`."""
+        def serve(input_ids: tf.Tensor, token_type_ids: tf.Tensor, attention_mask: tf.Tensor) -> dict[str, tf.Tensor]:
+            return self.serving_outputs(model(input_ids, token_type_ids, attention_mask))
+
+        return serve, [tf.TensorSpec([None, None], tf.int32, name=name) for name in TEXT_INPUTS]
+
+    def serving_outputs(self, outputs: tf.Tensor) -> dict[str, tf.Tensor]:
+        """The serving outputs of the model's outputs: logits."""
+        return {"logits": outputs}
+
+
+def load(task: Any) -> TaskModule:
+    """The task's Keras module (`Task.backends["tf"]`), checked to be a `TaskModule`."""
+    return tasks.framework_module(task, "tf", TaskModule)

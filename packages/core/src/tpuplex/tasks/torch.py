@@ -1,0 +1,57 @@
+"""The contract of a task's PyTorch module, what the torch backend and the model kinds call.
+
+A task's `torch.py` subclasses `TaskModule` and `Task.backends["torch"]` names the class ("package.module:Class").
+Batches here are dicts of tensors: the model's inputs, `labels` and `weight` (the task's loss units), and the
+head's inputs (`tpuplex.protocol.head_inputs`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from tpuplex import tasks
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import TEXT_INPUTS
+
+
+class TaskModule(abc.ABC):
+    """A task in PyTorch. transformers' `AutoModelFor...` (`Task.auto_class`) carries a text encoder's head, so
+    the task says how to size it (`head_config`) and, where it differs from the model's own, its forward pass."""
+
+    name: str = ""
+    """The task's name, set by `load`."""
+
+    def head_config(self, head: Any) -> dict[str, Any]:
+        """The HF config fields that size the head (`num_labels`); none by default."""
+        return {}
+
+    def forward(self, model: torch.nn.Module, encoder_inputs: Mapping[str, torch.Tensor],
+                batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """An HF text model's outputs for `encoder_inputs` (ids, additive mask, types): its logits."""
+        return model(**encoder_inputs).logits
+
+    def model_inputs(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """What a model of your own is called with: input_ids, token_type_ids, attention_mask int64 [b, L]."""
+        return tuple(batch[name] for name in TEXT_INPUTS)
+
+    @abc.abstractmethod
+    def unit_losses(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """float32 losses of the task's units, the shape of batch["weight"]."""
+
+    @abc.abstractmethod
+    def predict_outputs(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """What `Backend.predict` returns per row."""
+
+    def serving(self, model: torch.nn.Module, data: Any) -> tuple[torch.nn.Module, tuple, dict, dict]:
+        """What `tpuplex export --format torch_export` writes: the wrapper, an example input, the dynamic shapes
+        and serving.json's contract."""
+        raise TpuplexError(f"the {self.name} task has no torch_export format: use tpuplex export --format hf (a "
+                           "folder transformers' AutoModelFor... loads in plain torch)")
+
+
+def load(task: Any) -> TaskModule:
+    """The task's PyTorch module (`Task.backends["torch"]`), checked to be a `TaskModule`."""
+    return tasks.framework_module(task, "torch", TaskModule)
