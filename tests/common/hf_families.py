@@ -14,8 +14,9 @@ from tpuplex.collate import Batcher, Encoded
 from tpuplex.config import RuntimeConfig
 from tpuplex.data.tokens import encode, load_tokenizer
 from tpuplex.glue.files import Examples
+from tpuplex.kinds.text import expected_shapes
 from tpuplex.models import family_of
-from tpuplex.params import expected_shapes, read_hf_config
+from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.testing.specs import classifier_spec
 from tpuplex_torch.backend import TorchBackend

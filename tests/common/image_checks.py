@@ -14,6 +14,7 @@ from tpuplex.data import images
 from tpuplex.protocol import ModelSpec, OptimizerSpec, PortableState
 from tpuplex.tasks.image_classification import TASK, ImageData
 from tpuplex.tasks.image_classification.data import ImageSplit
+from tpuplex.testing.specs import own_model_spec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flowers"
 if str(EXAMPLE) not in sys.path:
@@ -36,9 +37,7 @@ def flowers(shared_images: Path, folder: Path) -> ImageData:
 
 
 def spec(data: ImageData, dropout: bool = True) -> ModelSpec:
-    head = TASK.head(None, None, {}, data)
-    return ModelSpec(task=TASK, head=head, hf_config={}, params={}, architecture=FLOWERS_CNN, dropout=dropout,
-                     model_arguments=TASK.model_arguments(data, head, 0))
+    return own_model_spec(TASK, data, FLOWERS_CNN, dropout=dropout)
 
 
 def batches(data: ImageData, count: int) -> list[dict[str, np.ndarray]]:

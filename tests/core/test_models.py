@@ -11,7 +11,8 @@ from safetensors.numpy import load_file, save_file
 from tpuplex import cli, models
 from tpuplex.data.tokens import load_tokenizer
 from tpuplex.errors import TpuplexError
-from tpuplex.params import expected_shapes, initial_params, read_hf_config
+from tpuplex.kinds.text import expected_shapes, initial_params
+from tpuplex.params import read_hf_config
 from tpuplex.testing.specs import classifier
 
 SIZES = {"vocab_size": 50, "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,

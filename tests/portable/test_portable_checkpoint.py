@@ -22,7 +22,7 @@ from hf_families import FAMILIES, write_checkpoint
 
 from tpuplex import checkpoint
 from tpuplex.config import RuntimeConfig
-from tpuplex.params import expected_shapes
+from tpuplex.kinds.text import expected_shapes
 from tpuplex.protocol import OptimizerSpec
 from tpuplex_jax.backend import JaxBackend
 from tpuplex_tf.backend import TfBackend

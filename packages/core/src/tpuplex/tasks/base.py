@@ -41,7 +41,7 @@ class Head:
 
     modules: canonical head module (`head.dense`) -> HF module name (`bert.pooler.dense`).
     shapes: canonical parameter name -> torch-layout shape, in the order the core initialises them.
-    drawn: the canonical modules the core draws when the checkpoint lacks them (`tpuplex.params.initial_params`),
+    drawn: the canonical modules the core draws when the checkpoint lacks them (`tpuplex.kinds.text.initial_params`),
         in order, each "linear" (weight N(0, initializer_range), bias 0), "norm" (weight 1, bias 0) or "bias" (0).
     tied: canonical parameter -> the encoder parameter it is (the MLM decoder is the word embeddings).
     """

@@ -53,6 +53,14 @@ def user_classifier_spec(architecture: str, num_labels: int, vocab_size: int, **
                      example_batch=SEQUENCE_CLASSIFICATION.example_batch(None), **fields)
 
 
+def own_model_spec(task: Task, data: Any, architecture: str, vocab_size: int = 0, **fields: Any) -> ModelSpec:
+    """Your own model (`model.architecture`) for `task` on `data`, built with the task's `model_arguments`."""
+    head = task.head(None, None, {}, data)
+    return ModelSpec(kind=OwnModel(None, {}, None, None), task=task, inputs=task.inputs, head=head, params={},
+                     architecture=architecture, model_arguments=task.model_arguments(data, head, vocab_size),
+                     example_batch=task.example_batch(data), **fields)
+
+
 def masked_lm_spec(directory: Path, hf_config: Mapping[str, Any], seed: int = 0, **fields: Any) -> ModelSpec:
     """The checkpoint with its family's masked-LM head (missing parts drawn with `seed`)."""
     return text_spec(directory, hf_config, MASKED_LM, masked_lm_head(*models.architecture_of(hf_config)), seed,
@@ -68,7 +76,7 @@ def token_classifier_spec(directory: Path, hf_config: Mapping[str, Any], num_lab
 
 def image_family_spec(directory: Path, num_labels: int = 3, seed: int = 0, **fields: Any) -> ModelSpec:
     """The ResNet or ViT that `directory`'s config.json describes as an image classifier, its parameters and
-    batch-norm statistics from the core (`tpuplex.params.initial_image_state`)."""
+    batch-norm statistics from the core (`tpuplex.kinds.image.initial_image_state`)."""
     hf_config = read_hf_config(directory)
     family, arch = models.architecture_of(hf_config)
     kind = ImageFamilies(directory, hf_config, family, arch)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from tpuplex.params import expected_shapes
+from tpuplex.kinds.text import expected_shapes
 from tpuplex.testing.specs import classifier
 
 TINY_CONFIG = {

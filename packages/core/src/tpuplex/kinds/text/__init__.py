@@ -1,19 +1,24 @@
 """Text encoder families (`tpuplex.models`: BERT, RoBERTa, DistilBERT, ELECTRA, ALBERT), each described once as
 an `Architecture`, built with the task's head in each framework (`tf.py`, `jax.py`, `torch.py` here).
 
-The initial weights are the checkpoint's, with the head's missing parts drawn by the core
-(`tpuplex.params.initial_params`), so every backend starts from the same numbers.
+The initial weights are the checkpoint's, with the head's missing parts drawn by the core (`initial_params`), so
+every backend starts from the same numbers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-from tpuplex import models, params
+from tpuplex import models
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds import ModelKind
+from tpuplex.models.weights import load_weights
+from tpuplex.params import check_names
+from tpuplex.tasks.base import Head
 
 
 class TextEncoders(ModelKind):
@@ -37,4 +42,49 @@ class TextEncoders(ModelKind):
                                    "with this model")
 
     def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        return params.initial_params(self.checkpoint_dir, self.hf_config, head, seed), {}
+        return initial_params(self.checkpoint_dir, self.hf_config, head, seed), {}
+
+
+def expected_shapes(hf_config: Mapping[str, Any], head: Head) -> dict[str, tuple[int, ...]]:
+    """HF name -> torch-layout shape of every parameter of the family's encoder with the task's `head`."""
+    family, arch = models.architecture_of(hf_config)
+    shapes = family.hf_shapes(arch)
+    shapes |= {head.hf_name(name): shape for name, shape in head.shapes.items()}
+    return shapes
+
+
+def initial_params(checkpoint_dir: Path, hf_config: Mapping[str, Any], head: Head, seed: int
+                   ) -> dict[str, np.ndarray]:
+    """Every parameter of the family's encoder and the task's `head`, float32, HF names and torch layout.
+
+    Weights come from the checkpoint (`model.safetensors` or `pytorch_model.bin`; base-model names get the
+    family's prefix, other heads are dropped as `from_pretrained` drops them). The head's missing parts
+    (`head.drawn`, in order; a linear layer also when its shape differs, e.g. another num_labels) are drawn by
+    `numpy.random.default_rng(seed)`: linear weights from N(0, initializer_range) with zero biases, norms as
+    weight 1 and bias 0, as HF initialises them, so the draw is the same on every machine and backend.
+    """
+    family, arch = models.architecture_of(hf_config, Path(checkpoint_dir) / "config.json")
+    shapes = expected_shapes(hf_config, head)
+    loaded = load_weights(Path(checkpoint_dir))
+    params = {}
+    for name, array in loaded.items():
+        full = name if name in shapes else f"{family.prefix}.{name}"
+        if full in shapes:
+            params[full] = array
+    rng = np.random.default_rng(seed)
+    for module, kind in head.drawn:
+        names = {leaf: head.hf_name(f"{module}.{leaf}") for leaf in ("weight", "bias")}
+        first = names["bias" if kind == "bias" else "weight"]
+        if params.get(first) is not None and params[first].shape == shapes[first]:
+            continue
+        if kind == "linear":
+            params[names["weight"]] = _normal(rng, shapes[names["weight"]], arch.initializer_range)
+        elif kind == "norm":
+            params[names["weight"]] = np.ones(shapes[names["weight"]], np.float32)
+        params[names["bias"]] = np.zeros(shapes[names["bias"]], np.float32)
+    check_names(shapes, params, f"the weights in {checkpoint_dir}")
+    return params
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
+    return (rng.standard_normal(shape) * std).astype(np.float32)

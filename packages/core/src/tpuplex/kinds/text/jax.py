@@ -18,9 +18,10 @@ import jax.numpy as jnp
 
 import jax
 from tpuplex.kinds.jax import Built, KindModule
+from tpuplex.kinds.text import expected_shapes
 from tpuplex.layers.jax import ACTIVATIONS, Naming, to_flax
 from tpuplex.models import Architecture
-from tpuplex.params import check_names, expected_shapes
+from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 
 
