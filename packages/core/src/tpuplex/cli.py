@@ -178,7 +178,13 @@ def _train(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> int:
     import time
 
+    from tpuplex.run import check_writable_folder
+
     started = time.perf_counter()
+    if args.shard_size is not None and args.shard_size < 1:
+        raise TpuplexError(f"--shard-size {args.shard_size}: use 1 or more rows per shard (or leave it out for the "
+                           "default)")
+    check_writable_folder(Path(args.out).expanduser(), "--out")
     if args.tokenizer is not None:
         from tpuplex.params import resolve_checkpoint
         from tpuplex.tasks.masked_lm.corpus import prepare_corpus
@@ -189,10 +195,13 @@ def _prepare(args: argparse.Namespace) -> int:
         resumed = f", {report.resumed_units} of them from an interrupted prepare" if report.resumed_units else ""
         print(f"prepared {report.tokens} tokens into {len(report.prepared)} rows of {args.max_length} in "
               f"{len(report.prepared.shards.manifest['shards'])} shard(s) from {report.units} unit(s){resumed}, "
-              f"{args.workers} worker(s), {report.tokens / seconds:.0f} tokens/s: {args.out}")
+              f"{report.workers} worker(s), {report.tokens / seconds:.0f} tokens/s: {args.out}")
         return 0
     from tpuplex.data import images
 
+    if args.image_size is not None and min(args.image_size) < 1:
+        raise TpuplexError(f"--image-size {args.image_size[0]} {args.image_size[1]}: give a height and a width of at "
+                           "least 1 pixel, e.g. --image-size 160 160 (or leave it out to keep the images' own size)")
     source = Path(args.source).expanduser()
     listing = images.scan_folder(source) if source.is_dir() else images.read_listing(source)
     prepared = images.prepare(listing, args.out, tuple(args.image_size) if args.image_size else None,

@@ -167,11 +167,11 @@ def output_directory(config: Config, backend_name: str) -> Path:
     except (KeyError, IndexError, ValueError):
         raise TpuplexError(f"runtime.output_dir = {template!r} has an unknown placeholder: only {{dataset}}, "
                            "{task} and {backend} are filled in (write {{ and }} for literal braces)") from None
-    _check_writable_folder(path, "runtime.output_dir")
+    check_writable_folder(path, "runtime.output_dir")
     return path
 
 
-def _check_writable_folder(path: Path, field: str) -> None:
+def check_writable_folder(path: Path, field: str) -> None:
     """`path` is, or can be made, a folder we may write in; checked without creating anything."""
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():

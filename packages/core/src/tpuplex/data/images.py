@@ -44,7 +44,8 @@ PREPARED_FORMAT = 3
 KIND = "images"
 DECODE_CHUNK = 256
 """Images decoded (in parallel) and written at a time."""
-RESIZE_RULE = ("center crop to the target aspect ratio (rounded down, offsets floor((size - crop) / 2)), then "
+RESIZE_RULE = ("center crop to the target aspect ratio (rounded down, at least 1 pixel, offsets "
+               "floor((size - crop) / 2)), then "
                "tf.image.resize(method='bilinear', antialias=True) computed in numpy (`resize`), rounded half to "
                "even and clipped to uint8; RGB via Pillow's Image.convert('RGB'): grayscale repeated, alpha dropped, "
                "CMYK by Pillow's conversion; EXIF orientation not applied")
@@ -110,7 +111,8 @@ def read_listing(file: str | Path, classes: Sequence[str] = ()) -> ImageList:
     are relative to the file. Classes are `classes` when given, else the sorted distinct labels."""
     file = Path(file).expanduser()
     if not file.is_file():
-        raise TpuplexError(f"image listing {file} does not exist: give a .csv (path,label) or .jsonl file")
+        raise TpuplexError(f"{file} does not exist: give a folder with one sub-folder of images per class, or a "
+                           ".csv (path,label) or .jsonl listing of the images")
     if file.suffix.lower() == ".csv":
         with file.open(newline="", encoding="utf-8") as handle:
             rows = list(csv.DictReader(handle))
@@ -168,10 +170,11 @@ def require_pillow() -> None:
 
 
 def center_crop(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """The largest centred crop of `image` [h, w, C] with the aspect ratio of `size` (H, W), sizes rounded down."""
+    """The largest centred crop of `image` [h, w, C] with the aspect ratio of `size` (H, W), sizes rounded down
+    (to no less than one pixel)."""
     height, width = image.shape[:2]
-    crop_w = min(width, height * size[1] // size[0])
-    crop_h = min(height, width * size[0] // size[1])
+    crop_w = max(1, min(width, height * size[1] // size[0]))  # at least one pixel: a 1x1 image stays its colour
+    crop_h = max(1, min(height, width * size[0] // size[1]))
     top, left = (height - crop_h) // 2, (width - crop_w) // 2
     return image[top : top + crop_h, left : left + crop_w]
 
@@ -272,6 +275,10 @@ def open_prepared(location: str | Path) -> PreparedImages:
     if meta.get("kind") != KIND or meta.get("format") != PREPARED_FORMAT:
         raise TpuplexError(f"{location} holds {meta.get('kind')} prepared in format {meta.get('format')}, this "
                            f"tpuplex reads images in format {PREPARED_FORMAT}: run tpuplex prepare again")
+    classes, counted = list(meta.get("classes", ())), list(meta.get("class_counts", {}))
+    if not classes or classes != counted:
+        raise TpuplexError(f"{location}/{MANIFEST} names the classes {classes} but counts images of {counted}: run "
+                           "tpuplex prepare again (the classes are the image folders' or the listing's labels)")
     return PreparedImages(shards)
 
 

@@ -160,7 +160,8 @@ class ShardWriter:
                                    for name, field in self.fields.items()},
                         "columns": list(self.columns), "record_bytes": self.dtype.itemsize,
                         "rows": sum(shard["rows"] for shard in self.shards), "shards": self.shards,
-                        "content_sha256": content.hexdigest(), "meta": self.meta}
+                        "content_sha256": content.hexdigest(), "meta": self.meta,
+                        "meta_sha256": meta_sha256(self.meta)}
             (self.staging / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
             os.replace(self.staging, self.folder)
         except BaseException:
@@ -214,10 +215,51 @@ def open_shards(location: str | Path, retries: int = RETRIES) -> Shards:
                                         f"{location}/{MANIFEST}"))
     except (ValueError, UnicodeDecodeError):
         raise TpuplexError(f"{location}/{MANIFEST} is damaged (not JSON): run tpuplex prepare again") from None
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise TpuplexError(f"{location} holds {manifest.get('format')} version {manifest.get('version')}, this "
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        found = manifest if isinstance(manifest, dict) else {}
+        raise TpuplexError(f"{location} holds {found.get('format')} version {found.get('version')}, this "
                            f"tpuplex reads {FORMAT} version {VERSION}: run tpuplex prepare again")
+    problem = manifest_problem(manifest)
+    if problem:
+        raise TpuplexError(f"{location}/{MANIFEST} does not describe its shards ({problem}): run tpuplex prepare "
+                           "again, or restore the folder as prepare wrote it")
     return Shards(str(location), manifest, filesystem, root, retries)
+
+
+def meta_sha256(meta: Mapping[str, Any]) -> str:
+    """The hash of a manifest's `meta` (what the task recorded: classes, tokenizer), so an edit shows."""
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+
+
+def manifest_problem(manifest: Mapping[str, Any]) -> str:
+    """What makes `manifest` disagree with itself ("" when nothing): a missing entry, row counts that do not add
+    up, a shard whose bytes are not its rows' records, a record size that is not its fields', edited `meta`."""
+    for key, kind in (("fields", dict), ("columns", list), ("record_bytes", int), ("rows", int), ("shards", list),
+                      ("content_sha256", str), ("meta", dict)):
+        if not isinstance(manifest.get(key), kind):
+            return f"its {key!r} entry is missing or not a {kind.__name__}"
+    try:
+        fields = {name: Field(spec["dtype"], tuple(spec["shape"])) for name, spec in manifest["fields"].items()}
+        record_bytes = record_dtype(fields).itemsize
+        shard_rows = [int(shard["rows"]) for shard in manifest["shards"]]
+        shard_bytes = [int(shard["bytes"]) for shard in manifest["shards"]]
+        missing = next((name for shard in manifest["shards"] for name in ("records", "sha256", *manifest["columns"])
+                        if not isinstance(shard.get(name), str)), None)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        return f"its fields or shards are unreadable ({type(error).__name__}: {error})"
+    if missing is not None:
+        return f"a shard names no {missing!r} file"
+    if record_bytes != manifest["record_bytes"]:
+        return f"records of its fields are {record_bytes} bytes, it says {manifest['record_bytes']}"
+    if sum(shard_rows) != manifest["rows"]:
+        return f"its shards hold {sum(shard_rows)} rows, it says {manifest['rows']}"
+    wrong = next((index for index, (rows, size) in enumerate(zip(shard_rows, shard_bytes, strict=True))
+                  if rows < 0 or rows * record_bytes != size), None)
+    if wrong is not None:
+        return f"shard {wrong} holds {shard_bytes[wrong]} bytes, not {shard_rows[wrong]} records of {record_bytes}"
+    if "meta_sha256" in manifest and manifest["meta_sha256"] != meta_sha256(manifest["meta"]):
+        return "its meta was edited"
+    return ""
 
 
 class Shards:
@@ -264,6 +306,9 @@ class Shards:
                 path = self._path(shard[name])
                 data = self._read_retrying(lambda path=path: self._filesystem.cat_file(path), shard[name])
                 parts.append(np.load(io.BytesIO(data), allow_pickle=False))
+                if len(parts[-1]) != shard["rows"]:
+                    raise TpuplexError(f"prepared column {path} is damaged: {len(parts[-1])} rows, its manifest says "
+                                       f"{shard['rows']}; run tpuplex prepare again (or restore the folder)")
             self._column_cache[name] = np.concatenate(parts)
         return self._column_cache[name]
 

@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from tpuplex.errors import TpuplexError
-from tpuplex.text import read_utf8
+from tpuplex.text import csv_reader, read_utf8
 
 TEXT_FORMATS = {".tsv": "\t", ".csv": ","}
 FORMATS = (*TEXT_FORMATS, ".jsonl", ".parquet")
@@ -149,7 +149,7 @@ def read_table(file: DataFile, columns: Sequence[str], optional: Sequence[str] =
 def _read_delimited(path: Path, delimiter: str, columns: Sequence[str], optional: Sequence[str]) -> Table:
     """A .tsv (no quoting) or .csv (double-quote quoting) file with a header row."""
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    rows = csv.reader(io.StringIO(read_utf8(path), newline=""), delimiter=delimiter, quoting=quoting)
+    rows = csv_reader(io.StringIO(read_utf8(path), newline=""), delimiter=delimiter, quoting=quoting)
     records = _records(rows, path)
     header, _ = next(records, ([], 0))
     if not header:  # an empty file: read_table says so

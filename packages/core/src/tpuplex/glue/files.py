@@ -19,7 +19,7 @@ import numpy as np
 
 from tpuplex.errors import TpuplexError
 from tpuplex.glue.datasets import Dataset
-from tpuplex.text import read_utf8
+from tpuplex.text import csv_reader, read_utf8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +68,7 @@ def read_split(task: Dataset, split: str, data_dir: str | Path) -> Examples:
     """
     path = split_file(task, split, data_dir)
     with io.StringIO(read_utf8(path), newline="") as handle:
-        rows = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+        rows = csv_reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
         header = task.headerless_columns or tuple(next(rows, ()))
         if not header:
             raise _empty(task, path)

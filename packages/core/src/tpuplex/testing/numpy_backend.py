@@ -22,6 +22,7 @@ import numpy as np
 
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
+from tpuplex.errors import TpuplexError
 from tpuplex.params import check_names
 from tpuplex.protocol import (
     BackendBase,
@@ -64,6 +65,9 @@ class NumpyBackend(BackendBase):
                         detail="numpy linear probe over mean-pooled embeddings")
 
     def init(self, model: ModelSpec, optimizer: OptimizerSpec) -> NumpyState:
+        if model.kind.name != "text":
+            raise TpuplexError(f"the numpy backend (a linear probe for tests) trains text encoders only, not the "
+                               f"{model.kind.name!r} kind of model: use --backend jax, torch or tf")
         hidden = int(model.hf_config["hidden_size"])
         needed = {EMBEDDINGS: (int(model.hf_config["vocab_size"]), hidden),
                   "classifier.weight": (model.num_labels, hidden), "classifier.bias": (model.num_labels,)}

@@ -115,6 +115,11 @@ class ImageClassification(Task):
         data, size = config.data, image_size(options)
         cache = Path(data.cache_dir).expanduser() / "images"
         train = prepared_images("data.train_file", data.train_file, size, cache)
+        height, width, _ = train.image_shape
+        if options.crop_padding >= min(height, width):
+            raise TpuplexError(f"task.crop_padding = {options.crop_padding} is not smaller than the {height}x{width} "
+                               f"images: use fewer pixels than the image's side (e.g. {max(1, min(height, width) // 8)}"
+                               ", as 4 for 32x32), or 0 for no crops")
         if options.classes and tuple(options.classes) != train.classes:
             raise TpuplexError(f"data.train_file = {data.train_file!r} now has the classes {list(train.classes)}, "
                                f"but task.classes (the run's) are {list(options.classes)}: give the images the "

@@ -17,8 +17,8 @@ def decode_and_resize(encoded: tf.Tensor, height: int, width: int) -> tf.Tensor:
                     lambda: tf.io.decode_image(encoded, channels=3, expand_animations=False))
     shape = tf.shape(image)
     rows, columns = shape[0], shape[1]
-    crop_columns = tf.minimum(columns, rows * width // height)
-    crop_rows = tf.minimum(rows, columns * height // width)
+    crop_columns = tf.maximum(1, tf.minimum(columns, rows * width // height))
+    crop_rows = tf.maximum(1, tf.minimum(rows, columns * height // width))
     top, left = (rows - crop_rows) // 2, (columns - crop_columns) // 2
     cropped = image[top : top + crop_rows, left : left + crop_columns]
     resized = tf.image.resize(cropped, (height, width), method="bilinear", antialias=True)

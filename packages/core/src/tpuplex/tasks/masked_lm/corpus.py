@@ -48,12 +48,14 @@ class Unit:
 
 @dataclasses.dataclass(frozen=True)
 class CorpusReport:
-    """What `prepare_corpus` did: the prepared split, its tokens, and the units tokenized now / found done."""
+    """What `prepare_corpus` did: the prepared split, its tokens, the units (and those found done), and the worker
+    processes it used (no more than the units or the cores)."""
 
     prepared: PreparedTokens
     tokens: int
     units: int
     resumed_units: int
+    workers: int
 
 
 def corpus_files(pattern: str) -> tuple[Any, list[str]]:
@@ -119,6 +121,8 @@ def prepare_corpus(pattern: str, out: str | Path, tokenizer_dir: Path, max_lengt
     untruncated_tokenizer(tokenizer_dir, max_length)  # one clear error before any worker starts
     filesystem, paths = corpus_files(pattern)
     units = units_of(filesystem, paths, unit_bytes)
+    # More processes than units, or than cores, would only start interpreters that wait.
+    workers = max(1, min(workers, len(units), os.cpu_count() or 1))
     plan = {"format": WORK_FORMAT, "max_length": max_length, "text_column": text_column, "unit_bytes": unit_bytes,
             "tokenizer": tokenizer_hash(tokenizer_dir),
             "files": [[path, filesystem.size(path), str(filesystem.modified(path))] for path in paths]}
@@ -144,7 +148,7 @@ def prepare_corpus(pattern: str, out: str | Path, tokenizer_dir: Path, max_lengt
     prepared = write_tokens(out, _packed_rows(work, len(units), max_length), shard_rows=shard_rows,
                             meta={"packed": True, "tokenizer": plan["tokenizer"], "sources": pattern})
     shutil.rmtree(work, ignore_errors=True)
-    return CorpusReport(prepared, tokens, len(units), len(units) - len(pending))
+    return CorpusReport(prepared, tokens, len(units), len(units) - len(pending), workers)
 
 
 def _unit_file(work: Path, index: int) -> Path:

@@ -123,7 +123,9 @@ class TokenClassification(Task):
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> TokenData:
         files = self._files(config)
-        sentences = {split: self._read(file, options, require_tags=split != "test") for split, file in files.items()}
+        evaluated = set(files) - {"train"} - ({"test"} if config.data.test_file else set())
+        sentences = {split: self._read(file, options, require_tags=split != "test" or split in evaluated)
+                     for split, file in files.items()}
         tags = options.tags or tagged.tag_set(sentences["train"])
         check_scheme(tags, "task.tags" if options.tags else f"{files['train'].path}")
         for found in sentences.values():
@@ -132,13 +134,15 @@ class TokenClassification(Task):
         aligned = {split: tagged.align(found, tokenizer, config.data.max_length, tags,
                                        options.label_all_tokens and split == "train")
                    for split, found in sentences.items()}
+        _check_words_kept(aligned["train"], config.data.max_length)
         cache = Path(config.data.cache_dir).expanduser()
         # The words and their alignment stay in memory (word-level metrics need them); the rows a run batches are
         # read from prepared shards, as every task's.
         prepared = {split: cached_split(found.encoded, cache, f"{self.name}-{split}")
                     for split, found in aligned.items()}
-        evaluation = {split: rows for split, rows in prepared.items() if split not in ("train", "test")}
-        return TokenData(config.data.dataset, prepared["train"], evaluation, tags, aligned, prepared.get("test"))
+        evaluation = {split: rows for split, rows in prepared.items() if split in evaluated}
+        test = prepared["test"] if config.data.test_file else None
+        return TokenData(config.data.dataset, prepared["train"], evaluation, tags, aligned, test)
 
     def head(self, family: Family | None, arch: Architecture | None, hf_config: Mapping[str, Any],
              data: TokenData) -> TokenClassifierHead:
@@ -178,21 +182,35 @@ class TokenClassification(Task):
         return written
 
     def _files(self, config: Any) -> dict[str, DataFile]:
-        """train, each eval file (by its name) and test (data.test_file), each existing."""
+        """train, each eval file (by its name: `devel.tsv` is the split "devel", `test.tsv` "test") and
+        data.test_file ("test"), each existing. Only two files that would be one split are refused."""
         data = config.data
-        files = {"train": tagged.data_file("data.train_file", data.train_file)}
+        files, given = {"train": tagged.data_file("data.train_file", data.train_file)}, {"train": "data.train_file"}
         for index, spec in enumerate(data.eval_files):
-            file = tagged.data_file(f"data.eval_files[{index}]", spec)
-            if file.name in files or file.name == "test":
-                raise TpuplexError(f"data.eval_files[{index}] = {spec!r} gives the split name {file.name!r} twice "
-                                   "(splits are named after their files): rename one of the files")
-            files[file.name] = file
+            file, field = tagged.data_file(f"data.eval_files[{index}]", spec), f"data.eval_files[{index}] = {spec!r}"
+            if file.name in files:
+                raise TpuplexError(f"{field} and {given[file.name]} would both be the split {file.name!r} (a split is "
+                                   "named after its file): rename one of the files")
+            files[file.name], given[file.name] = file, field
         if data.test_file:
+            if "test" in files:
+                raise TpuplexError(f"{given['test']} and data.test_file = {data.test_file!r} would both be the split "
+                                   "'test': evaluate a labelled test file through data.eval_files alone, or rename "
+                                   "one of the files")
             files["test"] = tagged.data_file("data.test_file", data.test_file)
         return files
 
     def _read(self, file: DataFile, options: Options, require_tags: bool) -> tagged.Sentences:
         return tagged.read_sentences(file, options.tag_column, options.words_field, options.tags_field, require_tags)
+
+
+def _check_words_kept(train: tagged.Aligned, max_length: int) -> None:
+    """A max_length that leaves most training sentences without a single word would train on (almost) nothing."""
+    kept = sum(bool((starts >= 0).any()) for starts in train.word_starts)
+    if 2 * kept < len(train.word_starts):
+        raise TpuplexError(f"data.max_length = {max_length} keeps no word of {len(train.word_starts) - kept} of the "
+                           f"{len(train.word_starts)} training sentences ({train.cut_words} words cut): raise "
+                           "data.max_length (128 keeps whole sentences of most corpora)")
 
 
 def _write_conll(path: Path, sentences: tagged.Sentences, predicted: list[list[str]]) -> Path:
