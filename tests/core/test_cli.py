@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -182,3 +183,14 @@ def test_fitted_buckets_are_used_and_recorded(write_config, tmp_path) -> None:
     fitted, max_length = results["buckets"][:-1], results["buckets"][-1]
     assert 1 <= len(fitted) <= 2 and max_length == 32 and fitted == sorted(fitted)
     assert results["compile_count"] <= 2 * 3
+
+
+def test_a_run_logged_to_a_file_prints_a_plain_progress_line_every_log_every_steps(write_config, tmp_path) -> None:
+    """With stderr a file (a batch job's log) the progress bar is off; each `runtime.log_every` window is a line."""
+    done = run_module("train", str(write_config()), "--backend", "numpy", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    progress = [line for line in done.stderr.splitlines() if line.startswith("step ") and " ex/s" in line]
+    steps = json.loads((tmp_path / "run" / "results.json").read_text())["total_steps"]
+    assert [line.split()[1] for line in progress] == [f"{step}/{steps}" for step in range(2, steps + 1, 2)]
+    assert all(re.search(r"\(\d+%\) loss \d+\.\d{4} lr \d\.\d\de[-+]\d\d \d+\.\d ex/s", line) for line in progress)
+    assert "eta 0:00:00" in progress[-1]

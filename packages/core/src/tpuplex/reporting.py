@@ -12,6 +12,7 @@ process 0 reports; the others hold a Reporter with `write=False`, which writes a
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import sys
@@ -54,7 +55,9 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 class Reporter:
-    """Writes every record to the JSONL log and its numbers to TensorBoard; drives the progress bar.
+    """Writes every record to the JSONL log and its numbers to TensorBoard; drives the progress bar, or, when
+    stderr is not a terminal (a batch job's log file, nohup, a cluster's log), prints each "train" record as one
+    plain line: `step 200/2000 (10%) loss 1.2345 lr 1.00e-03 512.3 ex/s eta 0:05:12`.
 
     Use as a context manager so files are flushed and closed even when training stops with an error.
     """
@@ -73,6 +76,8 @@ class Reporter:
             console=self.console, disable=not (write and self.console.is_terminal),
         )
         self._bar = None
+        self._plain_progress = write and not self.console.is_terminal
+        self._total, self._first, self._since = 0, 0, time.perf_counter()
 
     def __enter__(self) -> Self:
         return self
@@ -98,10 +103,25 @@ class Reporter:
             if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
                 self._tensorboard.add_scalar(f"{prefix}/{name}", value, step)
         self._tensorboard.flush()
+        if event == "train" and self._plain_progress:
+            self.say(self._progress_line(step, fields))
 
     def start_progress(self, total_steps: int, done: int) -> None:
+        self._total, self._first, self._since = total_steps, done, time.perf_counter()
         self._bar = self._progress.add_task("train", total=total_steps, completed=done, loss="-", rate="-")
         self._progress.start()
+
+    def _progress_line(self, step: int, fields: dict[str, Any]) -> str:
+        """The progress bar's figures as one line: step, share done, the window's loss, learning rate and
+        examples/s, and the time left at this run's pace so far."""
+        line = f"step {step}/{self._total} ({100 * step // max(self._total, 1)}%) loss {fields['loss']:.4f}"
+        if "learning_rate" in fields:
+            line += f" lr {fields['learning_rate']:.2e}"
+        line += f" {fields.get('examples_per_s', 0.0):.1f} ex/s"
+        if step > self._first:
+            left = (time.perf_counter() - self._since) / (step - self._first) * (self._total - step)
+            line += f" eta {datetime.timedelta(seconds=round(left))}"
+        return line
 
     def advance(self, step: int, loss: float, examples_per_s: float) -> None:
         if self._bar is not None:
