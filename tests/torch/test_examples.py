@@ -1,4 +1,4 @@
-"""Every example config runs as its comment documents it: from the folder it names, with its --data-dir, a few
+"""Every example config runs as its comment documents it, from the repository root, with its --data-dir, a few
 steps through the CLI on torch (each example is one config for every backend), then its whole evaluation. The fast
 tier runs each on a cut of its real data (tests/common/shared_subset.py: the first rows or images of every file);
 the long tier on all of it (CIFAR-10's 60,000 images, SST-2's 67,000 sentences). Configs whose data is not in
@@ -57,8 +57,9 @@ RUNNABLE = [p for p in EXAMPLES if runnable(p)]
 def test_the_example_trains_as_documented(path, scale, shared_glue, shared_text, shared_images, prepared_cache,
                                           subset_root, tmp_path):
     loaded = config.load(path)
-    # Image and custom-model examples say "Run from this folder"; the text ones run from the repository.
-    folder = path.parent if loaded.model.architecture or loaded.task.name == "image_classification" else REPO
+    # Every example runs from the repository root (a config's own paths are relative to its file, so they hold from
+    # any folder: tests/core/test_example_paths.py loads each from its own folder too).
+    folder = REPO
 
     def data(relative: str, whole: bool = False) -> str:
         """The documented path, or its subset's (absolute) at the fast tier."""
@@ -68,8 +69,7 @@ def test_the_example_trains_as_documented(path, scale, shared_glue, shared_text,
             "--set", f'runtime.output_dir="{tmp_path / "run"}"', "--set", f'data.cache_dir="{prepared_cache}"']
     if loaded.task.name == "sequence_classification":
         # The documented --data-dir, relative to the folder the command runs from.
-        up = Path("..") if folder == REPO else Path("../../..")
-        args += ["--data-dir", data(str(up / "shared" / "glue" / GLUE_FOLDERS[loaded.data.dataset]))]
+        args += ["--data-dir", data(str(Path("..") / "shared" / "glue" / GLUE_FOLDERS[loaded.data.dataset]))]
     elif scale != "all":
         # A tagging example trains on its whole file: every tag of its (cut) evaluation files must occur in it.
         whole = loaded.task.name == "token_classification"

@@ -222,6 +222,7 @@ def _read(path: Path, including: tuple[Path, ...]) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as error:
         raise TpuplexError(f"config file {path} is not valid TOML ({error}): fix the syntax") from None
     base = raw.pop("extends", None)
+    _rebase_inputs(raw, path.parent)
     if base is None:
         return raw
     if not isinstance(base, str):
@@ -236,6 +237,38 @@ def _read(path: Path, including: tuple[Path, ...]) -> dict[str, Any]:
         else:
             merged[section] = values
     return merged
+
+
+INPUT_PATHS = {"model": ("checkpoint",), "data": ("data_dir", "train_file", "test_file", "eval_files")}
+"""The fields that name what a run reads. In a config file, a relative one is relative to that file's folder
+(`extends` too) when it exists there, so an example runs from any folder; else, as on the command line
+(`--set`), to the working directory. Outputs (`runtime.output_dir`, `data.cache_dir`) go where the command runs."""
+
+
+def _rebase_inputs(raw: dict[str, Any], folder: Path) -> None:
+    """The INPUT_PATHS of one config file's sections (`raw`, in place) made absolute under `folder`, the file's
+    folder, where they exist there."""
+    for section, names in INPUT_PATHS.items():
+        values = raw.get(section)
+        if not isinstance(values, dict):
+            continue
+        for name in names:
+            value = values.get(name)
+            if isinstance(value, str):
+                values[name] = rebase_path(value, folder)
+            elif isinstance(value, list):
+                values[name] = [rebase_path(item, folder) if isinstance(item, str) else item for item in value]
+
+
+def rebase_path(value: str, folder: Path) -> str:
+    """A relative path (or `folder:split`) made absolute under `folder` when it exists there; anything else (an
+    absolute path, a URL, `minilm`, a hub id, a path that is not there) as it is."""
+    if not value or Path(value).is_absolute() or "://" in value:
+        return value
+    path_part = value.rsplit(":", 1)[0] if ":" in value else value
+    if (folder / path_part).exists() or (folder / value).exists():
+        return str((folder / value).resolve()) if ":" not in value else str(folder.resolve() / value)
+    return value
 
 
 def from_dict(raw: dict[str, Any]) -> Config:

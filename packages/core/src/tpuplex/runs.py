@@ -90,18 +90,9 @@ def _rebased(config: Config, directory: Path) -> Config:
     sections = {}
     for section, names in _PATH_FIELDS.items():
         values = getattr(config, section)
-        changes = {name: _rebase(getattr(values, name), directory) for name in names}
+        changes = {name: config_lib.rebase_path(getattr(values, name), directory) for name in names}
         sections[section] = dataclasses.replace(values, **changes)
     data = sections["data"]
-    sections["data"] = dataclasses.replace(data, eval_files=tuple(_rebase(f, directory) for f in data.eval_files))
+    eval_files = tuple(config_lib.rebase_path(name, directory) for name in data.eval_files)
+    sections["data"] = dataclasses.replace(data, eval_files=eval_files)
     return dataclasses.replace(config, **sections)
-
-
-def _rebase(value: str, directory: Path) -> str:
-    """A relative path (or `folder:split`) made absolute under `directory` when it exists there."""
-    if not value or Path(value).is_absolute():
-        return value
-    path_part = value.rsplit(":", 1)[0] if ":" in value else value
-    if (directory / path_part).exists() or (directory / value).exists():
-        return str(directory / value)
-    return value
