@@ -200,3 +200,37 @@ def test_predict_writes_submission_files_for_the_real_test_sets(task, rows, labe
     assert lines[0] == "index\tprediction" and len(lines) == 1 + rows
     assert [line.split("\t")[0] for line in lines[1:]] == [str(i) for i in range(rows)]
     assert {line.split("\t")[1] for line in lines[1:]} <= labels
+
+
+MINE = b"my own file: not tpuplex's\n"
+
+
+@pytest.mark.parametrize("command", ["train", "report", "sweep", "export", "prepare"])
+def test_no_command_replaces_a_file_it_did_not_write(command, trained, write_config, tiny_model, tmp_path,
+                                                     capsys) -> None:
+    """Each writing command, pointed at a file of the user's, refuses in one line and leaves it byte-identical
+    (predict: test_predict_never_replaces_a_file_it_did_not_write)."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    mine, arguments = {
+        "train": ("results.json", ["train", str(write_config(runtime__output_dir=str(theirs))), "--backend", "numpy"]),
+        "report": ("report.md", ["report", str(trained), "--out", str(theirs)]),
+        "sweep": ("sweep.md", ["sweep", str(write_config(runtime__output_dir=str(theirs))), "--backend", "numpy",
+                               "--seeds", "1"]),
+        "export": ("config.json", ["export", str(trained), "--format", "hf", "--out", str(theirs)]),
+        "prepare": ("train.txt", ["prepare", str(tmp_path / "corpus.txt"), "--out", str(theirs), "--tokenizer",
+                                  str(tiny_model), "--max-length", "8"]),
+    }[command]
+    (tmp_path / "corpus.txt").write_text("a b c d e f g h i j k l m n o p\n" * 4)
+    (theirs / mine).write_bytes(MINE)
+    capsys.readouterr()
+    assert cli.main(arguments) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tpuplex:")]
+    assert len(errors) == 1 and errors[0].startswith("tpuplex: error: ") and str(theirs) in errors[0], errors
+    assert sorted(child.name for child in theirs.iterdir()) == [mine] and (theirs / mine).read_bytes() == MINE
+
+
+def test_a_report_folder_a_report_wrote_may_be_written_again(trained, tmp_path) -> None:
+    for _ in range(2):
+        assert cli.main(["report", str(trained), "--out", str(tmp_path / "report")]) == 0
+    assert sorted(child.name for child in (tmp_path / "report").iterdir()) == ["report.md", "report.png"]

@@ -98,16 +98,26 @@ def figure(runs: Sequence[tuple[Path, dict[str, Any]]], path: Path) -> Path:
         axes.grid(alpha=0.3)
     loss_axes.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Software": SIGNATURE})
     plt.close(fig)
     return path
+
+
+SIGNATURE = "tpuplex report"
+"""report.png's Software entry; report.md is known by its table's header row. A later report may replace what
+a report wrote, and no file of anyone else's."""
 
 
 def report(paths: Sequence[str | Path], out: Path = Path(".")) -> tuple[Path, Path]:
     """Write report.md and report.png for the runs `paths` into `out`; returns both paths."""
     runs = load_runs(paths)
     pyplot()  # before anything is written
+    markdown, png = out / "report.md", out / "report.png"
+    header = table([]).encode()
+    for path, mark in ((markdown, header), (png, SIGNATURE.encode())):
+        if path.exists() and not (path.is_file() and mark in path.read_bytes()[:4096]):
+            raise TpuplexError(f"{path} exists and tpuplex report did not write it: give --out another folder, so "
+                               "it is not replaced")
     out.mkdir(parents=True, exist_ok=True)
-    markdown = out / "report.md"
     markdown.write_text(table(runs) + "\n")
-    return markdown, figure(runs, out / "report.png")
+    return markdown, figure(runs, png)

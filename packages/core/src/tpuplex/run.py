@@ -31,7 +31,7 @@ from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.plugins import add_search_path
 from tpuplex.protocol import Backend, OptimizerSpec
-from tpuplex.reporting import Reporter
+from tpuplex.reporting import LOG_FILE, TENSORBOARD_DIR, Reporter
 from tpuplex.tasks import Task, TaskData
 from tpuplex.trainer import Trainer, TrainResult
 
@@ -76,6 +76,7 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
     kind = kinds.resolve(config, task)
     kind.check(config, task)
     output_dir = output_directory(config, backend_name)
+    check_run_folder(output_dir)
     discovered = devices.discover(config.runtime.device)
     # Joining a multi-process run waits for the others: a process that never arrives must not hang this one.
     processes = hosts.expected_processes()
@@ -169,6 +170,18 @@ def output_directory(config: Config, backend_name: str) -> Path:
                            "{task} and {backend} are filled in (write {{ and }} for literal braces)") from None
     check_writable_folder(path, "runtime.output_dir")
     return path
+
+
+def check_run_folder(path: Path) -> None:
+    """`runtime.output_dir` is new, empty, or a run's folder (its run.json, or the log a run starts with): a run
+    never writes over files it did not make (a results.json of your own, say)."""
+    if not path.is_dir() or (path / runs.RUN_FILE).is_file():
+        return
+    theirs = sorted(child.name for child in path.iterdir() if child.name not in (LOG_FILE, TENSORBOARD_DIR))
+    if theirs:
+        shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+        raise TpuplexError(f"runtime.output_dir = {str(path)!r} holds files tpuplex did not write ({shown}): give a "
+                           "new or empty folder (or the folder of a run, to resume it), so none of yours is replaced")
 
 
 def check_writable_folder(path: Path, field: str) -> None:

@@ -46,9 +46,13 @@ def sweep(config_path: Path, backend: str, seeds: Sequence[int], overrides: Sequ
     """Run every seed (see the module doc) and return what sweep.json holds."""
     base = config_lib.load(config_path, overrides)  # bad input stops here, before any run
     tasks.options(tasks.get(base.task.name), base.task.options)
+    root = output_directory(base, backend)
+    for name, mark in (("sweep.json", '"seeds"'), ("sweep.md", "| metric | mean ± std |")):
+        if (root / name).exists() and mark not in (root / name).read_text(errors="replace"):
+            raise TpuplexError(f"{root / name} exists and tpuplex sweep did not write it: set another "
+                               "runtime.output_dir, so it is not replaced")
     for seed in seeds:
         config_lib.load(config_path, [*overrides, f"train.seed={seed}"])
-    root = output_directory(base, backend)
     runs = []
     for seed in seeds:
         folder = root / f"seed-{seed}"
