@@ -66,7 +66,7 @@ def rows(path: Path) -> tuple[list[str], np.ndarray, list[str]]:
 
 
 def learning_rate(step: int, total: int) -> float:
-    """Linear warmup over WARMUP of the steps, then cosine to 0 (tpuplex.schedule's cosine)."""
+    """Linear warmup over WARMUP of the steps, then cosine to 0 (tpuplex.engine.schedule's cosine)."""
     warmup = max(1, math.ceil(total * WARMUP))
     if step < warmup:
         return LEARNING_RATE * step / warmup

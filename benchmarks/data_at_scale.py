@@ -39,8 +39,8 @@ def minilm() -> Path:
 
 def corpus_of(size_bytes: int, rows_source, folder: Path) -> Path:
     """A prepared corpus of about `size_bytes`: the rows of `rows_source` (an Encoded) written again and again."""
-    from tpuplex.collate import Encoded
-    from tpuplex.data.token_shards import write_tokens
+    from tpuplex.data.batching import Encoded
+    from tpuplex.data.prepared_tokens import write_tokens
 
     if folder.exists():
         return folder
@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/tpuplex-scale"))
     args = parser.parse_args()
 
-    from tpuplex.data.token_shards import open_tokens
+    from tpuplex.data.prepared_tokens import open_tokens
     from tpuplex.tasks.masked_lm.corpus import prepare_corpus
     from tpuplex.tasks.masked_lm.data import tokenizer_hash
     from tpuplex.testing.tiny_bert import write_tiny_bert

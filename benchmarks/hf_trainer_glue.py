@@ -22,10 +22,10 @@ from transformers import AutoModelForSequenceClassification, Trainer, TrainingAr
 import torch
 from tpuplex import config as config_lib
 from tpuplex import params
-from tpuplex.data.tokens import load_encoded
+from tpuplex.commands.sweep import markdown
+from tpuplex.data.tokenize import load_encoded
 from tpuplex.glue import get_dataset
 from tpuplex.metrics import compute
-from tpuplex.sweep import markdown
 
 BASE = Path(__file__).resolve().parents[1] / "examples" / "glue" / "configs" / "base.toml"
 

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from tpuplex import config as config_lib
-from tpuplex.collate import Batcher
 from tpuplex.data import images
-from tpuplex.prefetch import Prefetcher
+from tpuplex.data.batching import Batcher
+from tpuplex.engine.prefetch import Prefetcher
 from tpuplex.tasks.image_classification import ImageData
 from tpuplex.tasks.image_classification.data import ImageSplit
 

@@ -21,8 +21,8 @@ import numpy as np
 from side_by_side import train_flops_per_example
 
 from tpuplex import params
-from tpuplex.collate import Batcher, fit_buckets
-from tpuplex.data.tokens import load_encoded
+from tpuplex.data.batching import Batcher, fit_buckets
+from tpuplex.data.tokenize import load_encoded
 from tpuplex.glue import DATASETS
 
 GLUE = Path(__file__).resolve().parents[2] / "shared" / "glue"

@@ -30,8 +30,8 @@ import numpy as np
 
 from tpuplex import config as config_lib
 from tpuplex import params
-from tpuplex.collate import padding_efficiency
-from tpuplex.data.tokens import load_encoded
+from tpuplex.data.batching import padding_efficiency
+from tpuplex.data.tokenize import load_encoded
 from tpuplex.glue import get_dataset
 
 

@@ -3,7 +3,7 @@
     python benchmarks/throughput.py examples/glue/configs/mrpc.toml --backend jax --steps 16
     python benchmarks/throughput.py examples/glue/configs/mrpc.toml --backend torch --set data.bucket_count=0
 
-The experiment is built by `tpuplex.run.prepare`, the code behind `tpuplex train` (model, optimizer, fitted
+The experiment is built by `tpuplex.commands.run.prepare`, the code behind `tpuplex train` (model, optimizer, fitted
 buckets, devices), and nothing is written. The first --steps batches of the first epoch (a random sample of the
 epoch's batches: the Batcher shuffles batches across buckets) run twice: the first pass compiles every program they
 need (its seconds are printed too), the second is timed. `--set data.bucket_count=0` pads every batch to
@@ -19,8 +19,8 @@ import json
 import time
 
 from tpuplex import config as config_lib
-from tpuplex import run
-from tpuplex.collate import padding_efficiency
+from tpuplex.commands import run
+from tpuplex.data.batching import padding_efficiency
 
 
 def main() -> None:

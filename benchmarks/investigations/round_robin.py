@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tpuplex import config as config_lib
-from tpuplex import run
+from tpuplex.commands import run
 
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "glue" / "configs" / "mrpc.toml"
 """The experiment every round-robin comparison builds its sides from (MRPC, the fixed [32, 128] shape with

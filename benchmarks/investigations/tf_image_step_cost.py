@@ -32,7 +32,7 @@ from cifar_side_by_side import BATCH, EXAMPLE, keras_resnet20, listing  # noqa: 
 from round_robin import print_medians, time_in_turn  # noqa: E402
 
 from tpuplex import config as config_lib  # noqa: E402
-from tpuplex import run  # noqa: E402
+from tpuplex.commands import run  # noqa: E402
 from tpuplex.data import images  # noqa: E402
 
 LEARNING_RATE = 1e-3

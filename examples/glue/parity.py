@@ -28,9 +28,9 @@ import numpy as np
 
 from tpuplex import config as config_lib
 from tpuplex import glue
-from tpuplex import run as run_lib
+from tpuplex.commands import run as run_lib
+from tpuplex.engine.reporter import Reporter
 from tpuplex.glue.sources import resolve_source
-from tpuplex.reporting import Reporter
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -10,9 +10,9 @@ import numpy as np
 import transformers
 
 import torch
-from tpuplex.collate import Batcher, Encoded
 from tpuplex.config import RuntimeConfig
-from tpuplex.data.tokens import encode, load_tokenizer
+from tpuplex.data.batching import Batcher, Encoded
+from tpuplex.data.tokenize import encode, load_tokenizer
 from tpuplex.glue.files import Examples
 from tpuplex.kinds.text import expected_shapes
 from tpuplex.models import family_of

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tpuplex import checkpoint
-from tpuplex.collate import Batcher
 from tpuplex.data import images
+from tpuplex.data.batching import Batcher
+from tpuplex.engine import checkpoint
 from tpuplex.protocol import ModelSpec, OptimizerSpec, PortableState
 from tpuplex.tasks.image_classification import TASK, ImageData
 from tpuplex.tasks.image_classification.data import ImageSplit

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import slow_run
 
-from tpuplex import checkpoint
+from tpuplex.engine import checkpoint
 
 AIMS = ("write", "step", "start-up")
 """Kill i is aimed at AIMS[i % 3]: inside this process's first or second checkpoint write; at a training step

@@ -21,9 +21,9 @@ import pytest
 from safetensors.numpy import load_file
 from tiny_glue import write_tiny_model_reading
 
-from tpuplex import launch
+from tpuplex.commands import launch
+from tpuplex.engine.preemption import PREEMPTED_EXIT
 from tpuplex.hosts import HOST_LOST_EXIT
-from tpuplex.preemption import PREEMPTED_EXIT
 
 STEPS, CHECKPOINT_EVERY, EVAL_EVERY = 48, 8, 24
 CHECKPOINT_STEPS = list(range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY))

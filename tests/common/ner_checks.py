@@ -10,8 +10,8 @@ import transformers
 from hf_families import follows_torch
 
 import torch
-from tpuplex.collate import Batcher
-from tpuplex.data.tokens import load_tokenizer
+from tpuplex.data.batching import Batcher
+from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.token_classification import data as tagged

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tpuplex import run
+from tpuplex.commands import run
 from tpuplex.config import Config
-from tpuplex.reporting import Reporter
+from tpuplex.engine.reporter import Reporter
+from tpuplex.engine.trainer import Trainer
 from tpuplex.tasks.image_classification.data import ImageSplit
-from tpuplex.trainer import Trainer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from tpuplex import checkpoint
+from tpuplex.engine import checkpoint
 
 NUMPY = "tpuplex.testing.numpy_backend:NumpyBackend"
 
 _SCRIPT = """
 import importlib, sys, time
 from pathlib import Path
-from tpuplex import checkpoint, preemption
-from tpuplex.cli import main
+from tpuplex.engine import checkpoint, preemption
+from tpuplex.commands.cli import main
 
 module, name = sys.argv[1].split(":")
 backend = getattr(importlib.import_module(module), name)

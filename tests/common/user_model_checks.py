@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tpuplex.collate import Batcher, Encoded
+from tpuplex.data.batching import Batcher, Encoded
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.testing.specs import user_classifier_spec
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tpuplex import checkpoint, cli
+from tpuplex.commands import cli
+from tpuplex.engine import checkpoint
 
 
 class Case:

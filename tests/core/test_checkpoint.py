@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpuplex import checkpoint
+from tpuplex.engine import checkpoint
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import PortableState
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tpuplex import cli, registry
 from tpuplex import config as config_lib
+from tpuplex import registry
+from tpuplex.commands import cli
 
 
 def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpuplex.collate import Batcher, Encoded, bucket_lengths, check_divisible, fit_buckets
+from tpuplex.data.batching import Batcher, Encoded, bucket_lengths, check_divisible, fit_buckets
 from tpuplex.errors import TpuplexError
 
 MAX_LENGTH = 24

@@ -13,12 +13,12 @@ import pytest
 from custom_files import COLUMNS, FIRST, LABEL, SECOND, WRITERS, custom_fields, mrpc_splits, records, write_splits
 from tiny_glue import train_losses
 
-from tpuplex import cli, run
 from tpuplex import config as config_lib
+from tpuplex.commands import cli, run
 from tpuplex.config import DataConfig
 from tpuplex.data.custom import custom_data, dataset_sources, file_source
 from tpuplex.data.tables import read_table, resolve_file
-from tpuplex.data.tokens import encode_cached, load_encoded
+from tpuplex.data.tokenize import encode_cached, load_encoded
 from tpuplex.errors import TpuplexError
 from tpuplex.glue import get_dataset, read_split
 from tpuplex.glue.files import Examples

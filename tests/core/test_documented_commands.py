@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tpuplex import cli, config
+from tpuplex import config
+from tpuplex.commands import cli
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tpuplex import cli
 from tpuplex import config as config_lib
+from tpuplex.commands import cli
 from tpuplex.data import images
 from tpuplex.errors import TpuplexError
 from tpuplex.tasks import options as task_options

@@ -10,9 +10,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from tpuplex import TpuplexError
-from tpuplex.data import tokens as features
+from tpuplex.data import tokenize as features
 from tpuplex.data.shards import ShardWriter
-from tpuplex.data.tokens import encode, load_encoded, load_tokenizer
+from tpuplex.data.tokenize import encode, load_encoded, load_tokenizer
 from tpuplex.glue import Examples, get_dataset, read_split
 
 PAIRS = [

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_collate import encoded
 
-from tpuplex.collate import Batcher
+from tpuplex.data.batching import Batcher
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import HOST_LOST_EXIT, HostLost, Hosts, Watchdog, expected_processes, process_rows

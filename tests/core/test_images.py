@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tpuplex import cli
-from tpuplex.collate import Batcher
+from tpuplex.commands import cli
 from tpuplex.data import images
+from tpuplex.data.batching import Batcher
 from tpuplex.errors import TpuplexError
 from tpuplex.tasks.image_classification.data import ImageSplit, augment, held_out
 
@@ -209,7 +209,7 @@ def test_a_killed_prepare_leaves_nothing_in_use_and_the_next_one_cleans_up(share
     arguments = ["prepare", str(shared_images / "flowers"), "--out", str(out), "--image-size", "64", "64",
                  "--shard-size", "100"]
     # Held once two shards are written and a third begun, so the run cannot end before the test kills it.
-    held = ("import sys, time\nfrom pathlib import Path\nfrom tpuplex.cli import main\n"
+    held = ("import sys, time\nfrom pathlib import Path\nfrom tpuplex.commands.cli import main\n"
             "from tpuplex.data import shards\nadd = shards.ShardWriter.add\n"
             "def held_add(self, **arrays):\n    add(self, **arrays)\n"
             f"    while list(Path({str(tmp_path)!r}).glob('.flowers.partial-*/records-00002.bin')):\n"

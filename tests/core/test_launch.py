@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tpuplex import launch
+from tpuplex.commands import launch
 from tpuplex.errors import TpuplexError
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpuplex import cli, config
-from tpuplex.collate import Batcher
+from tpuplex import config
+from tpuplex.commands import cli
+from tpuplex.data.batching import Batcher
 from tpuplex.tasks.masked_lm import data as text
 
 ROOT = Path(__file__).resolve().parents[2]

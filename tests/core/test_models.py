@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tpuplex import cli, models
-from tpuplex.data.tokens import load_tokenizer
+from tpuplex import models
+from tpuplex.commands import cli
+from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.text import expected_shapes, initial_params
 from tpuplex.params import read_hf_config

@@ -26,7 +26,7 @@ for module in pkgutil.walk_packages(tpuplex.__path__, "tpuplex."):
         continue  # a framework module: imported by that framework's backend only
     if module.name != "tpuplex.__main__":  # running it would parse this script's arguments
         importlib.import_module(module.name)
-from tpuplex.cli import main
+from tpuplex.commands.cli import main
 code = main(sys.argv[1:])
 print(json.dumps({"code": code, "loaded": sorted(m for m in sys.modules if m.split(".")[0] in FRAMEWORKS)}))
 """.replace("FRAMEWORKS", repr(FRAMEWORKS))

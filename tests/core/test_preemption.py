@@ -10,8 +10,9 @@ import signal
 import pytest
 import slow_run
 
-from tpuplex import checkpoint, cli
-from tpuplex.preemption import PREEMPTED_EXIT
+from tpuplex.commands import cli
+from tpuplex.engine import checkpoint
+from tpuplex.engine.preemption import PREEMPTED_EXIT
 
 HANG_AT, CHECKPOINT_EVERY = 5, 4
 """The run holds inside update HANG_AT + 1 (off the checkpoint cadence) until the signal is recorded."""

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tpuplex.prefetch import Prefetcher
+from tpuplex.engine.prefetch import Prefetcher
 
 
 @pytest.mark.parametrize("depth", [0, 1, 3])
@@ -65,7 +65,7 @@ def test_close_stops_the_thread_early() -> None:
 
 def test_a_run_trains_the_same_numbers_whatever_the_prefetch_depth(write_config, tmp_path) -> None:
     from tpuplex import config as config_lib
-    from tpuplex import run
+    from tpuplex.commands import run
 
     losses = {}
     for depth in (0, 3):

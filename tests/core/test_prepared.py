@@ -16,8 +16,8 @@ import pytest
 from custom_files import custom_fields, mrpc_splits, write_splits
 from prepared_checks import check_prepared_equals_in_memory
 
-from tpuplex import cli
 from tpuplex import config as config_lib
+from tpuplex.commands import cli
 from tpuplex.errors import TpuplexError
 from tpuplex.tasks.masked_lm import corpus
 from tpuplex.tasks.masked_lm import data as text

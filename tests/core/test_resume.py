@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import slow_run
 
-from tpuplex import checkpoint, cli, run
 from tpuplex import config as config_lib
+from tpuplex.commands import cli, run
+from tpuplex.engine import checkpoint
 
 CHECKPOINT_EVERY, HANG_AT = 4, 6  # steps 5 and 6 are done but never checkpointed when the kill comes
 

@@ -14,11 +14,11 @@ from fsspec.implementations.memory import MemoryFileSystem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpuplex import cli
-from tpuplex.collate import Batcher, Encoded, Permutation
+from tpuplex.commands import cli
 from tpuplex.data import shards as shards_module
+from tpuplex.data.batching import Batcher, Encoded, Permutation
+from tpuplex.data.prepared_tokens import open_tokens, write_tokens
 from tpuplex.data.shards import Field, ShardWriter, open_shards
-from tpuplex.data.token_shards import open_tokens, write_tokens
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows
 

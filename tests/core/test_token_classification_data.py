@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from seqeval.metrics import sequence_labeling
 
-from tpuplex import cli, config
-from tpuplex.data.tokens import load_tokenizer
+from tpuplex import config
+from tpuplex.commands import cli
+from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.errors import TpuplexError
 from tpuplex.tasks.token_classification import TASK, TokenData, scored
 from tpuplex.tasks.token_classification import data as tagged

@@ -12,19 +12,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tpuplex import checkpoint
 from tpuplex import config as config_lib
-from tpuplex.collate import Encoded
+from tpuplex.data.batching import Encoded
+from tpuplex.engine import checkpoint
+from tpuplex.engine.reporter import Reporter
+from tpuplex.engine.schedule import warmup_cosine_decay, warmup_linear_decay, warmup_steps
+from tpuplex.engine.trainer import Trainer
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import ModelSpec, OptimizerSpec, decays
-from tpuplex.reporting import Reporter
-from tpuplex.schedule import warmup_cosine_decay, warmup_linear_decay, warmup_steps
 from tpuplex.tasks.base import TaskData
 from tpuplex.tasks.sequence_classification import mean_loss
 from tpuplex.testing.numpy_backend import NumpyBackend
 from tpuplex.testing.specs import classifier_spec
 from tpuplex.testing.tiny_bert import TINY_CONFIG
-from tpuplex.trainer import Trainer
 
 VOCAB = TINY_CONFIG["vocab_size"]
 MAX_LENGTH = 24

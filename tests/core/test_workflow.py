@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 from test_cli import run_module
 from tiny_glue import mrpc_rows, write_tiny_model_reading
 
-from tpuplex import cli, export, runs, sweep
+from tpuplex.commands import cli, export, run_folder, sweep
 from tpuplex.errors import TpuplexError
 
 TEST_HEADER = "index\t#1 ID\t#2 ID\t#1 String\t#2 String"
@@ -42,11 +42,11 @@ def with_test_file(tiny_mrpc, tmp_path) -> Path:
 
 
 def test_train_records_the_config_that_eval_reads(trained) -> None:
-    found = runs.locate(trained)
+    found = run_folder.locate(trained)
     results = json.loads((trained / "results.json").read_text())
     assert found.checkpoint == trained / "checkpoints" / "step-00000012"
     assert found.config_hash == results["config_hash"]
-    assert runs.locate(trained / "checkpoints" / "step-00000006").checkpoint.name == "step-00000006"
+    assert run_folder.locate(trained / "checkpoints" / "step-00000006").checkpoint.name == "step-00000006"
 
 
 def test_eval_of_the_final_checkpoint_gives_the_training_run_s_metrics(trained, capsys) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 from helpers import backend, model_spec
 from test_resume import DEVICES, optimizer_spec, planned_steps
 
-from tpuplex import checkpoint
+from tpuplex.engine import checkpoint
 
 
 def main(step_dir: Path, tiny_dir: Path, output: Path) -> None:

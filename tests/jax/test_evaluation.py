@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from helpers import backend, batch_of, encoded_split, model_spec
 
-from tpuplex.collate import Batcher
+from tpuplex.data.batching import Batcher
 from tpuplex.protocol import OptimizerSpec
 
 

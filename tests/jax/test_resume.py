@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 from helpers import backend, encoded_split, model_spec
 
-from tpuplex import checkpoint
-from tpuplex.collate import Batcher
+from tpuplex.data.batching import Batcher
+from tpuplex.engine import checkpoint
+from tpuplex.engine.schedule import warmup_linear_decay
 from tpuplex.protocol import OptimizerSpec
-from tpuplex.schedule import warmup_linear_decay
 
 DEVICES = 8
 SAVE_AT = 2

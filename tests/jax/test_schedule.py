@@ -1,4 +1,4 @@
-"""The learning-rate schedules the core computes (`tpuplex.schedule`) against optax's own."""
+"""The learning-rate schedules the core computes (`tpuplex.engine.schedule`) against optax's own."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from tpuplex.schedule import SCHEDULES
+from tpuplex.engine.schedule import SCHEDULES
 
 TOTAL, WARMUP, PEAK = 37, 5, 3e-3
 OPTAX = {

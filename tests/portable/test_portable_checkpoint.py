@@ -2,7 +2,7 @@
 outputs.
 
 All three backends live in this session's one environment (one CPU device each), so each pair is compared in one
-process: a few training steps on the writer (moments and step count non-trivial), `tpuplex.checkpoint.save`,
+process: a few training steps on the writer (moments and step count non-trivial), `tpuplex.engine.checkpoint.save`,
 then `load` + `state_from_arrays` on each reader, whose predict outputs must equal the writer's. The masked-LM
 checkpoint holds the decoder once, as the word embeddings, and stays tied on every reader.
 
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from hf_families import FAMILIES, write_checkpoint
 
-from tpuplex import checkpoint
 from tpuplex.config import RuntimeConfig
+from tpuplex.engine import checkpoint
 from tpuplex.kinds.text import expected_shapes
 from tpuplex.protocol import OptimizerSpec
 from tpuplex_jax.backend import JaxBackend

@@ -13,7 +13,7 @@ import pytest
 from fresh_process import LOGIT_TOLERANCE, METRIC_TOLERANCE, run_python, tpuplex
 from tiny_glue import write_tiny_model_reading
 
-from tpuplex import runs, workflow
+from tpuplex.commands import run_folder, workflow
 from tpuplex.tasks.token_classification import data as tagged
 
 MAX_LENGTH = 32
@@ -71,7 +71,7 @@ with torch.no_grad():
 
 
 def test_the_hf_export_loads_as_a_token_classifier_with_tpuplex_s_logits(trained, tmp_path):
-    experiment, state = workflow.restore(runs.locate(trained), "torch")
+    experiment, state = workflow.restore(run_folder.locate(trained), "torch")
     batcher = experiment.trainer.eval_batchers["emerging.dev"]
     logits, _ = experiment.trainer.predict(state, batcher)
     dev = batcher.data.load()  # every row of the prepared split, in memory

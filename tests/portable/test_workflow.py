@@ -14,7 +14,7 @@ import pytest
 from fresh_process import LOGIT_TOLERANCE, METRIC_TOLERANCE, run_python, tpuplex
 from tiny_glue import write_tiny_model_reading
 
-from tpuplex import runs, workflow
+from tpuplex.commands import run_folder, workflow
 from tpuplex.glue import get_dataset, read_split
 
 EXAMPLES = 48  # dev examples whose logits the exported models must reproduce
@@ -57,7 +57,7 @@ def test_eval_on_any_backend_gives_the_trainer_s_metrics(trained, writer, reader
 @pytest.fixture(scope="module")
 def tpuplex_logits(trained) -> tuple[np.ndarray, dict[str, np.ndarray], list[str], list[str]]:
     """The torch run's logits on the first dev examples, their token arrays and their texts."""
-    found = runs.locate(trained["torch"])
+    found = run_folder.locate(trained["torch"])
     experiment, state = workflow.restore(found, "torch")
     dev = experiment.trainer.eval_batchers["dev"].data.load()  # every row of the prepared split, in memory
     logits, _ = experiment.trainer.predict(state, experiment.trainer.eval_batchers["dev"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tpuplex.collate import Encoded
+from tpuplex.data.batching import Encoded
 from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec
 from tpuplex.testing.specs import classifier_spec

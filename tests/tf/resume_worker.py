@@ -10,7 +10,7 @@ import sys
 import numpy as np
 from scenario import backend, batches_and_rates, spec_and_optimizer
 
-from tpuplex import checkpoint
+from tpuplex.engine import checkpoint
 
 
 def main(checkpoint_path: str, model_dir: str, stop: int, out: str) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from helpers import model_spec, random_split
 
-from tpuplex.collate import Batcher
 from tpuplex.config import RuntimeConfig
+from tpuplex.data.batching import Batcher
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex_tf.backend import TfBackend
 

@@ -8,8 +8,8 @@ from helpers import model_spec, random_split
 from transformers import BertConfig, BertForSequenceClassification
 
 import torch
-from tpuplex.collate import Batcher
 from tpuplex.config import RuntimeConfig
+from tpuplex.data.batching import Batcher
 from tpuplex.protocol import OptimizerSpec
 from tpuplex_tf.backend import TfBackend
 

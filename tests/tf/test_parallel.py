@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from helpers import LOGICAL_CPUS, model_spec, random_split
 
-from tpuplex.collate import Batcher
 from tpuplex.config import RuntimeConfig
+from tpuplex.data.batching import Batcher
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import OptimizerSpec
 from tpuplex_tf.backend import TfBackend

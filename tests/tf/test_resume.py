@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from scenario import RATES, backend, batches_and_rates, spec_and_optimizer
 
-from tpuplex import checkpoint
+from tpuplex.engine import checkpoint
 
 SAVE_AT = 2
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from helpers import model_spec, random_split
 
-from tpuplex.collate import Batcher
 from tpuplex.config import RuntimeConfig
+from tpuplex.data.batching import Batcher
 from tpuplex.protocol import OptimizerSpec
 from tpuplex_tf.backend import TfBackend
 

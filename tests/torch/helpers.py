@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tpuplex.collate import Batcher, Encoded
 from tpuplex.config import RuntimeConfig
+from tpuplex.data.batching import Batcher, Encoded
 from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.testing.specs import classifier_spec

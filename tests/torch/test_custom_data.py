@@ -9,7 +9,7 @@ import pytest
 from custom_files import custom_fields, mrpc_splits, write_splits
 from tiny_glue import train_losses, write_run_config, write_tiny_model, write_tiny_mrpc
 
-from tpuplex import cli
+from tpuplex.commands import cli
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tiny_glue import write_tiny_model_reading
 
-from tpuplex.data.token_shards import open_tokens
+from tpuplex.data.prepared_tokens import open_tokens
 from tpuplex.tasks.masked_lm.corpus import prepare_corpus
 from tpuplex.tasks.masked_lm.data import tokenizer_hash
 

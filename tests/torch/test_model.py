@@ -10,7 +10,7 @@ from helpers import backend, encoded, model_spec, tiny_spec
 from transformers import BertConfig, BertForSequenceClassification
 
 import torch
-from tpuplex.collate import Batcher
+from tpuplex.data.batching import Batcher
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import OptimizerSpec
 

@@ -10,8 +10,9 @@ import signal
 import slow_run
 from tiny_glue import write_run_config, write_tiny_model, write_tiny_mrpc
 
-from tpuplex import checkpoint, cli
-from tpuplex.preemption import PREEMPTED_EXIT
+from tpuplex.commands import cli
+from tpuplex.engine import checkpoint
+from tpuplex.engine.preemption import PREEMPTED_EXIT
 
 HOLD_AT = 3
 """The run holds inside its third update until the signal is recorded (checkpoints come every 4)."""

@@ -17,9 +17,9 @@ from helpers import assert_params_close, backend, encoded, learning_rates, model
 from transformers import BertConfig, BertForSequenceClassification
 
 import torch
-from tpuplex import checkpoint, schedule
-from tpuplex.collate import Batcher
 from tpuplex.config import RuntimeConfig
+from tpuplex.data.batching import Batcher
+from tpuplex.engine import checkpoint, schedule
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import OptimizerSpec, PortableState, decays
 from tpuplex_torch.backend import TorchBackend
@@ -93,7 +93,7 @@ def test_evaluation_of_a_ragged_split_counts_every_example_once(tmp_path):
 RESUME = textwrap.dedent("""
     import sys
     from helpers import backend, learning_rates, tiny_spec, train_batches
-    from tpuplex import checkpoint
+    from tpuplex.engine import checkpoint
     from tpuplex.protocol import OptimizerSpec
 
     checkpoint_dir, model_dir, out, dropout = sys.argv[1:5]

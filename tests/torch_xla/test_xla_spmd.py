@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import BUCKETS, assert_params_close, backend, encoded, learning_rates, run, tiny_spec, train_batches
 
-from tpuplex.collate import Batcher
+from tpuplex.data.batching import Batcher
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import OptimizerSpec, PortableState
 

@@ -1,5 +1,5 @@
 """`python -m tpuplex`: the same command as `tpuplex`."""
 
-from tpuplex.cli import main
+from tpuplex.commands.cli import main
 
 raise SystemExit(main())

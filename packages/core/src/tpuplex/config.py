@@ -19,7 +19,7 @@ from typing import Any
 
 from tpuplex.errors import TpuplexError
 from tpuplex.plugins import add_search_path, check_import_path
-from tpuplex.text import read_utf8
+from tpuplex.text_files import read_utf8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +72,7 @@ class DataConfig:
     """Sequence lengths below max_length to pad to; empty pads every batch to max_length."""
     bucket_count: int = 0
     """> 0: choose at most this many lengths (the last max_length) from the training split's lengths, those with
-    the fewest padded tokens (tpuplex.collate.fit_buckets), instead of data.buckets. Each is one compiled program
+    the fewest padded tokens (tpuplex.data.batching.fit_buckets), instead of data.buckets. Each is one compiled program
     per step kind: 8 suits CPUs and GPUs, fewer suit TPUs, where every program is a compilation."""
     bucket_multiple: int = 1
     """Fitted lengths are multiples of this (or max_length); 8 aligns them with GPU tensor cores at a small cost
@@ -127,7 +127,7 @@ class RuntimeConfig:
     log_every: int = 10
     on_preempt: str = "checkpoint"
     """What SIGTERM / SIGINT do: "checkpoint" finishes the current step, checkpoints and exits with status 75
-    (tpuplex.preemption); "exit" leaves the signals as they are (the run dies; it resumes from its last
+    (tpuplex.engine.preemption); "exit" leaves the signals as they are (the run dies; it resumes from its last
     checkpoint)."""
     profile_steps: tuple[int, ...] = ()
     """[first, last] optimizer steps to trace with the framework's profiler; empty: no trace."""

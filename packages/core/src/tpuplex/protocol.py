@@ -30,7 +30,7 @@ Semantics every backend implements the same way:
       g += weight_decay * p   [only where decays(name)];  m = momentum m + g;  t += 1
       p -= lr * (g + momentum m if nesterov else m)
   whose buffer m is the portable state's `exp_avg` (`exp_avg_sq` stays zero).
-- the learning rate of each step comes from the Trainer (see `tpuplex.schedule`); backends never compute it.
+- the learning rate of each step comes from the Trainer (see `tpuplex.engine.schedule`); backends never compute it.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ class BackendBase:
         return None
 
     def export(self, state: Any, format: str, folder: Path, data: Any) -> None:
-        """Write `state` in the framework's own serving `format` into the empty `folder` (`tpuplex.export`);
+        """Write `state` in the framework's own serving `format` into the empty `folder` (`tpuplex.commands.export`);
         `data` (the run's `TaskData`) says what serving needs to know of the data: classes, image size."""
         raise TpuplexError(f"the {self.name} backend cannot export {format!r}")
 

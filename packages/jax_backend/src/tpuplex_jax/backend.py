@@ -16,8 +16,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax
-from tpuplex.collate import check_micro_batches
 from tpuplex.config import RuntimeConfig
+from tpuplex.data.batching import check_micro_batches
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows

@@ -41,7 +41,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpuplex.collate import check_divisible, check_micro_batches
+from tpuplex.data.batching import check_divisible, check_micro_batches
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.tf import Built
 from tpuplex.protocol import Batch, OptimizerSpec, batch_rows, decays, head_inputs

@@ -30,8 +30,8 @@ import numpy as np
 
 import torch
 from tpuplex import devices as core_devices
-from tpuplex.collate import check_divisible
 from tpuplex.config import RuntimeConfig
+from tpuplex.data.batching import check_divisible
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 
 import torch
-from tpuplex.collate import check_micro_batches
+from tpuplex.data.batching import check_micro_batches
 from tpuplex.kinds.torch import Forward
 from tpuplex.protocol import Batch, OptimizerSpec, decays
 from tpuplex.tasks.torch import TaskModule

@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from tpuplex.errors import TpuplexError
-from tpuplex.text import csv_reader, read_utf8
+from tpuplex.text_files import csv_reader, read_utf8
 
 TEXT_FORMATS = {".tsv": "\t", ".csv": ","}
 FORMATS = (*TEXT_FORMATS, ".jsonl", ".parquet")

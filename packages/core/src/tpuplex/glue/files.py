@@ -19,7 +19,7 @@ import numpy as np
 
 from tpuplex.errors import TpuplexError
 from tpuplex.glue.datasets import Dataset
-from tpuplex.text import csv_reader, read_utf8
+from tpuplex.text_files import csv_reader, read_utf8
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tpuplex.collate import Encoded
+from tpuplex.data.batching import Encoded
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import TEXT_INPUTS, Batch

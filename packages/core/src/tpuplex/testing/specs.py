@@ -1,6 +1,6 @@
 """ModelSpecs for tests: a checkpoint's model with a task's head (sequence classification, masked LM, token
-classification, image classification), as `tpuplex.run.prepare` builds them (the model kind's initial state, the
-task's head)."""
+classification, image classification), as `tpuplex.commands.run.prepare` builds them (the model kind's initial
+state, the task's head)."""
 
 from __future__ import annotations
 

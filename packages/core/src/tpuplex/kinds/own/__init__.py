@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex import params
-from tpuplex.data.tokens import load_tokenizer
+from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.kinds import ModelKind
 
 

@@ -29,9 +29,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tpuplex.collate import Encoded
+from tpuplex.data.batching import Encoded
+from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens
 from tpuplex.data.shards import is_prepared
-from tpuplex.data.token_shards import PreparedTokens, open_tokens
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from tpuplex.collate import Encoded
-from tpuplex.data.token_shards import PreparedTokens, write_tokens
+from tpuplex.data.batching import Encoded
+from tpuplex.data.prepared_tokens import PreparedTokens, write_tokens
 from tpuplex.errors import TpuplexError
 from tpuplex.tasks.masked_lm.data import PAD_ID, tokenizer_hash, untruncated_tokenizer
 

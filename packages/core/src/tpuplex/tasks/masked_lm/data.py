@@ -26,12 +26,12 @@ import numpy as np
 import tokenizers
 from tokenizers import Tokenizer
 
-from tpuplex.collate import Encoded
+from tpuplex.data.batching import Encoded
+from tpuplex.data.prepared_tokens import PreparedTokens
 from tpuplex.data.tables import DataFile, read_table, resolve_file
-from tpuplex.data.token_shards import PreparedTokens
-from tpuplex.data.tokens import load_tokenizer, read_cache, write_cache
+from tpuplex.data.tokenize import load_tokenizer, read_cache, write_cache
 from tpuplex.errors import TpuplexError
-from tpuplex.text import read_utf8
+from tpuplex.text_files import read_utf8
 
 PAD_ID = 0
 CACHE_FORMAT = 2

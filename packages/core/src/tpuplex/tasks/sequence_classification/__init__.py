@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tpuplex.collate import Encoded
+from tpuplex.data.batching import Encoded
 from tpuplex.data.custom import CustomData, dataset_sources
-from tpuplex.data.tokens import encode_cached
+from tpuplex.data.tokenize import encode_cached
 from tpuplex.glue import Dataset, GlueData, Source
 from tpuplex.metrics import compute, cross_entropy
 from tpuplex.models import Architecture, Family

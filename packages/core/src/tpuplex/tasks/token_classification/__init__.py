@@ -32,9 +32,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tpuplex.collate import Encoded
+from tpuplex.data.batching import Encoded
 from tpuplex.data.tables import DataFile
-from tpuplex.data.tokens import cached_split, load_tokenizer
+from tpuplex.data.tokenize import cached_split, load_tokenizer
 from tpuplex.errors import TpuplexError
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import Architecture, Family

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from tpuplex.collate import Encoded
+from tpuplex.data.batching import Encoded
 from tpuplex.data.tables import DataFile, read_table, resolve_file
 from tpuplex.errors import TpuplexError
-from tpuplex.text import read_utf8
+from tpuplex.text_files import read_utf8
 
 PAD_ID = 0
 NOT_SCORED = -1
@@ -168,7 +168,7 @@ def check_tags(sentences: Sentences, tags: tuple[str, ...], what: str) -> None:
 def align(sentences: Sentences, tokenizer: Tokenizer, max_length: int, tags: tuple[str, ...],
           label_all_tokens: bool = False) -> Aligned:
     """Tokenize pre-split words and align their tags to sub-tokens (see the module doc). `tokenizer` truncates
-    to `max_length` (`tpuplex.data.tokens.load_tokenizer`)."""
+    to `max_length` (`tpuplex.data.tokenize.load_tokenizer`)."""
     tag_index = {tag: index for index, tag in enumerate(tags)}
     inside = np.array([tag_index.get("I-" + tag[2:], index) if tag.startswith("B-") else index
                        for index, tag in enumerate(tags)], np.int32)

@@ -1,6 +1,6 @@
 """Tokenized splits in prepared shards (`tpuplex.data.shards`): what `Encoded` holds, read row by row.
 
-Every text task's split reaches the Trainer this way: the token cache (`tpuplex.data.tokens`,
+Every text task's split reaches the Trainer this way: the token cache (`tpuplex.data.tokenize`,
 `tpuplex.tasks.masked_lm.data`) writes each tokenized split once as a prepared folder, and a run batches it with
 `PreparedTokens`, which reads only the rows a batch needs. A record is one row: input_ids and token_type_ids
 (int32 [max_length], right-padded), its length, and its label (int32 or float32, [] or [max_length]); `lengths`
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tpuplex.collate import Encoded, SplitDigest, token_rows
+from tpuplex.data.batching import Encoded, SplitDigest, token_rows
 from tpuplex.data.shards import Field, ReadStats, Shards, ShardWriter, open_shards
 
 KIND = "tokens"

@@ -27,8 +27,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tpuplex.engine.preemption import SIGNALS
 from tpuplex.errors import TpuplexError
-from tpuplex.preemption import SIGNALS
 
 LOCALHOST = "127.0.0.1"
 

@@ -3,10 +3,11 @@
 Order matters: everything that can be checked cheaply (task, devices, backend, batch sizes, checkpoint, data) is
 checked before the output directory is created, so bad input leaves nothing half-written behind.
 
-    <output_dir>/run.json        the config and the directory the run started in (tpuplex.runs: eval, predict, export)
+    <output_dir>/run.json        the config and the directory the run started in (`run_folder`: eval, predict,
+                                 export)
     <output_dir>/results.json    task, backend, topology, metrics per eval split, throughput, padding efficiency,
                                  compile count, wall time, config hash and config file sha256, loss summary
-    <output_dir>/log.jsonl, tensorboard/, checkpoints/step-*/   (see tpuplex.reporting, tpuplex.checkpoint)
+    <output_dir>/log.jsonl, tensorboard/, checkpoints/step-*/   (see tpuplex.engine.reporter, tpuplex.engine.checkpoint)
 
 In a multi-process run (`tpuplex.hosts`) every process runs this pipeline and process 0 alone writes these files.
 """
@@ -24,16 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from tpuplex import devices, hosts, kinds, registry, runs, tasks
-from tpuplex.collate import check_divisible, check_micro_batches
+from tpuplex import devices, hosts, kinds, registry, tasks
+from tpuplex.commands import run_folder
 from tpuplex.config import Config
+from tpuplex.data.batching import check_divisible, check_micro_batches
 from tpuplex.devices import Topology
+from tpuplex.engine.reporter import LOG_FILE, TENSORBOARD_DIR, Reporter
+from tpuplex.engine.trainer import Trainer, TrainResult
 from tpuplex.errors import TpuplexError
 from tpuplex.plugins import add_search_path
 from tpuplex.protocol import Backend, OptimizerSpec
-from tpuplex.reporting import LOG_FILE, TENSORBOARD_DIR, Reporter
 from tpuplex.tasks import Task, TaskData
-from tpuplex.trainer import Trainer, TrainResult
 
 RESULTS_FILE = "results.json"
 
@@ -103,7 +105,8 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
     resume = trainer.find_resume_point()  # before the Reporter: a refused resume writes nothing
     with Reporter(run.output_dir, write=trainer.hosts.writer) as reporter:
         if trainer.hosts.writer:
-            write_json_atomic(run.output_dir / runs.RUN_FILE, runs.record(config, run.data.pinned_options()))
+            record = run_folder.record(config, run.data.pinned_options())
+            write_json_atomic(run.output_dir / run_folder.RUN_FILE, record)
         reporter.say(f"{backend_name}: {run.topology.report()}")
         reporter.record("start", 0, task=run.task.name, dataset=run.data.name, backend=backend_name,
                         topology=run.topology.report(),
@@ -175,7 +178,7 @@ def output_directory(config: Config, backend_name: str) -> Path:
 def check_run_folder(path: Path) -> None:
     """`runtime.output_dir` is new, empty, or a run's folder (its run.json, or the log a run starts with): a run
     never writes over files it did not make (a results.json of your own, say)."""
-    if not path.is_dir() or (path / runs.RUN_FILE).is_file():
+    if not path.is_dir() or (path / run_folder.RUN_FILE).is_file():
         return
     theirs = sorted(child.name for child in path.iterdir() if child.name not in (LOG_FILE, TENSORBOARD_DIR))
     if theirs:

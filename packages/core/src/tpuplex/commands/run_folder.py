@@ -17,9 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tpuplex import checkpoint
 from tpuplex import config as config_lib
 from tpuplex.config import Config
+from tpuplex.engine import checkpoint
 from tpuplex.errors import TpuplexError
 from tpuplex.plugins import add_search_path
 

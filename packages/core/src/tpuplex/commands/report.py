@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tpuplex.commands.run import RESULTS_FILE
+from tpuplex.engine.reporter import LOG_FILE
 from tpuplex.errors import TpuplexError
-from tpuplex.reporting import LOG_FILE
-from tpuplex.run import RESULTS_FILE
 
 COLUMNS = ("run", "dataset", "backend", "seed", "steps", "metrics", "wall time", "train ex/s", "eval ex/s", "compiles",
            "config hash")

@@ -7,7 +7,7 @@ the checkpoint's saved settings never change the arrays.
 
 The cache entry is keyed by a hash of everything the arrays depend on: the tokenizer files, the task, the split,
 max_length and the source's fingerprint (the data's content; for your own data also its column and label
-settings). It is a prepared folder (`tpuplex.data.token_shards`), published whole or not at all, and a run reads
+settings). It is a prepared folder (`tpuplex.data.prepared_tokens`), published whole or not at all, and a run reads
 its rows lazily from it: what is tokenized once is never held whole in memory again.
 """
 
@@ -26,9 +26,9 @@ import tokenizers
 from tokenizers import Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
 
-from tpuplex.collate import Encoded
+from tpuplex.data.batching import Encoded
+from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens, write_tokens
 from tpuplex.data.shards import MANIFEST
-from tpuplex.data.token_shards import PreparedTokens, open_tokens, write_tokens
 from tpuplex.errors import TpuplexError
 from tpuplex.glue.datasets import Dataset
 from tpuplex.glue.files import Examples

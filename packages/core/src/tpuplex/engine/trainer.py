@@ -1,7 +1,7 @@
 """The training loop: the core drives, the backend steps.
 
 The Trainer owns everything that must be identical on every framework: the data order (`Batcher`), the learning
-rate of each step (`tpuplex.schedule`), when to evaluate, log and checkpoint, and how to resume. Steps are
+rate of each step (`tpuplex.engine.schedule`), when to evaluate, log and checkpoint, and how to resume. Steps are
 counted as optimizer updates; "step n" is the n-th update (1-based), and `lr` of update n is
 `SCHEDULES[train.schedule](n - 1, ...)` (linear or cosine decay after the warmup).
 
@@ -23,7 +23,7 @@ would. It starts from the newest checkpoint that verifies against its manifest; 
 and skipped. Another config hash or other training data is refused.
 
 Preemption (`runtime.on_preempt = "checkpoint"`): a SIGTERM or SIGINT ends the run after the current step or group
-with a checkpoint of that step, then `tpuplex.preemption.Preempted` (see that module).
+with a checkpoint of that step, then `tpuplex.engine.preemption.Preempted` (see that module).
 
 Several processes (`tpuplex.hosts`): every process runs this same loop on the same global batches (the backend
 feeds its own rows and returns global losses and logits). Before the first step they check that they agree on the
@@ -44,16 +44,16 @@ from typing import Any, Literal
 
 import numpy as np
 
-from tpuplex import checkpoint
-from tpuplex.collate import Batcher, Encoded, fit_buckets
 from tpuplex.config import Config
+from tpuplex.data.batching import Batcher, Encoded, fit_buckets
+from tpuplex.engine import checkpoint
+from tpuplex.engine.preemption import Preempted, SignalWatch
+from tpuplex.engine.prefetch import Prefetcher
+from tpuplex.engine.reporter import Reporter, headline
+from tpuplex.engine.schedule import SCHEDULES, warmup_steps
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import Hosts
-from tpuplex.preemption import Preempted, SignalWatch
-from tpuplex.prefetch import Prefetcher
 from tpuplex.protocol import Backend, Batch, PortableState
-from tpuplex.reporting import Reporter, headline
-from tpuplex.schedule import SCHEDULES, warmup_steps
 from tpuplex.tasks.base import TaskData
 
 CHECKPOINTS_DIR = "checkpoints"

@@ -26,8 +26,8 @@ import numpy as np
 
 from tpuplex import config as config_lib
 from tpuplex import tasks
+from tpuplex.commands.run import RESULTS_FILE, output_directory, write_json_atomic
 from tpuplex.errors import TpuplexError
-from tpuplex.run import RESULTS_FILE, output_directory, write_json_atomic
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -5,8 +5,8 @@
     predict(path, backend, split)    the task's prediction files of a split (sequence classification: for GLUE
                                      test files the leaderboard files, `index<TAB>prediction`)
 
-Both rebuild the run's experiment from its run.json (`tpuplex.runs`) on the chosen backend and load the portable
-checkpoint into it, so a checkpoint trained on torch evaluates on jax or tf with the same numbers.
+Both rebuild the run's experiment from its run.json (`tpuplex.commands.run_folder`) on the chosen backend and load
+the portable checkpoint into it, so a checkpoint trained on torch evaluates on jax or tf with the same numbers.
 """
 
 from __future__ import annotations
@@ -14,20 +14,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpuplex import checkpoint, runs, tasks
+from tpuplex import tasks
+from tpuplex.commands import run_folder
+from tpuplex.commands.run import Experiment, prepare, write_json_atomic
+from tpuplex.engine import checkpoint
 from tpuplex.errors import TpuplexError
-from tpuplex.run import Experiment, prepare, write_json_atomic
 
 EVAL_DIR = "eval"
 PREDICTIONS_DIR = "predictions"
 
 
-def restore(found: runs.Found, backend_name: str) -> tuple[Experiment, Any]:
+def restore(found: run_folder.Found, backend_name: str) -> tuple[Experiment, Any]:
     """The run's experiment built on `backend_name` with its state set to the checkpoint."""
     arrays, info = checkpoint.load(found.checkpoint, verified=True)
     if info.get("config_hash") != found.config_hash:
         raise TpuplexError(f"{found.checkpoint} was written with config hash {info.get('config_hash')}, but "
-                           f"{found.run_dir / runs.RUN_FILE} has {found.config_hash}: give a checkpoint of this run")
+                           f"{found.run_dir / run_folder.RUN_FILE} has {found.config_hash}: give a checkpoint of this "
+                           "run")
     experiment = prepare(found.config, backend_name)
     return experiment, experiment.backend.state_from_arrays(experiment.state, arrays)
 
@@ -36,7 +39,7 @@ def evaluate(path: str | Path, backend_name: str, split: str | None = None, data
              out: Path | None = None) -> dict[str, Any]:
     """Evaluate the checkpoint `path` names on `backend_name`: every eval split, or `split`. Returns (and writes
     to `out`, by default `<run>/eval/<step>-<backend>.json`) the metrics with where they came from."""
-    found = runs.locate(path, data_dir)
+    found = run_folder.locate(path, data_dir)
     experiment, state = restore(found, backend_name)
     trainer = experiment.trainer
     splits = list(trainer.eval_batchers)
@@ -58,7 +61,7 @@ def predict(path: str | Path, backend_name: str, split: str = "test", data_dir: 
     """Predictions of the checkpoint `path` names on `split` ("test": every test file), one TSV per split in
     `out` (default `<run>/predictions/<step>-<backend>/`): GLUE's submission files for GLUE test splits, else
     `<split>.tsv`. Returns split -> file. Files appear whole: they are written beside and renamed into place."""
-    found = runs.locate(path, data_dir)
+    found = run_folder.locate(path, data_dir)
     if out is not None:
         check_prediction_folder(Path(out))
     task = tasks.get(found.config.task.name)

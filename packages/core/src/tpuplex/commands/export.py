@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from tpuplex import models, params, runs, tasks
+from tpuplex import models, params, tasks
+from tpuplex.commands import run_folder
 from tpuplex.errors import TpuplexError
 
 FORMATS = {"hf": "the core", "saved_model": "tf", "torch_export": "torch"}
@@ -38,19 +39,19 @@ def export(path: str | Path, format: str, out: Path | None = None) -> Path:
     by default `<run>/export/<step>-<format>`."""
     if format not in FORMATS:
         raise TpuplexError(f"unknown export format {format!r}: use one of {', '.join(FORMATS)}")
-    found = runs.locate(path)
+    found = run_folder.locate(path)
     out = Path(out) if out else found.run_dir / "export" / f"{found.checkpoint.name}-{format}"
     if out.exists():
         raise TpuplexError(f"{out} already exists: remove it or choose another --out")
     if format == "hf":
         return write_atomically(out, lambda staging: write_hf(found, staging))
-    from tpuplex import workflow  # builds a backend: only for the formats a framework writes
+    from tpuplex.commands import workflow  # builds a backend: only for the formats a framework writes
 
     experiment, state = workflow.restore(found, FORMATS[format])
     return write_atomically(out, lambda staging: experiment.backend.export(state, format, staging, experiment.data))
 
 
-def write_hf(found: runs.Found, folder: Path) -> None:
+def write_hf(found: run_folder.Found, folder: Path) -> None:
     """The HF folder of `found` (see the module doc) into the empty `folder`."""
     config = found.config
     if config.model.architecture:

@@ -12,7 +12,7 @@
     tpuplex devices
 
 A TpuplexError ends the command with one line on stderr, `tpuplex: error: <message>`, and exit code 2. A run
-stopped by SIGTERM / SIGINT after checkpointing (tpuplex.preemption) says so in one line and exits with 75; the
+stopped by SIGTERM / SIGINT after checkpointing (tpuplex.engine.preemption) says so in one line and exits with 75; the
 same command resumes it. A process of a multi-process run that loses another says so in one line and exits with 69
 (tpuplex.hosts). Any other exception is a bug: one line naming the file that holds its traceback, exit 1.
 """
@@ -31,10 +31,10 @@ from pathlib import Path
 
 from tpuplex import __version__, devices, registry
 from tpuplex import config as config_lib
+from tpuplex.engine.preemption import PREEMPTED_EXIT, Preempted
+from tpuplex.engine.reporter import headline
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import HOST_LOST_EXIT, HostLost, expected_processes
-from tpuplex.preemption import PREEMPTED_EXIT, Preempted
-from tpuplex.reporting import headline
 
 USAGE_ERROR = 2
 INTERNAL_ERROR = 1
@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
 
     launch = commands.add_parser("launch", help="run a command in several local processes of one run",
                                  description="Start N processes of one run on this machine, each with the "
-                                 "environment its framework's launcher would give it (see tpuplex.launch).")
+                                 "environment its framework's launcher would give it (see tpuplex.commands.launch).")
     launch.add_argument("--processes", type=int, required=True, help="how many processes")
     launch.add_argument("--cpu-devices", type=int, default=0, help="CPU devices per process (runtime.cpu_devices)")
     launch.add_argument("child", nargs=argparse.REMAINDER, metavar="-- train CONFIG --backend NAME ...")
@@ -161,9 +161,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tpuplex import (
-        run,  # the pipeline pulls in GLUE and the trainer; `tpuplex devices` needs neither
-    )
+    from tpuplex.commands import run  # the pipeline pulls in GLUE and the trainer; `tpuplex devices` needs neither
 
     config = config_lib.load(args.config, args.overrides)
     if args.data_dir is not None:
@@ -178,7 +176,7 @@ def _train(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> int:
     import time
 
-    from tpuplex.run import check_writable_folder
+    from tpuplex.commands.run import check_writable_folder
 
     started = time.perf_counter()
     if args.shard_size is not None and args.shard_size < 1:
@@ -220,7 +218,7 @@ def _checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from tpuplex import workflow
+    from tpuplex.commands import workflow
 
     result = workflow.evaluate(args.checkpoint, args.backend, args.split, args.data_dir, args.out)
     for split, metrics in result["metrics"].items():
@@ -231,7 +229,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from tpuplex import workflow
+    from tpuplex.commands import workflow
 
     for split, path in workflow.predict(args.checkpoint, args.backend, args.split, args.data_dir, args.out).items():
         print(f"{split}: {path}")
@@ -239,14 +237,14 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from tpuplex import export
+    from tpuplex.commands import export
 
     print(f"exported: {export.export(args.checkpoint, args.format, args.out)}")
     return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from tpuplex import sweep
+    from tpuplex.commands import sweep
 
     summary = sweep.sweep(args.config, args.backend, sweep.parse_seeds(args.seeds), args.overrides, args.data_dir)
     print(sweep.markdown(summary))
@@ -254,7 +252,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from tpuplex import report
+    from tpuplex.commands import report
 
     markdown, png = report.report(args.runs, args.out)
     print(markdown.read_text(), end="")
@@ -263,7 +261,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from tpuplex import launch
+    from tpuplex.commands import launch
 
     child = args.child[1:] if args.child[:1] == ["--"] else args.child
     return launch.launch(child, args.processes, args.cpu_devices)
