@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from tpuplex import models, params, tasks
+from tpuplex import kinds, tasks
 from tpuplex.commands import run_folder
 from tpuplex.errors import TpuplexError
 
@@ -54,23 +54,17 @@ def export(path: str | Path, format: str, out: Path | None = None) -> Path:
 def write_hf(found: run_folder.Found, folder: Path) -> None:
     """The HF folder of `found` (see the module doc) into the empty `folder`."""
     config = found.config
-    if config.model.architecture:
-        raise TpuplexError(f"the run trained your own model ({config.model.architecture}), whose parameters keep "
-                           "their framework's names: export hf needs a model family checkpoint (model.checkpoint)")
-    model_dir = params.resolve_checkpoint(config.model.checkpoint)
-    hf_config = params.read_hf_config(model_dir)
-    family = models.family_of(hf_config)
     task = tasks.get(config.task.name)
-    exported = {**hf_config, "architectures": [task.hf_class(family, hf_config["model_type"])],
-                **task.export_config(config)}
+    kind = kinds.resolve(config, task)
+    exported = {**kind.hf_config, "architectures": [kind.hf_class(config, task)], **task.export_config(config)}
     (folder / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
     weights = load_file(found.checkpoint / "model.safetensors")
     # transformers reads the "format" metadata to know the tensors are in torch layout.
     save_file({name: np.ascontiguousarray(a) for name, a in weights.items()}, folder / "model.safetensors",
               metadata={"format": "pt"})
     for name in TOKENIZER_FILES:
-        if (model_dir / name).is_file():
-            shutil.copy2(model_dir / name, folder / name)
+        if (kind.checkpoint_dir / name).is_file():
+            shutil.copy2(kind.checkpoint_dir / name, folder / name)
 
 
 def write_atomically(out: Path, write: Callable[[Path], None]) -> Path:

@@ -60,6 +60,10 @@ class ModelKind:
         """What a model of your own is built with (`Task.model_arguments`); nothing for a family."""
         return {}
 
+    def hf_class(self, config: Any, task: Any) -> str:
+        """transformers' class of the trained model (`tpuplex export --format hf`'s "architectures")."""
+        return task.hf_class(self.family, self.hf_config["model_type"])
+
     def spec(self, config: Any, task: Any, data: Any) -> ModelSpec:
         """The model to build for `task` on `data`: the head, the initial state, and what the backends need."""
         head = task.head(self.family, self.arch, self.hf_config, data)

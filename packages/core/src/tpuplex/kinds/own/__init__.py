@@ -13,6 +13,7 @@ import numpy as np
 
 from tpuplex import params
 from tpuplex.data.tokenize import load_tokenizer
+from tpuplex.errors import TpuplexError
 from tpuplex.kinds import ModelKind
 
 
@@ -29,6 +30,10 @@ class OwnModel(ModelKind):
     def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """None from the core: the backend's framework initialises the model (`train.seed`)."""
         return {}, {}
+
+    def hf_class(self, config: Any, task: Any) -> str:
+        raise TpuplexError(f"the run trained your own model ({config.model.architecture}), whose parameters keep "
+                           "their framework's names: export hf needs a model family checkpoint (model.checkpoint)")
 
     def model_arguments(self, config: Any, task: Any, data: Any, head: Any) -> dict[str, Any]:
         """The task's; a text task's model gets the tokenizer's vocabulary size (its embedding table)."""
