@@ -15,8 +15,8 @@ from tpuplex.glue.files import Examples
 LABEL, FIRST, SECOND = "Quality", "#1 String", "#2 String"
 COLUMNS = (LABEL, FIRST, SECOND)
 # The MRPC layout as your own task: what tpuplex.glue.datasets says of GLUE's MRPC, written as [data] fields.
-MRPC_FIELDS = {"data__data_dir": "", "data__text_columns": [FIRST, SECOND], "data__label_column": LABEL,
-               "data__labels": ["0", "1"], "data__metrics": ["accuracy", "f1"]}
+MRPC_FIELDS = {"data__data_dir": "", "task__text_columns": [FIRST, SECOND], "task__label_column": LABEL,
+               "task__labels": ["0", "1"], "task__metrics": ["accuracy", "f1"]}
 
 
 def records(examples: Examples) -> list[dict]:

@@ -92,7 +92,7 @@ def write_run_config(folder: Path, model: Path, mrpc: Path, **fields) -> Path:
     }
     for key, value in fields.items():
         section, name = key.split("__")
-        sections[section][name] = value
+        sections.setdefault(section, {})[name] = value
     lines = []
     for section, values in sections.items():
         lines.append(f"[{section}]")

@@ -14,9 +14,10 @@ from custom_files import COLUMNS, FIRST, LABEL, SECOND, WRITERS, custom_fields, 
 from tiny_glue import train_losses
 
 from tpuplex import config as config_lib
+from tpuplex import tasks
 from tpuplex.commands import cli, run
 from tpuplex.config import DataConfig
-from tpuplex.data.custom import custom_data, dataset_sources, file_source
+from tpuplex.data.custom import LabelledTable, custom_data, dataset_sources, file_source
 from tpuplex.data.tables import read_table, resolve_file
 from tpuplex.data.tokenize import encode_cached, load_encoded
 from tpuplex.errors import TpuplexError
@@ -24,10 +25,16 @@ from tpuplex.glue import get_dataset, read_split
 from tpuplex.glue.files import Examples
 
 
-def data_config(paths: dict[str, str], **changes) -> DataConfig:
-    """The [data] section of `custom_fields(paths)` with `changes`, read as a config file's would be."""
-    fields = {key.removeprefix("data__"): value for key, value in custom_fields(paths).items()}
-    return config_lib.from_dict({"data": {**fields, **changes}}).data
+def table_config(paths: dict[str, str], **changes) -> tuple[DataConfig, LabelledTable]:
+    """The [data] section of `custom_fields(paths)` and its [task] options with `changes` (task options), read as a
+    config file's would be."""
+    sections: dict[str, dict] = {"data": {}, "task": {}}
+    for key, value in custom_fields(paths).items():
+        section, name = key.split("__")
+        sections[section][name] = value
+    sections["task"] |= changes
+    loaded = config_lib.from_dict(sections)
+    return loaded.data, tasks.options(tasks.get(loaded.task.name), loaded.task.options)
 
 
 # --- the same examples train the same way ----------------------------------------------------------------------
@@ -63,8 +70,10 @@ def test_the_real_mrpc_files_encode_as_the_glue_loader_in_every_format(shared_gl
     expected = {"train": glue.trainer.train_batcher.data, "dev": glue.trainer.eval_batchers["dev"].data}
     for kind in ("csv", "jsonl", "parquet"):
         paths = write_splits(tmp_path / kind, kind, splits)
-        data = dataclasses.replace(data_config(paths, **base["data"]), test_file=str(shared_glue / "MRPC" / "test.tsv"))
-        custom = run.prepare(dataclasses.replace(glue_config, data=data), "numpy")
+        data, table = table_config(paths)
+        data = dataclasses.replace(data, **base["data"], test_file=str(shared_glue / "MRPC" / "test.tsv"))
+        task = dataclasses.replace(glue_config.task, options=dataclasses.asdict(table))
+        custom = run.prepare(dataclasses.replace(glue_config, data=data, task=task), "numpy")
         encoded = {"train": custom.trainer.train_batcher.data, "dev": custom.trainer.eval_batchers["dev"].data}
         for split, arrays in encoded.items():
             for name in ("input_ids", "token_type_ids", "lengths", "labels"):
@@ -101,9 +110,10 @@ def test_labels_match_as_text_and_an_unlabelled_test_file_gets_minus_one(write_c
     paths = write_splits(tmp_path / "data", "jsonl", mrpc_splits(tiny_mrpc))
     test = tmp_path / "data" / "test.csv"
     test.write_text(f'"{FIRST}","{SECOND}"\nword5 word6,word7\n"word8, word9",word10\n', encoding="utf-8")
-    path = write_config(**{**custom_fields(paths), "data__labels": [0, 1], "data__test_file": str(test)})
+    path = write_config(**{**custom_fields(paths), "task__labels": [0, 1], "data__test_file": str(test)})
     experiment = run.prepare(config_lib.load(path), "numpy")
-    assert config_lib.load(path).data.labels == ("0", "1")
+    loaded = config_lib.load(path)
+    assert tasks.options(tasks.get(loaded.task.name), loaded.task.options).labels == ("0", "1")
     expected = mrpc_splits(tiny_mrpc)["dev"].labels
     np.testing.assert_array_equal(experiment.trainer.eval_batchers["dev"].data.load().labels, expected)
     test_labels = experiment.data.test.load().labels
@@ -122,8 +132,8 @@ def test_regression_trains_with_pearson_and_spearman_and_names_the_run(write_con
         (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     path = write_config(data__data_dir="", data__dataset="paraphrase-score",
                         data__train_file=str(folder / "train.jsonl"),
-                        data__eval_files=[str(folder / "dev.jsonl")], data__text_columns=["a", "b"],
-                        data__label_column="score", data__regression=True,
+                        data__eval_files=[str(folder / "dev.jsonl")], task__text_columns=["a", "b"],
+                        task__label_column="score", task__regression=True,
                         runtime__output_dir=str(tmp_path / "runs" / "{dataset}"))
     assert cli.main(["train", str(path), "--backend", "numpy", "--set", "train.max_steps=4"]) == 0, \
         capsys.readouterr().err
@@ -169,12 +179,12 @@ def test_the_cache_key_covers_the_content_and_every_column_and_label_setting(tin
     paths = write_splits(tmp_path / "data", "csv", mrpc_splits(tiny_mrpc))
 
     def fingerprint(**changes) -> str:
-        return custom_data(data_config(paths, **changes)).sources()["train"].fingerprint
+        return custom_data(*table_config(paths, **changes)).sources()["train"].fingerprint
 
     settings = [fingerprint(), fingerprint(labels=["1", "0"]), fingerprint(text_columns=[SECOND, FIRST]),
                 fingerprint(text_columns=[FIRST]), fingerprint(label_column=FIRST, labels=["word1", "word2"])]
     assert len(set(settings)) == len(settings)
-    data = custom_data(data_config(paths))
+    data = custom_data(*table_config(paths))
     assert file_source(data.dataset, data.files["dev"], labelled=False).fingerprint != data.sources()["dev"].fingerprint
 
     cache = tmp_path / "cache"
@@ -213,12 +223,12 @@ BAD_FILES = {
     "missing column": ("train.csv", replace_line(1, f"{LABEL},{FIRST},#2 Text"), {},
                        "train.csv has no column '#2 String' (its header is Quality, #1 String, #2 Text)"),
     "unknown label": ("train.csv", replace_line(4, "2,word1,word2"), {},
-                      "train.csv line 4: label '2' is not one of data.labels (0, 1): add it to data.labels"),
+                      "train.csv line 4: label '2' is not one of task.labels (0, 1): add it to task.labels"),
     "empty file": ("train.csv", lambda lines: "", {}, "train.csv holds no examples"),
     "header only": ("train.csv", lambda lines: lines[:1], {}, "train.csv holds no examples"),
     "unknown extension": ("train.txt", lambda lines: lines, {}, "has the unknown file type '.txt': use .tsv, .csv"),
     "regression label not a number": ("train.csv", replace_line(3, "high,word1,word2"),
-                                      {"data__regression": True, "data__labels": [], "data__metrics": []},
+                                      {"task__regression": True, "task__labels": [], "task__metrics": []},
                                       "train.csv line 3: label 'high' is not a number"),
     "empty text": ("train.csv", replace_line(3, "1, ,word2"), {},
                    "train.csv line 3: text column '#1 String' is empty: fill in the text or drop the row"),
@@ -241,17 +251,20 @@ BAD_FILES = {
 }
 # case: ([data] fields on good CSV files ({folder} is their folder), expected fragment)
 BAD_FIELDS = {
-    "labels and regression": ({"data__regression": True}, "data.labels and data.regression = true are both set"),
-    "no labels": ({"data__labels": []}, "your own data needs data.labels"),
-    "one label": ({"data__labels": ["0"]}, "data.labels = ['0'] has one label"),
-    "a label twice": ({"data__labels": [0, "0"]}, "data.labels = ['0', '0'] lists '0' twice"),
-    "float labels": ({"data__labels": [0.5, 1]}, "data.labels = [0.5, 1] is not allowed: use a list of strings or "
+    "labels and regression": ({"task__regression": True}, "task.labels and task.regression = true are both set"),
+    "no labels": ({"task__labels": []}, "your own data needs task.labels"),
+    "one label": ({"task__labels": ["0"]}, "task.labels = ['0'] has one label"),
+    "a label twice": ({"task__labels": [0, "0"]}, "task.labels = ['0', '0'] lists '0' twice"),
+    "float labels": ({"task__labels": [0.5, 1]}, "task.labels = [0.5, 1] is not allowed: use a list of strings or "
                      "integers"),
-    "f1 of three labels": ({"data__labels": ["0", "1", "2"]}, "f1 scores the second label as the positive class"),
-    "a regression metric": ({"data__metrics": ["pearson"]},
-                            "data.metrics: 'pearson' is not a metric for classification (data.labels): use "
+    "f1 of three labels": ({"task__labels": ["0", "1", "2"]}, "f1 scores the second label as the positive class"),
+    "a regression metric": ({"task__metrics": ["pearson"]},
+                            "task.metrics: 'pearson' is not a metric for classification (task.labels): use "
                             "accuracy, f1, mcc"),
-    "three text columns": ({"data__text_columns": ["a", "b", "c"]}, "must name one or two text columns"),
+    "three text columns": ({"task__text_columns": ["a", "b", "c"]}, "must name one or two text columns"),
+    "a table option under [data]": ({"data__labels": ["0", "1"]},
+                                    "data.labels is an option of the sequence_classification task now: move it under "
+                                    "[task]"),
     "eval file named train": ({"data__eval_files": ["{folder}/train.csv"]}, "would be the split 'train'"),
     "two eval files named dev": ({"data__eval_files": ["{folder}/dev.csv", "{folder}/more/dev.csv"]},
                                  "are both the split 'dev'"),

@@ -57,16 +57,6 @@ class DataConfig:
     """Your own labelled evaluation files, as train_file; each split is named after its file (dev.csv -> dev)."""
     test_file: str = ""
     """Your own unlabelled (or labelled) file to check and tokenize; nothing trains or evaluates on it."""
-    text_columns: tuple[str, ...] = ()
-    """Your own data: the one or two text columns (two: a sentence pair)."""
-    label_column: str = "label"
-    labels: tuple[str, ...] = ()
-    """Your own data: the label values (strings or integers); class index = position in this list."""
-    regression: bool = False
-    """Your own data: float labels and one output instead of labels."""
-    metrics: tuple[str, ...] = ()
-    """Your own data: from accuracy, f1, mcc (classification), pearson, spearman (regression); empty: accuracy,
-    or pearson and spearman."""
     max_length: int = 128
     buckets: tuple[int, ...] = ()
     """Sequence lengths below max_length to pad to; empty pads every batch to max_length."""
@@ -197,7 +187,9 @@ _NON_NEGATIVE = {("train", "weight_decay"), ("train", "epochs"), ("train", "max_
                  ("train", "clip_norm"), ("train", "adam_epsilon"), ("runtime", "eval_every"), ("data", "bucket_count"),
                  ("runtime", "checkpoint_every"), ("runtime", "cpu_devices"), ("runtime", "prefetch")}
 _UNIT_INTERVAL = {("train", "warmup_ratio"), ("train", "adam_beta1"), ("train", "adam_beta2"), ("train", "momentum")}
-_LABEL_LISTS = {("data", "labels")}
+_LABEL_LISTS = {("task", "labels")}
+MOVED_TO_TASK = ("text_columns", "label_column", "labels", "regression", "metrics")
+"""Fields of your own table that were [data] fields: sequence classification's options now (`[task]`)."""
 
 
 def load(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
@@ -309,6 +301,9 @@ def build_section(section: str, cls: type, values: dict[str, Any]) -> Any:
     unknown = set(values) - set(hints)
     if unknown:
         name = sorted(unknown)[0]
+        if section == "data" and name in MOVED_TO_TASK:
+            raise TpuplexError(f"data.{name} is an option of the sequence_classification task now: move it under "
+                               f"[task] ({name} = ...)")
         if (section, name) == ("data", "task"):
             raise TpuplexError("unknown config field data.task: the dataset is data.dataset now (write dataset = "
                                "\"mrpc\" under [data]); a task is the kind of problem, [task] name")

@@ -1,18 +1,21 @@
-"""Your own data: a task defined by the [data] fields instead of a GLUE name.
+"""Your own data for sequence classification: a labelled table instead of a GLUE name.
 
-    [data]
-    task = "reviews"                      # only a name here: cache files and runtime.output_dir's {task}
-    train_file = "data/train.csv"         # formats: see tpuplex.data.tables
-    eval_files = ["data/dev.csv"]         # split names = file stems ("dev"); each evaluated and scored
-    test_file = "data/test.jsonl"         # optional; labels optional; checked and tokenized, never trained on
+    [task]
+    name = "sequence_classification"
     text_columns = ["review"]             # one column, or two for sentence pairs
     label_column = "label"
     labels = ["neg", "pos"]               # class index = position; or regression = true for float labels
     metrics = ["accuracy", "f1"]          # default: accuracy, or pearson and spearman for regression
 
-`dataset_sources(config.data)` is what the pipeline asks for: the task and the sources of its splits, your own files
-when `data.train_file` is set and the GLUE task `data.dataset` otherwise. Your task is a `Dataset` as GLUE's are (no
-GLUE folder, no hub columns), so batching, training and the metrics treat both alike.
+    [data]
+    dataset = "reviews"                   # only a name here: cache files and runtime.output_dir's {dataset}
+    train_file = "data/train.csv"         # formats: see tpuplex.data.tables
+    eval_files = ["data/dev.csv"]         # split names = file stems ("dev"); each evaluated and scored
+    test_file = "data/test.jsonl"         # optional; labels optional; checked and tokenized, never trained on
+
+`dataset_sources(config.data, table)` is what the pipeline asks for: the task and the sources of its splits, your
+own files when `data.train_file` is set and the GLUE task `data.dataset` otherwise. Your task is a `Dataset` as
+GLUE's are (no GLUE folder, no hub columns), so batching, training and the metrics treat both alike.
 
 Labels are matched as text: a string as written, any other value as its JSON text, so `labels = [0, 1]` (kept as
 "0", "1") matches the CSV cell "0" and the JSON number 0 alike. A test file without the label column gets labels
@@ -39,7 +42,24 @@ from tpuplex.glue.sources import GlueData, Source
 from tpuplex.metrics import CLASSIFICATION_METRICS, REGRESSION_METRICS
 
 # The fields that describe your own data: set without train_file they would be silently ignored.
-CUSTOM_FIELDS = ("eval_files", "test_file", "text_columns", "label_column", "labels", "regression", "metrics")
+CUSTOM_FIELDS = ("eval_files", "test_file")
+"""[data] fields that only your own data has."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelledTable:
+    """How your own table is read (sequence classification's `[task]` options)."""
+
+    text_columns: tuple[str, ...] = ()
+    """The one or two text columns (two: a sentence pair)."""
+    label_column: str = "label"
+    labels: tuple[str, ...] = ()
+    """The label values (strings or integers); class index = position in this list."""
+    regression: bool = False
+    """Float labels and one output instead of labels."""
+    metrics: tuple[str, ...] = ()
+    """From accuracy, f1, mcc (classification), pearson, spearman (regression); empty: accuracy, or pearson and
+    spearman."""
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -70,21 +90,26 @@ class CustomData:
                            "(set data.test_file to predict on a file without labels)")
 
 
-def dataset_sources(data: DataConfig) -> GlueData | CustomData:
-    """Your own task when `data.train_file` is set, else the GLUE task `data.dataset`; checks every [data] field
-    and that every file exists, reading none of them."""
+def dataset_sources(data: DataConfig, table: LabelledTable = LabelledTable()) -> GlueData | CustomData:
+    """Your own task when `data.train_file` is set (read as `table` says), else the GLUE task `data.dataset`;
+    checks every field and that every file exists, reading none of them."""
     if data.train_file:
-        return custom_data(data)
+        return custom_data(data, table)
     defaults = DataConfig()
-    for name in CUSTOM_FIELDS:
-        if getattr(data, name) != getattr(defaults, name):
-            raise TpuplexError(f"data.{name} is set but data.train_file is empty: set data.train_file to train on "
-                               f"your own data, or remove data.{name} to use the GLUE task {data.dataset!r}")
+    for section, values, fields, default in (("data", data, CUSTOM_FIELDS, defaults),
+                                             ("task", table, [f.name for f in dataclasses.fields(table)],
+                                              LabelledTable())):
+        for name in fields:
+            if getattr(values, name) != getattr(default, name):
+                raise TpuplexError(f"{section}.{name} is set but data.train_file is empty: set data.train_file to "
+                                   f"train on your own data, or remove {section}.{name} to use the GLUE task "
+                                   f"{data.dataset!r}")
     return GlueData(get_dataset(data.dataset), data.data_dir)
 
 
-def custom_data(data: DataConfig) -> CustomData:
-    """Your own task from `data` (data.train_file set), its fields checked before its files are looked up."""
+def custom_data(data: DataConfig, table: LabelledTable = LabelledTable()) -> CustomData:
+    """Your own task from `data` (data.train_file set) read as `table` says, its fields checked before its files
+    are looked up."""
     if not TASK_NAME.fullmatch(data.dataset):
         raise TpuplexError(f"data.dataset = {data.dataset!r} cannot name your own task: use letters, digits, '.', '-' "
                            "and '_' (it names cache files and fills {task} in runtime.output_dir)")
@@ -92,9 +117,9 @@ def custom_data(data: DataConfig) -> CustomData:
         raise TpuplexError(f"data.data_dir = {data.data_dir!r} (--data-dir) is for GLUE tasks, but data.train_file "
                            "is set: remove data.data_dir and give your files' paths in data.train_file and "
                            "data.eval_files")
-    text_columns = _text_columns(data.text_columns)
-    labels = _labels(data.labels, data.regression)
-    metrics = _metrics(data.metrics, labels, data.regression)
+    text_columns = _text_columns(table.text_columns)
+    labels = _labels(table.labels, table.regression)
+    metrics = _metrics(table.metrics, labels, table.regression)
     if not data.eval_files:
         raise TpuplexError('data.eval_files is empty: give at least one labelled evaluation file, e.g. '
                            'eval_files = ["data/dev.csv"]')
@@ -102,16 +127,16 @@ def custom_data(data: DataConfig) -> CustomData:
     evaluation = _eval_files(data.eval_files)
     test = resolve_file("data.test_file", data.test_file) if data.test_file else None
     task = Dataset(data.dataset, folder="", labels=labels, metrics=metrics, text_columns=text_columns,
-                label_column=data.label_column, hub_text_columns=(), eval_splits=tuple(evaluation))
+                label_column=table.label_column, hub_text_columns=(), eval_splits=tuple(evaluation))
     return CustomData(task, {"train": train, **evaluation}, test)
 
 
 def _text_columns(columns: tuple[str, ...]) -> tuple[str, ...]:
     if not 1 <= len(columns) <= 2:
-        raise TpuplexError(f"data.text_columns = {list(columns)!r} must name one or two text columns: e.g. "
+        raise TpuplexError(f"task.text_columns = {list(columns)!r} must name one or two text columns: e.g. "
                            '["sentence"], or ["premise", "hypothesis"] for sentence pairs')
     if len(set(columns)) < len(columns):
-        raise TpuplexError(f"data.text_columns = {list(columns)!r} names one column twice: give two different "
+        raise TpuplexError(f"task.text_columns = {list(columns)!r} names one column twice: give two different "
                            "columns, or one")
     return columns
 
@@ -119,19 +144,19 @@ def _text_columns(columns: tuple[str, ...]) -> tuple[str, ...]:
 def _labels(labels: tuple[str, ...], regression: bool) -> tuple[str, ...]:
     """The class labels; empty for regression."""
     if regression and labels:
-        raise TpuplexError("data.labels and data.regression = true are both set: give labels for classification "
+        raise TpuplexError("task.labels and task.regression = true are both set: give labels for classification "
                            "or regression = true for number labels, not both")
     if regression:
         return ()
     if not labels:
-        raise TpuplexError("your own data needs data.labels (classification, e.g. labels = [0, 1] or "
-                           '["neg", "pos"]) or data.regression = true (number labels)')
+        raise TpuplexError("your own data needs task.labels (classification, e.g. labels = [0, 1] or "
+                           '["neg", "pos"]) or task.regression = true (number labels)')
     if len(labels) < 2:
-        raise TpuplexError(f"data.labels = {list(labels)!r} has one label: a classifier needs at least two (or set "
-                           "data.regression = true)")
+        raise TpuplexError(f"task.labels = {list(labels)!r} has one label: a classifier needs at least two (or set "
+                           "task.regression = true)")
     repeated = next((label for label in labels if labels.count(label) > 1), None)
     if repeated is not None:
-        raise TpuplexError(f"data.labels = {list(labels)!r} lists {repeated!r} twice: give each label once (the "
+        raise TpuplexError(f"task.labels = {list(labels)!r} lists {repeated!r} twice: give each label once (the "
                            "class index is its position)")
     return labels
 
@@ -140,15 +165,15 @@ def _metrics(metrics: tuple[str, ...], labels: tuple[str, ...], regression: bool
     allowed = REGRESSION_METRICS if regression else CLASSIFICATION_METRICS
     if not metrics:
         return REGRESSION_METRICS if regression else ("accuracy",)
-    kind = "regression (data.regression = true)" if regression else "classification (data.labels)"
+    kind = "regression (task.regression = true)" if regression else "classification (task.labels)"
     for name in metrics:
         if name not in allowed:
-            raise TpuplexError(f"data.metrics: {name!r} is not a metric for {kind}: use {', '.join(allowed)}")
+            raise TpuplexError(f"task.metrics: {name!r} is not a metric for {kind}: use {', '.join(allowed)}")
         if metrics.count(name) > 1:
-            raise TpuplexError(f"data.metrics lists {name!r} twice: give each metric once")
+            raise TpuplexError(f"task.metrics lists {name!r} twice: give each metric once")
     if "f1" in metrics and len(labels) != 2:
-        raise TpuplexError(f"data.metrics: f1 scores the second label as the positive class, so it needs two labels "
-                           f"and data.labels has {len(labels)}: use accuracy or mcc")
+        raise TpuplexError(f"task.metrics: f1 scores the second label as the positive class, so it needs two labels "
+                           f"and task.labels has {len(labels)}: use accuracy or mcc")
     return metrics
 
 
@@ -203,7 +228,7 @@ def _texts(table: Table, column: str) -> list[str]:
 
 
 def label_text(value: Any) -> str:
-    """How a label value is matched against data.labels: a string as it is, anything else as JSON (0 -> "0")."""
+    """How a label value is matched against task.labels: a string as it is, anything else as JSON (0 -> "0")."""
     return value if isinstance(value, str) else json.dumps(value)
 
 
@@ -215,8 +240,8 @@ def _label_indices(table: Table, task: Dataset) -> np.ndarray:
     for row, value in enumerate(values):
         position = index.get(label_text(value))
         if position is None:
-            raise TpuplexError(f"{table.where(row)}: label {value!r} is not one of data.labels "
-                               f"({', '.join(task.labels)}): add it to data.labels or correct the row")
+            raise TpuplexError(f"{table.where(row)}: label {value!r} is not one of task.labels "
+                               f"({', '.join(task.labels)}): add it to task.labels or correct the row")
         indices[row] = position
     return indices
 
@@ -228,7 +253,7 @@ def _scores(table: Table, column: str) -> np.ndarray:
     for row, value in enumerate(values):
         score = _number(value)
         if not math.isfinite(score):
-            raise TpuplexError(f"{table.where(row)}: label {value!r} is not a number: with data.regression = true "
+            raise TpuplexError(f"{table.where(row)}: label {value!r} is not a number: with task.regression = true "
                                f"the {column!r} column must hold a finite number in every row")
         scores[row] = score
     return scores

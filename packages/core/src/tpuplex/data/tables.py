@@ -196,7 +196,7 @@ def _csv_error(path: Path, line: int, error: csv.Error) -> TpuplexError:
 def _header_index(header: Sequence[str], name: str, path: Path) -> int:
     if name not in header:
         raise TpuplexError(f"{path} has no column {name!r} (its header is {', '.join(header)}): rename the column "
-                           "or set data.text_columns / data.label_column to the file's names")
+                           "or set task.text_columns / task.label_column to the file's names")
     if header.count(name) > 1:
         raise TpuplexError(f"{path} has the column {name!r} twice in its header: give each column its own name")
     return list(header).index(name)
@@ -217,7 +217,7 @@ def _read_jsonl(path: Path, columns: Sequence[str], optional: Sequence[str]) -> 
         for name in wanted:
             if name not in record:
                 raise TpuplexError(f"{path} line {line} has no field {name!r} (it has {', '.join(record) or 'none'}): "
-                                   "add it, or set data.text_columns / data.label_column to the file's names")
+                                   "add it, or set task.text_columns / task.label_column to the file's names")
             values[name].append(record[name])
         lines.append(line)
     return Table(path, values, lines)
@@ -242,7 +242,7 @@ def _read_arrow(file: DataFile, columns: Sequence[str], optional: Sequence[str])
     for name in columns:
         if name not in names:
             raise TpuplexError(f"{file.path} has no column {name!r} (its columns are {', '.join(names)}): rename "
-                               "the column or set data.text_columns / data.label_column to the file's names")
+                               "the column or set task.text_columns / task.label_column to the file's names")
     wanted = [*columns, *(name for name in optional if name in names)]
     return Table(file.path, {name: table.column(name).to_pylist() for name in wanted}, None)
 

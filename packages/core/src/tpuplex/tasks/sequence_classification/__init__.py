@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex.data.batching import Encoded
-from tpuplex.data.custom import CustomData, dataset_sources
+from tpuplex.data.custom import CustomData, LabelledTable, dataset_sources
 from tpuplex.data.tokenize import encode_cached
 from tpuplex.glue import Dataset, GlueData, Source
 from tpuplex.metrics import compute, cross_entropy
@@ -26,10 +26,9 @@ from tpuplex.models import Architecture, Family
 from tpuplex.tasks.base import Task, TaskData, framework_modules
 from tpuplex.tasks.sequence_classification.heads import FAMILY_HEADS, ClassifierHead, classifier_head
 
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """Sequence classification has no options of its own: the dataset says labels and metrics."""
+Options = LabelledTable
+"""How your own table is read (text_columns, label_column, labels or regression, metrics); a GLUE dataset says
+all of it itself."""
 
 
 @dataclasses.dataclass
@@ -57,10 +56,10 @@ class SequenceClassification(Task):
     auto_class: ClassVar[str] = "AutoModelForSequenceClassification"
 
     def check(self, config: Any, options: Options) -> None:
-        dataset_sources(config.data)
+        dataset_sources(config.data, options)
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> ClassificationData:
-        sources = dataset_sources(config.data)
+        sources = dataset_sources(config.data, options)
         dataset = sources.dataset
 
         def encode(split: str, source: Source) -> Encoded:
@@ -80,14 +79,14 @@ class SequenceClassification(Task):
         return FAMILY_HEADS[family.name].hf_classes[family.model_types.index(model_type)]
 
     def export_config(self, config: Any) -> dict[str, Any]:
-        dataset = dataset_sources(config.data).dataset
+        dataset = dataset_sources(config.data, _options(self, config)).dataset
         labels = dataset.labels or ("score",)
         return {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)},
                 "problem_type": "regression" if dataset.is_regression else "single_label_classification"}
 
     def prediction_sources(self, config: Any, split: str) -> dict[str, Source]:
         """The splits `tpuplex predict --split split` writes, checked before any backend starts."""
-        return dataset_sources(config.data).prediction_sources(split)
+        return dataset_sources(config.data, _options(self, config)).prediction_sources(split)
 
     def write_predictions(self, experiment: Any, state: Any, sources: dict[str, Source], out: Path,
                           write: bool) -> dict[str, Path]:
@@ -102,6 +101,12 @@ class SequenceClassification(Task):
                 path = out / (dataset.submission_file(name) if in_glue else f"{name}.tsv")
                 written[name] = _write_tsv(path, predictions(dataset, logits))
         return written
+
+
+def _options(task: Task, config: Any) -> Options:
+    from tpuplex import tasks
+
+    return tasks.options(task, config.task.options)
 
 
 def mean_loss(logits: np.ndarray, labels: np.ndarray) -> float:
