@@ -97,7 +97,7 @@ class TfBackend(BackendBase):
     def export(self, state: TfState, format: str, folder: Path, data) -> None:
         if format != "saved_model":
             super().export(state, format, folder, data)
-        export.saved_model(state.steps.model, state.steps.task, folder, data)
+        export.saved_model(state.steps.model, state.steps.keras_layer, state.steps.task, folder, data)
 
     def start_profile(self, logdir: Path) -> None:
         tf.profiler.experimental.start(str(logdir))

@@ -20,10 +20,11 @@ import keras
 from tpuplex.tasks.tf import TaskModule
 
 
-def saved_model(model: Any, task: TaskModule, folder: Path, data: Any) -> None:
-    """Write the SavedModel of `model` (its forward pass in inference mode) into `folder`."""
+def saved_model(model: Any, layer: keras.layers.Layer, task: TaskModule, folder: Path, data: Any) -> None:
+    """Write the SavedModel of `model` (its forward pass in inference mode) into `folder`; `layer` is the Keras
+    object that holds its variables (the model, or the module of your own it wraps)."""
     serve, signature = task.serving(model, data)
     archive = keras.export.ExportArchive()
-    archive.track(getattr(model, "module", model))  # a model of your own is a wrapper around its Keras module
+    archive.track(layer)
     archive.add_endpoint("serving_default", serve, input_signature=signature)
     archive.write_out(str(folder), verbose=False)

@@ -65,6 +65,7 @@ class Steps:
                  inputs: tuple[str, ...], jit_compile: bool):
         self.strategy = strategy
         self.model = model = built.network
+        self.keras_layer = built.keras_layer
         self.optimizer = optimizer
         self.task = task
         self.inputs = inputs

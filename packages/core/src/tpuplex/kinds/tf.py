@@ -43,6 +43,14 @@ class Built:
     buffers: Mapping[str, np.ndarray]
     synchronises_replicas: bool = False
     """Whether its forward pass all-reduces across replicas itself (cross-replica batch norm)."""
+    wrapped: keras.layers.Layer | None = None
+    """The Keras module the network wraps (a model of your own), which a SavedModel tracks; None: the network is
+    a Keras model itself."""
+
+    @property
+    def keras_layer(self) -> keras.layers.Layer:
+        """What `keras.export.ExportArchive` tracks for this network."""
+        return self.network if self.wrapped is None else self.wrapped
 
 
 class KindModule(abc.ABC):

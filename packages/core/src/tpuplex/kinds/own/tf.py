@@ -87,4 +87,5 @@ class OwnModel(KindModule):
         network = UserClassifier(module)
         return Built(network, {name: np.array(variable.numpy()) for name, (variable, _) in
                                network.hf_variables().items()},
-                     {name: np.array(variable.numpy()) for name, variable in network.state_variables().items()})
+                     {name: np.array(variable.numpy()) for name, variable in network.state_variables().items()},
+                     wrapped=module)
