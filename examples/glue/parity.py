@@ -29,7 +29,7 @@ import numpy as np
 from tpuplex import config as config_lib
 from tpuplex import glue
 from tpuplex.commands import run as run_lib
-from tpuplex.engine.reporter import Reporter
+from tpuplex.engine.run_log import Reporter
 from tpuplex.glue.sources import resolve_source
 
 HERE = Path(__file__).resolve().parent

@@ -11,7 +11,7 @@ import numpy as np
 
 from tpuplex.commands import run
 from tpuplex.config import Config
-from tpuplex.engine.reporter import Reporter
+from tpuplex.engine.run_log import Reporter
 from tpuplex.engine.trainer import Trainer
 from tpuplex.tasks.image_classification.data import ImageSplit
 

@@ -15,7 +15,7 @@ import pytest
 from tpuplex import config as config_lib
 from tpuplex.data.batching import Encoded
 from tpuplex.engine import checkpoint
-from tpuplex.engine.reporter import Reporter
+from tpuplex.engine.run_log import Reporter
 from tpuplex.engine.schedule import warmup_cosine_decay, warmup_linear_decay, warmup_steps
 from tpuplex.engine.trainer import Trainer
 from tpuplex.errors import TpuplexError

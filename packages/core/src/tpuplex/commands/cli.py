@@ -32,7 +32,7 @@ from pathlib import Path
 from tpuplex import __version__, devices, registry
 from tpuplex import config as config_lib
 from tpuplex.engine.preemption import PREEMPTED_EXIT, Preempted
-from tpuplex.engine.reporter import headline
+from tpuplex.engine.run_log import headline
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import HOST_LOST_EXIT, HostLost, expected_processes
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuplex.commands.run import RESULTS_FILE
-from tpuplex.engine.reporter import LOG_FILE
+from tpuplex.engine.run_log import LOG_FILE
 from tpuplex.errors import TpuplexError
 
 COLUMNS = ("run", "dataset", "backend", "seed", "steps", "metrics", "wall time", "train ex/s", "eval ex/s", "compiles",

@@ -7,7 +7,7 @@ checked before the output directory is created, so bad input leaves nothing half
                                  export)
     <output_dir>/results.json    task, backend, topology, metrics per eval split, throughput, padding efficiency,
                                  compile count, wall time, config hash and config file sha256, loss summary
-    <output_dir>/log.jsonl, tensorboard/, checkpoints/step-*/   (see tpuplex.engine.reporter, tpuplex.engine.checkpoint)
+    <output_dir>/log.jsonl, tensorboard/, checkpoints/step-*/   (see tpuplex.engine.run_log, tpuplex.engine.checkpoint)
 
 In a multi-process run (`tpuplex.hosts`) every process runs this pipeline and process 0 alone writes these files.
 """
@@ -30,7 +30,7 @@ from tpuplex.commands import run_folder
 from tpuplex.config import Config
 from tpuplex.data.batching import check_divisible, check_micro_batches
 from tpuplex.devices import Topology
-from tpuplex.engine.reporter import LOG_FILE, TENSORBOARD_DIR, Reporter
+from tpuplex.engine.run_log import LOG_FILE, TENSORBOARD_DIR, Reporter
 from tpuplex.engine.trainer import Trainer, TrainResult
 from tpuplex.errors import TpuplexError
 from tpuplex.plugins import add_search_path

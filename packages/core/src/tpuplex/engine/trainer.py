@@ -49,7 +49,7 @@ from tpuplex.data.batching import Batcher, Encoded, fit_buckets
 from tpuplex.engine import checkpoint
 from tpuplex.engine.preemption import Preempted, SignalWatch
 from tpuplex.engine.prefetch import Prefetcher
-from tpuplex.engine.reporter import Reporter, headline
+from tpuplex.engine.run_log import Reporter, headline
 from tpuplex.engine.schedule import SCHEDULES, warmup_steps
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import Hosts

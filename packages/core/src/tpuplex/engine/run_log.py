@@ -5,8 +5,8 @@
     <output_dir>/tensorboard/    tensorboardX event files: train/loss, train/learning_rate, train/examples_per_s,
                                  eval/<split>/<metric>
 
-A resumed run appends to both. The progress bar (rich) shows steps, loss and examples/s, and stays silent when
-stderr is not a terminal, so logs of batch jobs hold only the lines printed on purpose. In a multi-process run only
+A resumed run appends to both. The progress bar (rich) shows steps, loss and examples/s in a terminal; when stderr
+is a file (a batch job's log) each `runtime.log_every` window is one plain line instead. In a multi-process run only
 process 0 reports; the others hold a Reporter with `write=False`, which writes and prints nothing.
 """
 
