@@ -13,7 +13,7 @@ import hashlib
 import json
 import tomllib
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +214,7 @@ def _read(path: Path, including: tuple[Path, ...]) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as error:
         raise TpuplexError(f"config file {path} is not valid TOML ({error}): fix the syntax") from None
     base = raw.pop("extends", None)
-    _rebase_inputs(raw, path.parent)
+    raw = rebased_inputs(raw, path.parent)
     if base is None:
         return raw
     if not isinstance(base, str):
@@ -237,19 +237,24 @@ INPUT_PATHS = {"model": ("checkpoint",), "data": ("data_dir", "train_file", "tes
 (`--set`), to the working directory. Outputs (`runtime.output_dir`, `data.cache_dir`) go where the command runs."""
 
 
-def _rebase_inputs(raw: dict[str, Any], folder: Path) -> None:
-    """The INPUT_PATHS of one config file's sections (`raw`, in place) made absolute under `folder`, the file's
-    folder, where they exist there."""
-    for section, names in INPUT_PATHS.items():
+def rebased_inputs(raw: dict[str, Any], folder: Path,
+                   fields: Mapping[str, tuple[str, ...]] = INPUT_PATHS) -> dict[str, Any]:
+    """Config sections `raw` with the relative paths of `fields` (a string, or a list of them) made absolute under
+    `folder` where they exist there (`rebase_path`); the other entries as they are."""
+    rebased = dict(raw)
+    for section, names in fields.items():
         values = raw.get(section)
         if not isinstance(values, dict):
             continue
+        rebased[section] = dict(values)
         for name in names:
             value = values.get(name)
             if isinstance(value, str):
-                values[name] = rebase_path(value, folder)
+                rebased[section][name] = rebase_path(value, folder)
             elif isinstance(value, list):
-                values[name] = [rebase_path(item, folder) if isinstance(item, str) else item for item in value]
+                rebased[section][name] = [rebase_path(item, folder) if isinstance(item, str) else item
+                                          for item in value]
+    return rebased
 
 
 def rebase_path(value: str, folder: Path) -> str:

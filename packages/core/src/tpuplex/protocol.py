@@ -55,7 +55,7 @@ def batch_rows(batch: Mapping[str, Any]) -> int:
     return len(next(iter(batch.values())))
 
 
-def head_inputs(batch: Mapping[str, Any], inputs: Sequence[str] = TEXT_INPUTS) -> dict[str, Any]:
+def head_inputs(batch: Mapping[str, Any], inputs: Sequence[str]) -> dict[str, Any]:
     """The batch's entries beyond the model's `inputs` and the TARGETS: integer arrays [B, ...] the task's head
     takes as keyword arguments (the masked LM's `masked_positions` [B, P]); every backend passes them through."""
     return {key: value for key, value in batch.items() if key not in (*inputs, *TARGETS)}

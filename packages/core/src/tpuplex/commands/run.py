@@ -175,14 +175,20 @@ def output_directory(config: Config, backend_name: str) -> Path:
     return path
 
 
+def foreign_files(folder: Path, mark: str, ours: tuple[str, ...] = ()) -> str:
+    """The entries of an existing `folder` that tpuplex did not write, as "a, b, c, ..." ("" when none): none in a
+    folder that holds the `mark` file of the command that writes it, else every entry but `ours`."""
+    if not folder.is_dir() or (folder / mark).is_file():
+        return ""
+    theirs = sorted(child.name for child in folder.iterdir() if child.name not in ours)
+    return ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+
+
 def check_run_folder(path: Path) -> None:
     """`runtime.output_dir` is new, empty, or a run's folder (its run.json, or the log a run starts with): a run
     never writes over files it did not make (a results.json of your own, say)."""
-    if not path.is_dir() or (path / run_folder.RUN_FILE).is_file():
-        return
-    theirs = sorted(child.name for child in path.iterdir() if child.name not in (LOG_FILE, TENSORBOARD_DIR))
-    if theirs:
-        shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+    shown = foreign_files(path, run_folder.RUN_FILE, (LOG_FILE, TENSORBOARD_DIR))
+    if shown:
         raise TpuplexError(f"runtime.output_dir = {str(path)!r} holds files tpuplex did not write ({shown}): give a "
                            "new or empty folder (or the folder of a run, to resume it), so none of yours is replaced")
 

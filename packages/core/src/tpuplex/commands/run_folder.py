@@ -24,7 +24,9 @@ from tpuplex.errors import TpuplexError
 from tpuplex.plugins import add_search_path
 
 RUN_FILE = "run.json"
-_PATH_FIELDS = {"model": ("checkpoint",), "data": ("data_dir", "train_file", "test_file", "cache_dir")}
+RUN_PATHS = {**config_lib.INPUT_PATHS, "data": (*config_lib.INPUT_PATHS["data"], "cache_dir")}
+"""The paths of run.json's config that are read from the directory the run started in: its inputs, and the cache
+the run wrote there."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,25 +76,13 @@ def locate(path: str | Path, data_dir: str | None = None) -> Found:
         written = json.loads(recorded.read_text(encoding="utf-8"))
         add_search_path(Path(written.get("directory", ".")))  # a task of your own imports as it did in training
         given = config_lib.from_dict(written["config"])
+        config = config_lib.from_dict(config_lib.rebased_inputs(written["config"], Path(written.get("directory", ".")),
+                                                                RUN_PATHS))
     except (ValueError, KeyError, TypeError) as error:
         raise TpuplexError(f"{recorded} is unreadable ({type(error).__name__}): restore it from the run") from None
-    config = _rebased(given, Path(written.get("directory", ".")))
     pinned = written.get("task_options") or {}
     config = dataclasses.replace(config, task=dataclasses.replace(config.task, options={**config.task.options,
                                                                                         **pinned}))
     if data_dir is not None:
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, data_dir=data_dir))
     return Found(run_dir, step_dir, config, given.hash())
-
-
-def _rebased(config: Config, directory: Path) -> Config:
-    """`config` with each relative path field that exists under `directory` made absolute there."""
-    sections = {}
-    for section, names in _PATH_FIELDS.items():
-        values = getattr(config, section)
-        changes = {name: config_lib.rebase_path(getattr(values, name), directory) for name in names}
-        sections[section] = dataclasses.replace(values, **changes)
-    data = sections["data"]
-    eval_files = tuple(config_lib.rebase_path(name, directory) for name in data.eval_files)
-    sections["data"] = dataclasses.replace(data, eval_files=eval_files)
-    return dataclasses.replace(config, **sections)

@@ -16,7 +16,7 @@ from typing import Any
 
 from tpuplex import tasks
 from tpuplex.commands import run_folder
-from tpuplex.commands.run import Experiment, prepare, write_json_atomic
+from tpuplex.commands.run import Experiment, foreign_files, prepare, write_json_atomic
 from tpuplex.engine import checkpoint
 from tpuplex.errors import TpuplexError
 
@@ -84,9 +84,7 @@ def check_prediction_folder(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise TpuplexError(f"--out {out} is a file: give a folder for the prediction files (it is created if "
                            "missing)")
-    if out.is_dir() and not (out / PREDICTIONS_MARK).is_file():
-        theirs = sorted(child.name for child in out.iterdir())
-        if theirs:
-            shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
-            raise TpuplexError(f"--out {out} holds files tpuplex did not write ({shown}): give a new or empty "
-                               "folder for the prediction files, so none of yours is replaced")
+    shown = foreign_files(out, PREDICTIONS_MARK)
+    if shown:
+        raise TpuplexError(f"--out {out} holds files tpuplex did not write ({shown}): give a new or empty folder "
+                           "for the prediction files, so none of yours is replaced")

@@ -95,15 +95,12 @@ def dataset_sources(data: DataConfig, table: LabelledTable = LabelledTable()) ->
     checks every field and that every file exists, reading none of them."""
     if data.train_file:
         return custom_data(data, table)
-    defaults = DataConfig()
-    for section, values, fields, default in (("data", data, CUSTOM_FIELDS, defaults),
-                                             ("task", table, [f.name for f in dataclasses.fields(table)],
-                                              LabelledTable())):
-        for name in fields:
-            if getattr(values, name) != getattr(default, name):
-                raise TpuplexError(f"{section}.{name} is set but data.train_file is empty: set data.train_file to "
-                                   f"train on your own data, or remove {section}.{name} to use the GLUE task "
-                                   f"{data.dataset!r}")
+    given = [f"data.{name}" for name in CUSTOM_FIELDS if getattr(data, name) != getattr(DataConfig(), name)]
+    given += [f"task.{field.name}" for field in dataclasses.fields(table)
+              if getattr(table, field.name) != field.default]
+    if given:
+        raise TpuplexError(f"{given[0]} is set but data.train_file is empty: set data.train_file to train on your own "
+                           f"data, or remove {given[0]} to use the GLUE task {data.dataset!r}")
     return GlueData(get_dataset(data.dataset), data.data_dir)
 
 

@@ -76,12 +76,18 @@ class ModelKind:
                          example_batch=task.example_batch(data))
 
 
+def family_kinds() -> tuple[type[ModelKind], ...]:
+    """The kinds a checkpoint's family resolves to, in the order they are asked."""
+    from tpuplex.kinds.image import ImageFamilies
+    from tpuplex.kinds.text import TextEncoders
+
+    return TextEncoders, ImageFamilies
+
+
 def resolve(config: Any, task: Any) -> ModelKind:
     """The kind of model `config.model` names for `task`: your own (`model.architecture`), else the kind whose
     families include the checkpoint's; one clear error when the task cannot train it."""
-    from tpuplex.kinds.image import ImageFamilies
     from tpuplex.kinds.own import OwnModel
-    from tpuplex.kinds.text import TextEncoders
 
     if config.model.architecture:
         kind: ModelKind = OwnModel.resolve(config, task)
@@ -89,7 +95,7 @@ def resolve(config: Any, task: Any) -> ModelKind:
         checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint)
         hf_config = params.read_hf_config(checkpoint_dir)
         family, arch = models.architecture_of(hf_config, checkpoint_dir / "config.json")
-        found = next(kind for kind in (TextEncoders, ImageFamilies) if family in kind.families)
+        found = next(kind for kind in family_kinds() if family in kind.families)
         kind = found(checkpoint_dir, hf_config, family, arch)
     if kind.name not in task.model_kinds:
         raise TpuplexError(mismatch(config, task, kind))
@@ -98,10 +104,7 @@ def resolve(config: Any, task: Any) -> ModelKind:
 
 def mismatch(config: Any, task: Any, kind: ModelKind) -> str:
     """The one-line refusal of a model the task cannot train, naming the kinds it can."""
-    from tpuplex.kinds.image import ImageFamilies
-    from tpuplex.kinds.text import TextEncoders
-
-    accepted = [kind for kind in (TextEncoders, ImageFamilies) if kind.name in task.model_kinds]
+    accepted = [kind for kind in family_kinds() if kind.name in task.model_kinds]
     model_types = ", ".join(t for accepted_kind in accepted for family in accepted_kind.families
                             for t in family.model_types)
     if kind.name == "own":
@@ -120,4 +123,4 @@ def framework_module(spec: ModelSpec, framework: str, contract: type) -> Any:
     return construct(spec.kind.frameworks[framework], f"the {spec.kind.name} model's {framework} module", contract)
 
 
-__all__ = ["ModelKind", "framework_module", "mismatch", "resolve"]
+__all__ = ["ModelKind", "family_kinds", "framework_module", "mismatch", "resolve"]

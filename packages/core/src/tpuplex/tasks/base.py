@@ -137,10 +137,10 @@ class Task:
         checkpoint folder (a text task's tokenizer)."""
         raise NotImplementedError
 
-    def example_batch(self, data: TaskData | None, rows: int = 2) -> dict[str, np.ndarray]:
-        """`rows` rows of zeros shaped as the task's batches, to build a model's variables: token ids, types and
-        mask int32 [rows, 8], labels int32 [rows]."""
-        return {**{name: np.zeros((rows, 8), np.int32) for name in TEXT_INPUTS}, "labels": np.zeros(rows, np.int32)}
+    def example_batch(self, data: TaskData | None) -> dict[str, np.ndarray]:
+        """Two rows of zeros shaped as the task's batches, to build a model's variables: token ids, types and mask
+        int32 [2, 8], labels int32 [2]."""
+        return {**{name: np.zeros((2, 8), np.int32) for name in TEXT_INPUTS}, "labels": np.zeros(2, np.int32)}
 
     def head(self, family: Family, arch: Architecture, hf_config: Mapping[str, Any], data: TaskData) -> Head:
         """The head `family` gets for `data` (its sizes may depend on the data: classes, tags)."""

@@ -33,7 +33,7 @@ class TaskModule(abc.ABC):
         """The model's call as (arguments, keyword arguments): input_ids, token_type_ids, attention_mask [b, L],
         `deterministic` (no dropout outside training, or when it is off) and the head's inputs."""
         return tuple(rows[name] for name in TEXT_INPUTS), {"deterministic": not (train and dropout),
-                                                          **head_inputs(rows)}
+                                                          **head_inputs(rows, TEXT_INPUTS)}
 
     @abc.abstractmethod
     def unit_losses(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:

@@ -154,9 +154,9 @@ class ImageClassification(Task):
                                    f"{list(data.image_shape[:2])}: set task.image_size = {list(arch.image_size)}")
         return ClassifierHead(modules={}, shapes={}, drawn=(), num_labels=len(data.classes))
 
-    def example_batch(self, data: ImageData, rows: int = 2) -> dict[str, np.ndarray]:
-        """`rows` black images uint8 [rows, H, W, 3] of the data's size, and labels int32 [rows]."""
-        return {"images": np.zeros((rows, *data.image_shape), np.uint8), "labels": np.zeros(rows, np.int32)}
+    def example_batch(self, data: ImageData) -> dict[str, np.ndarray]:
+        """Two black images uint8 [2, H, W, 3] of the data's size, and labels int32 [2]."""
+        return {"images": np.zeros((2, *data.image_shape), np.uint8), "labels": np.zeros(2, np.int32)}
 
     def model_arguments(self, data: ImageData, head: ClassifierHead, vocab_size: int) -> dict[str, Any]:
         return {"num_labels": len(data.classes), "image_shape": data.image_shape}

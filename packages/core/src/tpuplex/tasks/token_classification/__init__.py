@@ -123,9 +123,9 @@ class TokenClassification(Task):
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> TokenData:
         files = self._files(config)
-        evaluated = set(files) - {"train"} - ({"test"} if config.data.test_file else set())
-        sentences = {split: self._read(file, options, require_tags=split != "test" or split in evaluated)
-                     for split, file in files.items()}
+        test = "test" if config.data.test_file else None  # the one split that may have no tags
+        evaluated = [split for split in files if split not in ("train", test)]
+        sentences = {split: self._read(file, options, require_tags=split != test) for split, file in files.items()}
         tags = options.tags or tagged.tag_set(sentences["train"])
         check_scheme(tags, "task.tags" if options.tags else f"{files['train'].path}")
         for found in sentences.values():
@@ -141,8 +141,8 @@ class TokenClassification(Task):
         prepared = {split: cached_split(found.encoded, cache, f"{self.name}-{split}")
                     for split, found in aligned.items()}
         evaluation = {split: rows for split, rows in prepared.items() if split in evaluated}
-        test = prepared["test"] if config.data.test_file else None
-        return TokenData(config.data.dataset, prepared["train"], evaluation, tags, aligned, test)
+        return TokenData(config.data.dataset, prepared["train"], evaluation, tags, aligned,
+                         prepared[test] if test else None)
 
     def head(self, family: Family | None, arch: Architecture | None, hf_config: Mapping[str, Any],
              data: TokenData) -> TokenClassifierHead:
