@@ -63,10 +63,12 @@ def head_inputs(batch: Mapping[str, Any], inputs: Sequence[str]) -> dict[str, An
 
 def decays(name: str) -> bool:
     """Whether AdamW applies weight decay to the parameter `name` (HF naming): not to biases, LayerNorms
-    (`LayerNorm`, `layer_norm`, ViT's `layernorm_before`) nor batch norms (a ResNet's `normalization`)."""
+    (`LayerNorm`, `layer_norm`, ViT's `layernorm_before`, GPT-2's `ln_1`, Llama's `norm`) nor batch norms (a
+    ResNet's `normalization`)."""
     lowered = name.lower()
+    module = name.rsplit(".", 2)[-2] if name.count(".") else ""
     return not (name.endswith(".bias") or "layernorm" in lowered or "layer_norm" in lowered
-                or ".normalization." in name)
+                or ".normalization." in name or module.startswith("ln_") or module == "norm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +156,34 @@ class PortableState:
     buffers: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class Prompts:
+    """What a decoder generates from (`Backend.generate`), every array from the core.
+
+    ids: int32 [B, P] prompts left-padded to a bucket length P; mask: int32 [B, P], 1 on the prompts' tokens.
+    new_tokens: N, the tokens generated after each prompt (one compiled loop).
+    temperature: 0 picks the most likely token (greedy); else logits / temperature are sampled.
+    top_k: sample among the k most likely tokens only (0: all).
+    uniforms: float32 [B, N] in [0, 1): each step's draw, turned into a token by the inverse of the sampled
+        distribution's CDF over token ids (so one seed gives the same tokens on every backend).
+    cache: keep each layer's keys and values (a key/value cache of P + N positions); False recomputes the whole
+        sequence at every step (for comparison).
+    """
+
+    ids: np.ndarray
+    mask: np.ndarray
+    new_tokens: int
+    temperature: float
+    top_k: int
+    uniforms: np.ndarray
+    cache: bool = True
+
+    @property
+    def positions(self) -> np.ndarray:
+        """int32 [B, P]: each prompt token's position (its index among the row's real tokens; 0 on padding)."""
+        return np.maximum(np.cumsum(self.mask, axis=1) - 1, 0).astype(np.int32)
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What a framework backend implements. `State` is opaque to the core."""
@@ -218,6 +248,10 @@ class BackendBase:
 
     def stop_profile(self) -> None:
         return None
+
+    def generate(self, state: Any, prompts: Prompts) -> np.ndarray:
+        """int32 [B, N]: the tokens a decoder (`tpuplex.kinds.decoder`) generates after each prompt."""
+        raise TpuplexError(f"the {self.name} backend cannot generate text")
 
     def export(self, state: Any, format: str, folder: Path, data: Any) -> None:
         """Write `state` in the framework's own serving `format` into the empty `folder` (`tpuplex.commands.export`);

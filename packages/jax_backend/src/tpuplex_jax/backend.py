@@ -30,6 +30,7 @@ from tpuplex.protocol import (
     ModelSpec,
     OptimizerSpec,
     PortableState,
+    Prompts,
     batch_rows,
     head_inputs,
 )
@@ -51,6 +52,8 @@ class _Programs:
     state_shapes: dict[str, tuple[int, ...]]
     grad_accum: int
     inputs: tuple[str, ...]
+    kind: Any
+    network: Any
 
 
 class JaxBackend(BackendBase):
@@ -69,7 +72,8 @@ class JaxBackend(BackendBase):
 
     def init(self, model: ModelSpec, optimizer: OptimizerSpec) -> step.TrainState:
         task = tasks_jax.load(model.task)
-        built = kinds_jax.load(model).build(model, task, optimizer)
+        kind = kinds_jax.load(model)
+        built = kind.build(model, task, optimizer)
         tx = step.make_optimizer(optimizer, built.params, built.naming)
         train = step.make_train_step(built.network, tx, optimizer.grad_accum, model.dropout, optimizer.seed,
                                      task.unit_losses, task.model_inputs)
@@ -79,7 +83,7 @@ class JaxBackend(BackendBase):
                 step.make_predict_step(built.network, task.predict_outputs, task.model_inputs), self.devices),
             max_length=built.max_length, naming=built.naming, shapes=built.naming.shapes(built.params),
             state_naming=built.state_naming, state_shapes=built.state_naming.shapes(built.model_state),
-            grad_accum=optimizer.grad_accum, inputs=model.inputs)
+            grad_accum=optimizer.grad_accum, inputs=model.inputs, kind=kind, network=built.network)
         return self._place(step.TrainState(built.params, tx.init(built.params), built.model_state))
 
     def train_step(self, state: step.TrainState, batch: Batch, learning_rate: float) -> tuple[step.TrainState, float]:
@@ -108,6 +112,10 @@ class JaxBackend(BackendBase):
     def state_from_arrays(self, state: step.TrainState, arrays: PortableState) -> step.TrainState:
         programs = self._require_init()
         return self._place(checkpoint.from_portable(arrays, state, programs))
+
+    def generate(self, state: step.TrainState, prompts: Prompts) -> np.ndarray:
+        programs = self._require_init()
+        return programs.kind.generate(programs.network, state.params, prompts)
 
     def compile_count(self) -> int:
         return self._compiles.count

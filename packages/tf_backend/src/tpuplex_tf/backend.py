@@ -15,7 +15,7 @@ import tensorflow as tf
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.kinds import tf as kinds_tf
-from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
+from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState, Prompts
 from tpuplex.tasks import tf as tasks_tf
 from tpuplex_tf import checkpoint, export
 from tpuplex_tf.devices import build_strategy, use_xla
@@ -52,7 +52,8 @@ class TfBackend(BackendBase):
     def init(self, model_spec: ModelSpec, optimizer: OptimizerSpec) -> TfState:
         task = tasks_tf.load(model_spec.task)
         with self.strategy.scope(), dtype_policy("mixed_bfloat16" if optimizer.bf16 else "float32"):
-            built = kinds_tf.load(model_spec).build(model_spec, task, optimizer)
+            self._kind = kinds_tf.load(model_spec)
+            built = self._kind.build(model_spec, task, optimizer)
             steps = Steps(self.strategy, built, optimizer, task, model_spec.inputs, self.jit_compile)
         checkpoint.load_params(steps, built.params, "the initial parameters")
         checkpoint.load_buffers(steps, built.buffers, "the initial batch-norm statistics")
@@ -93,6 +94,9 @@ class TfBackend(BackendBase):
     def _replica_values(self, values: tf.Tensor) -> tf.Tensor:
         """[n] -> [replicas, n]: `values` as every replica of every process holds it."""
         return self.strategy.gather(self.strategy.run(lambda: tf.expand_dims(tf.identity(values), 0)), axis=0)
+
+    def generate(self, state: TfState, prompts: Prompts) -> np.ndarray:
+        return self._kind.generate(state.steps.model, prompts)
 
     def export(self, state: TfState, format: str, folder: Path, data) -> None:
         if format != "saved_model":

@@ -12,7 +12,7 @@ from tpuplex.config import RuntimeConfig
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds import torch as kinds_torch
-from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState
+from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState, Prompts
 from tpuplex.tasks import torch as tasks_torch
 from tpuplex_torch import checkpoint, devices, export, step
 from tpuplex_torch.step import TorchState
@@ -34,7 +34,8 @@ class TorchBackend(BackendBase):
 
     def init(self, model_spec: ModelSpec, optimizer: OptimizerSpec) -> TorchState:
         task = tasks_torch.load(model_spec.task)
-        built = kinds_torch.load(model_spec).build(model_spec, task, optimizer)
+        self._kind = kinds_torch.load(model_spec)
+        built = self._kind.build(model_spec, task, optimizer)
         module = self._batch_norm_across_processes(built.module, model_spec).to(self.placement.device)
         state = TorchState(module, step.make_optimizer(module, optimizer), optimizer, built.forward,
                            self.placement.compiled(built.forward), task, tuple(built.buffers))
@@ -65,6 +66,9 @@ class TorchBackend(BackendBase):
         restored = checkpoint.restore(state, arrays, self.placement)
         self.placement.sync()
         return restored
+
+    def generate(self, state: TorchState, prompts: Prompts) -> np.ndarray:
+        return self._kind.generate(state.model, prompts)
 
     def export(self, state: TorchState, format: str, folder: Path, data) -> None:
         if format != "torch_export":

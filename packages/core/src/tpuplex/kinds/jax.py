@@ -11,10 +11,12 @@ import dataclasses
 from typing import Any
 
 import flax.linen as nn
+import numpy as np
 
 from tpuplex import kinds
+from tpuplex.errors import TpuplexError
 from tpuplex.layers.jax import Naming
-from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 
 REPLICA_AXIS = "replicas"
 """The name of the replica axis in the jax backend's replicated steps."""
@@ -42,6 +44,11 @@ class KindModule(abc.ABC):
     def build(self, spec: ModelSpec, task: Any, optimizer: OptimizerSpec) -> Built:
         """The network of `spec` with the task's parts (`tpuplex.tasks.jax.TaskModule`), computing in bfloat16
         when `optimizer.bf16` (parameters stay float32)."""
+
+    def generate(self, network: nn.Module, params: Any, prompts: Prompts) -> np.ndarray:
+        """int32 [B, N]: the tokens the built network generates after each prompt (`tpuplex.protocol.Prompts`)."""
+        raise TpuplexError(f"a {type(self).__name__} model generates no text: tpuplex generate needs a decoder "
+                           "(model.checkpoint a GPT-2 or Llama model) trained on the causal_lm task")
 
 
 def load(spec: ModelSpec) -> KindModule:

@@ -16,7 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from tpuplex import kinds
-from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 
 
 class Network(Protocol):
@@ -58,6 +59,11 @@ class KindModule(abc.ABC):
     def build(self, spec: ModelSpec, task: Any, optimizer: OptimizerSpec) -> Built:
         """The network of `spec` with the task's parts (`tpuplex.tasks.tf.TaskModule`), every dropout rate 0
         unless `spec.dropout`."""
+
+    def generate(self, network: Network, prompts: Prompts) -> np.ndarray:
+        """int32 [B, N]: the tokens the built network generates after each prompt (`tpuplex.protocol.Prompts`)."""
+        raise TpuplexError(f"a {type(self).__name__} model generates no text: tpuplex generate needs a decoder "
+                           "(model.checkpoint a GPT-2 or Llama model) trained on the causal_lm task")
 
 
 def load(spec: ModelSpec) -> KindModule:

@@ -16,7 +16,8 @@ import transformers  # a lazy module: the model classes (and accelerate behind t
 
 import torch
 from tpuplex import kinds
-from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 
 Forward = Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
 """(model, batch tensors) -> the outputs the task's `unit_losses` and `predict_outputs` take."""
@@ -51,6 +52,12 @@ def hf_model(spec: ModelSpec, head_config: Mapping[str, Any]) -> torch.nn.Module
             if "dropout" in key and (value is None or isinstance(value, float)):
                 setattr(config, key, 0.0)
     return getattr(transformers, spec.task.auto_class).from_config(config, dtype=torch.float32)
+
+
+    def generate(self, model: torch.nn.Module, prompts: Prompts) -> np.ndarray:
+        """int32 [B, N]: the tokens the built model generates after each prompt (`tpuplex.protocol.Prompts`)."""
+        raise TpuplexError(f"a {type(self).__name__} model generates no text: tpuplex generate needs a decoder "
+                           "(model.checkpoint a GPT-2 or Llama model) trained on the causal_lm task")
 
 
 def load(spec: ModelSpec) -> KindModule:

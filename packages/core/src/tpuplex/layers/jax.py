@@ -28,6 +28,7 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "relu": jax.nn.relu,
     "tanh": jnp.tanh,
+    "silu": jax.nn.silu,
 }
 _CANONICAL_LEAF = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
 

@@ -35,6 +35,7 @@ ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: tf.nn.gelu(x, approximate=True),
     "relu": tf.nn.relu,
     "tanh": tf.math.tanh,
+    "silu": tf.nn.silu,
 }
 
 

@@ -1,7 +1,7 @@
 """Model families, each described once (`tpuplex.models.<family>`), and the lookup by `model_type`.
 
-    family = family_of(hf_config)                # Family (text encoders) or ImageFamily (resnet, vit)
-    arch = family.architecture(hf_config)        # Architecture (text) or the image family's plan: framework-free
+    family = family_of(hf_config)                # Family (text encoders), ImageFamily (resnet, vit), DecoderFamily
+    arch = family.architecture(hf_config)        # Architecture, the image family's plan, DecoderArch: framework-free
     family.hf_shapes(arch)                       # text: HF name -> shape of every encoder parameter
 """
 
@@ -15,34 +15,41 @@ from tpuplex.errors import TpuplexError
 from tpuplex.models.albert import ALBERT
 from tpuplex.models.architecture import ACTIVATIONS, BLOCK_MODULES, Architecture, canonical_shapes
 from tpuplex.models.bert import BERT
+from tpuplex.models.decoder import DecoderArch, DecoderFamily
 from tpuplex.models.distilbert import DISTILBERT
 from tpuplex.models.electra import ELECTRA
 from tpuplex.models.family import Family
+from tpuplex.models.gpt2 import GPT2
 from tpuplex.models.image_family import RESNET, VIT, ImageFamily
+from tpuplex.models.llama import LLAMA
 from tpuplex.models.roberta import ROBERTA
 
 FAMILIES: tuple[Family, ...] = (BERT, ROBERTA, DISTILBERT, ELECTRA, ALBERT)
 IMAGE_FAMILIES: tuple[ImageFamily, ...] = (RESNET, VIT)
+DECODER_FAMILIES: tuple[DecoderFamily, ...] = (GPT2, LLAMA)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for family in FAMILIES for t in family.model_types)
 IMAGE_MODEL_TYPES: tuple[str, ...] = tuple(t for family in IMAGE_FAMILIES for t in family.model_types)
+DECODER_MODEL_TYPES: tuple[str, ...] = tuple(t for family in DECODER_FAMILIES for t in family.model_types)
 
 
-def family_of(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> Family | ImageFamily:
+def family_of(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> Family | ImageFamily | DecoderFamily:
     """The family whose `model_type` the config names; one clear error naming the supported ones otherwise."""
     model_type = hf_config.get("model_type")
-    for family in (*FAMILIES, *IMAGE_FAMILIES):
+    for family in (*FAMILIES, *IMAGE_FAMILIES, *DECODER_FAMILIES):
         if model_type in family.model_types:
             return family
     raise TpuplexError(f"model_type {model_type!r} in {path} is not supported: tpuplex builds "
-                       f"{', '.join(SUPPORTED_MODEL_TYPES)} encoders and {', '.join(IMAGE_MODEL_TYPES)} image "
-                       "models")
+                       f"{', '.join(SUPPORTED_MODEL_TYPES)} encoders, {', '.join(IMAGE_MODEL_TYPES)} image models and "
+                       f"{', '.join(DECODER_MODEL_TYPES)} decoders")
 
 
 def architecture_of(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> tuple[Family, Architecture]:
-    """(family, architecture); for an image family (`ImageFamily`), its plan (`resnet.ResNet`, `vit.ViT`)."""
+    """(family, architecture); for an image family (`ImageFamily`), its plan (`resnet.ResNet`, `vit.ViT`); for a
+    decoder (`DecoderFamily`), its `DecoderArch`."""
     family = family_of(hf_config, path)
     return family, family.architecture(hf_config, path)
 
 
-__all__ = ["ACTIVATIONS", "BLOCK_MODULES", "FAMILIES", "IMAGE_FAMILIES", "IMAGE_MODEL_TYPES", "SUPPORTED_MODEL_TYPES",
-           "Architecture", "Family", "ImageFamily", "architecture_of", "canonical_shapes", "family_of"]
+__all__ = ["ACTIVATIONS", "BLOCK_MODULES", "DECODER_FAMILIES", "DECODER_MODEL_TYPES", "FAMILIES", "IMAGE_FAMILIES",
+           "IMAGE_MODEL_TYPES", "SUPPORTED_MODEL_TYPES", "Architecture", "DecoderArch", "DecoderFamily", "Family",
+           "ImageFamily", "architecture_of", "canonical_shapes", "family_of"]

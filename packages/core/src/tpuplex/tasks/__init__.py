@@ -23,6 +23,7 @@ BUILTIN: dict[str, str] = {
     "masked_lm": "tpuplex.tasks.masked_lm:TASK",
     "token_classification": "tpuplex.tasks.token_classification:TASK",
     "image_classification": "tpuplex.tasks.image_classification:TASK",
+    "causal_lm": "tpuplex.tasks.causal_lm:TASK",
 }
 
 

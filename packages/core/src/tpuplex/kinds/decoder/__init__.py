@@ -1,0 +1,73 @@
+"""Decoder language models (`tpuplex.models`: GPT-2, Llama), each described once as a `DecoderArch`, built in each
+framework (`tf.py`, `jax.py`, `torch.py` here) with the LM head as the family has it.
+
+A config.json alone is a model to train from scratch, drawn by the core as HF initialises the family; with
+weights (`model.safetensors` or `pytorch_model.bin`, a base model's names given the family's prefix), they are read,
+and an untied LM head the folder lacks is drawn.
+
+Every framework module also decodes (`generate`): left-padded prompts [B, P] (P a bucket), a key/value cache of
+P + N positions, and N new tokens in one compiled loop, sampled by inverse CDF from uniforms the core draws, so the
+same seed gives the same tokens on every backend.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tpuplex import models
+from tpuplex.errors import TpuplexError
+from tpuplex.kinds import ModelKind
+from tpuplex.models.decoder import initial_params
+from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
+from tpuplex.params import check_names
+
+
+class Decoders(ModelKind):
+    name: ClassVar[str] = "decoder"
+    families: ClassVar[tuple[Any, ...]] = models.DECODER_FAMILIES
+    frameworks: ClassVar[dict[str, str]] = {framework: f"{__name__}.{framework}:Decoder"
+                                            for framework in ("jax", "tf", "torch")}
+
+    def check(self, config: Any, task: Any) -> None:
+        if config.data.max_length > self.arch.max_length:
+            raise TpuplexError(f"data.max_length = {config.data.max_length} is longer than the model's context "
+                               f"({self.checkpoint_dir / 'config.json'}): use data.max_length <= "
+                               f"{self.arch.max_length}")
+
+    def check_data(self, data: Any) -> None:
+        """Token ids beyond the embedding table would index out of range deep inside a framework."""
+        for split, encoded in data.splits().items():
+            if encoded.max_token_id >= self.arch.vocab_size:
+                raise TpuplexError(f"the tokenizer gives token id {encoded.max_token_id} on {split}, but the model "
+                                   f"has {self.arch.vocab_size} word embeddings: set vocab_size in "
+                                   f"{self.checkpoint_dir / 'config.json'} to at least {encoded.max_token_id + 1}")
+
+    def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        return initial_decoder_params(self.checkpoint_dir, self.family, self.arch, seed), {}
+
+    def hf_class(self, config: Any, task: Any) -> str:
+        return self.family.hf_class
+
+
+def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: int) -> dict[str, np.ndarray]:
+    """Every parameter of the decoder (HF names, HF layout, float32): the folder's weights, or, without a weights
+    file, drawn from `numpy.random.default_rng(seed)` (`tpuplex.models.decoder.initial_params`)."""
+    drawn = {family.hf_name(name): array for name, array in initial_params(arch, np.random.default_rng(seed)).items()}
+    folder = Path(checkpoint_dir)
+    if not any((folder / name).is_file() for name in (SAFETENSORS, PICKLE)):
+        return drawn
+    prefix = family.hf_name("embeddings.word.weight").split(".", 1)[0]
+    tied = family.tied_names(arch)
+    loaded = {}
+    for name, array in load_weights(folder).items():
+        full = name if name in drawn or name in tied else f"{prefix}.{name}"
+        if full in drawn:
+            loaded[full] = array
+    head = family.hf_name("lm_head.weight") if not arch.tied else None
+    if head is not None and head not in loaded:
+        loaded[head] = drawn[head]  # a base model's folder: the LM head is new, as from_pretrained draws it
+    check_names(drawn, loaded, f"the weights in {checkpoint_dir}")
+    return loaded

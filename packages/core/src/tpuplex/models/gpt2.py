@@ -1,0 +1,44 @@
+"""GPT-2 (`GPT2LMHeadModel`): learned positions, pre-LayerNorm blocks, fused q/k/v in Conv1D layout, GELU (tanh
+form by default), the LM head tied to the word embeddings."""
+
+from tpuplex.errors import TpuplexError
+from tpuplex.models.decoder import DecoderArch, DecoderFamily
+from tpuplex.models.family import ConfigReader
+
+
+def read(config: ConfigReader) -> DecoderArch:
+    for key, supported in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False)):
+        if config.get(key, bool, supported) != supported:
+            raise TpuplexError(f"{key} = {not supported} in {config.path} is not supported: tpuplex builds GPT-2 "
+                               f"with {key} = {supported}")
+    hidden, heads = config.positive("n_embd"), config.positive("n_head")
+    if hidden % heads:
+        raise TpuplexError(f"{config.path}: n_embd {hidden} is not divisible by n_head {heads}: fix the "
+                           "checkpoint's config.json")
+    residual = config.get("resid_pdrop", float, 0.1)
+    return DecoderArch(
+        family="gpt2", vocab_size=config.positive("vocab_size"), hidden_size=hidden,
+        num_layers=config.positive("n_layer"), num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
+        intermediate_size=config.get("n_inner", int, None) or 4 * hidden,
+        max_positions=config.positive("n_positions"), rope_theta=0.0, rms_norm=False,
+        norm_eps=config.get("layer_norm_epsilon", float, 1e-5),
+        activation=config.get("activation_function", str, "gelu_new"), fused_qkv=True, gated_mlp=False,
+        attention_bias=True, mlp_bias=True, kernel_layout="in_out",
+        tied=config.get("tie_word_embeddings", bool, True),
+        embedding_dropout=config.get("embd_pdrop", float, 0.1), attention_dropout=config.get("attn_pdrop", float, 0.1),
+        residual_dropout=residual, initializer_range=config.get("initializer_range", float, 0.02),
+        scaled_output_init=True,
+    )
+
+
+_LAYER = "transformer.h.{block}"
+GPT2 = DecoderFamily(
+    model_types=("gpt2",),
+    hf_class="GPT2LMHeadModel",
+    modules={"embeddings.word": "transformer.wte", "embeddings.position": "transformer.wpe",
+             "block.attention_norm": f"{_LAYER}.ln_1", "block.qkv": f"{_LAYER}.attn.c_attn",
+             "block.attention_output": f"{_LAYER}.attn.c_proj", "block.mlp_norm": f"{_LAYER}.ln_2",
+             "block.up": f"{_LAYER}.mlp.c_fc", "block.down": f"{_LAYER}.mlp.c_proj",
+             "final_norm": "transformer.ln_f", "lm_head": "lm_head"},
+    read=read,
+)

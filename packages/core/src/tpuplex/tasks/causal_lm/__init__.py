@@ -1,0 +1,127 @@
+"""Causal language modelling (`AutoModelForCausalLM`): train a decoder (GPT-2, Llama) to predict the next token.
+
+    [task]
+    name = "causal_lm"
+    tokenizer = "characters"        # or "checkpoint": the model folder's tokenizer.json (GPT-2's BPE, ...)
+    validation_fraction = 0.1       # without data.eval_files: the last 10% of the tokens are held out (nanoGPT's)
+    text_column = "text"            # the column of .jsonl/.csv/.tsv/.parquet files
+
+    [data]
+    train_file = "input.txt"        # a .txt file is one document; tables give one per row (see data.py)
+    max_length = 256                # the context: rows of 256 inputs and 256 targets
+
+Batches: input_ids [B, L], labels [B, L] (the next token of each), weight [B, L] (0 on padding): every token of
+a split is predicted once per epoch, so a held-out split's `loss` (mean cross-entropy per token), `perplexity`
+(its exp) and `accuracy` (the most likely token right) count each of its tokens exactly once. The character
+vocabulary a run builds is recorded in run.json (`characters`), so eval, generate and export read text as the run
+did. `tpuplex generate RUN --prompt TEXT` continues a prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tpuplex.data.batching import Encoded
+from tpuplex.errors import TpuplexError
+from tpuplex.models import Architecture, Family
+from tpuplex.protocol import Batch
+from tpuplex.tasks.base import Head, Task, TaskData, check_held_out, framework_modules
+from tpuplex.tasks.causal_lm import data as text
+from tpuplex.tasks.causal_lm.data import Characters, CheckpointTokenizer, Vocabulary
+
+TOKENIZERS = ("characters", "checkpoint")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    tokenizer: str = "checkpoint"
+    validation_fraction: float = 0.1
+    text_column: str = "text"
+    characters: str = ""
+    """The character vocabulary (tokenizer = "characters"): built from data.train_file when empty; recorded."""
+
+
+@dataclasses.dataclass
+class CausalLMData(TaskData):
+    name: str
+    train: Encoded
+    eval: dict[str, Encoded]
+    vocabulary: Vocabulary
+    per_token: ClassVar[bool] = True
+
+    def train_batch(self, batch: Batch, step: int) -> Batch:
+        return text.next_token_rows(batch)
+
+    def eval_batch(self, batch: Batch, index: np.ndarray) -> Batch:
+        return text.next_token_rows(batch)
+
+    def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
+        """outputs [N, L, 2]: each position's cross-entropy and whether its most likely token is the target."""
+        total = max(float(weight.sum()), 1.0)
+        loss = float((weight * outputs[..., 0]).sum() / total)
+        return {"loss": loss, "perplexity": float(np.exp(loss)),
+                "accuracy": float((weight * outputs[..., 1]).sum() / total)}
+
+    def pinned_options(self) -> dict[str, Any]:
+        return {"characters": self.vocabulary.characters} if isinstance(self.vocabulary, Characters) else {}
+
+
+class CausalLM(Task):
+    name: ClassVar[str] = "causal_lm"
+    Options: ClassVar[type] = Options
+    backends: ClassVar[Mapping[str, str]] = framework_modules(__name__)
+    auto_class: ClassVar[str] = "AutoModelForCausalLM"
+    model_kinds: ClassVar[tuple[str, ...]] = ("decoder",)
+    inputs: ClassVar[tuple[str, ...]] = ("input_ids",)
+
+    def check(self, config: Any, options: Options) -> None:
+        if options.tokenizer not in TOKENIZERS:
+            raise TpuplexError(f"task.tokenizer = {options.tokenizer!r} is not a tokenizer: use \"characters\" (built "
+                               "from the training text) or \"checkpoint\" (the model folder's tokenizer.json)")
+        check_held_out(config, options.validation_fraction, self.name, "text", 0.1)
+        if not config.data.train_file:
+            raise TpuplexError("data.train_file is empty: the causal_lm task trains on raw text, e.g. "
+                               'train_file = "input.txt"')
+        for index, spec in enumerate((config.data.train_file, *config.data.eval_files)):
+            text.text_file("data.train_file" if index == 0 else f"data.eval_files[{index - 1}]", spec)
+
+    def vocabulary(self, options: Options, train_texts: list[str], tokenizer_dir: Path) -> Vocabulary:
+        if options.tokenizer == "checkpoint":
+            return CheckpointTokenizer(tokenizer_dir)
+        return Characters(options.characters) if options.characters else Characters.of(train_texts)
+
+    def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData:
+        data = config.data
+        train_file = text.text_file("data.train_file", data.train_file)
+        train_texts = text.documents(train_file, options.text_column)
+        vocabulary = self.vocabulary(options, train_texts, tokenizer_dir)
+        train_ids = text.stream(train_texts, vocabulary, str(train_file.path))
+        evaluation = {}
+        for index, spec in enumerate(data.eval_files):
+            file = text.text_file(f"data.eval_files[{index}]", spec)
+            ids = text.stream(text.documents(file, options.text_column), vocabulary, str(file.path))
+            evaluation[file.name] = text.pack(ids, data.max_length, str(file.path))
+        if not evaluation:  # nanoGPT's split: the first share trains, the rest is held out
+            cut = int(len(train_ids) * (1 - options.validation_fraction))
+            evaluation["validation"] = text.pack(train_ids[cut:], data.max_length,
+                                                 f"the held-out last {options.validation_fraction:.0%} of "
+                                                 f"{train_file.path}")
+            train_ids = train_ids[:cut]
+        train = text.pack(train_ids, data.max_length, str(train_file.path))
+        return CausalLMData(data.dataset, train, evaluation, vocabulary)
+
+    def example_batch(self, data: TaskData | None) -> dict[str, np.ndarray]:
+        return {"input_ids": np.zeros((2, 8), np.int32), "labels": np.zeros((2, 8), np.int32)}
+
+    def head(self, family: Family | None, arch: Architecture | None, hf_config: Mapping[str, Any],
+             data: CausalLMData) -> Head:
+        """None beyond the family's own LM head (`tpuplex.kinds.decoder`)."""
+        return Head(modules={}, shapes={}, drawn=())
+
+
+TASK = CausalLM()

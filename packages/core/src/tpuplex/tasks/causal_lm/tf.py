@@ -1,0 +1,25 @@
+"""Causal-LM training in Keras (TensorFlow): the next-token cross-entropy of a decoder's logits
+(`tpuplex.kinds.decoder`)."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tpuplex.tasks import tf as tasks_tf
+
+
+class Module(tasks_tf.TaskModule):
+    def model_inputs(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, ...]:
+        """The decoder's call: input_ids int32 [B, L]."""
+        return (batch["input_ids"],)
+
+    def unit_losses(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """Per-token cross-entropy [B, L] of logits [B, L, V] against the next tokens."""
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32),
+                                                              logits=tf.cast(outputs, tf.float32))
+
+    def predict_outputs(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        """float32 [B, L, 2]: each position's cross-entropy and 1.0 where the most likely token is the next one."""
+        labels = tf.cast(batch["labels"], tf.int32)
+        correct = tf.cast(tf.equal(tf.argmax(outputs, axis=-1, output_type=tf.int32), labels), tf.float32)
+        return tf.stack([self.unit_losses(outputs, batch), correct], axis=-1)
