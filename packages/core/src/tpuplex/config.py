@@ -81,6 +81,8 @@ class TrainConfig:
     warmup_ratio: float = 0.1
     schedule: str = "linear"
     """After the warmup: "linear" decay to 0 (BERT's), or "cosine" (half a cosine to 0, the usual image recipe)."""
+    min_learning_rate: float = 0.0
+    """Where the decay ends instead of 0 (nanoGPT's min_lr)."""
     epochs: int = 3
     max_steps: int = 0
     """Stop after this many optimizer steps; 0 runs all epochs."""
@@ -183,9 +185,10 @@ _CHOICES = {
 _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_accum"),
              ("train", "steps_per_execution"), ("train", "learning_rate"), ("runtime", "keep_checkpoints"),
              ("runtime", "log_every"), ("runtime", "host_timeout"), ("data", "bucket_multiple")}
-_NON_NEGATIVE = {("train", "weight_decay"), ("train", "epochs"), ("train", "max_steps"), ("train", "eval_batch"),
-                 ("train", "clip_norm"), ("train", "adam_epsilon"), ("runtime", "eval_every"), ("data", "bucket_count"),
-                 ("runtime", "checkpoint_every"), ("runtime", "cpu_devices"), ("runtime", "prefetch")}
+_NON_NEGATIVE = {("train", "weight_decay"), ("train", "min_learning_rate"), ("train", "epochs"), ("train", "max_steps"),
+                 ("train", "eval_batch"), ("train", "clip_norm"), ("train", "adam_epsilon"), ("runtime", "eval_every"),
+                 ("data", "bucket_count"), ("runtime", "checkpoint_every"), ("runtime", "cpu_devices"),
+                 ("runtime", "prefetch")}
 _UNIT_INTERVAL = {("train", "warmup_ratio"), ("train", "adam_beta1"), ("train", "adam_beta2"), ("train", "momentum")}
 _LABEL_LISTS = {("task", "labels")}
 MOVED_TO_TASK = ("text_columns", "label_column", "labels", "regression", "metrics")

@@ -169,7 +169,9 @@ class Trainer:
     def learning_rate(self, step: int) -> float:
         """The learning rate of update `step` (1-based)."""
         schedule = SCHEDULES[self.config.train.schedule]
-        return schedule(step - 1, peak=self.config.train.learning_rate, warmup=self.warmup, total=self.total_steps)
+        train = self.config.train
+        return schedule(step - 1, peak=train.learning_rate, warmup=self.warmup, total=self.total_steps,
+                        floor=train.min_learning_rate)
 
     def fit(self, state: Any, reporter: Reporter, resume: ResumePoint | None | Literal["latest"] = "latest"
             ) -> TrainResult:

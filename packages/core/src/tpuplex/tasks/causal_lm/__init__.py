@@ -4,14 +4,17 @@
     name = "causal_lm"
     tokenizer = "characters"        # or "checkpoint": the model folder's tokenizer.json (GPT-2's BPE, ...)
     validation_fraction = 0.1       # without data.eval_files: the last 10% of the tokens are held out (nanoGPT's)
+    sampling = "epochs"             # or "random_windows": nanoGPT's get_batch (see below)
     text_column = "text"            # the column of .jsonl/.csv/.tsv/.parquet files
 
     [data]
     train_file = "input.txt"        # a .txt file is one document; tables give one per row (see data.py)
     max_length = 256                # the context: rows of 256 inputs and 256 targets
 
-Batches: input_ids [B, L], labels [B, L] (the next token of each), weight [B, L] (0 on padding): every token of
-a split is predicted once per epoch, so a held-out split's `loss` (mean cross-entropy per token), `perplexity`
+Batches: input_ids [B, L], labels [B, L] (the next token of each), weight [B, L] (0 on padding). Training takes
+every token once per epoch (`sampling = "epochs"`), or, as nanoGPT's `get_batch` does, B windows of L + 1 tokens at
+uniformly random offsets of the training stream each step (`"random_windows"`, drawn from (seed, step), so every
+backend and a resumed run see the same windows). Evaluation predicts every held-out token once, so a split's `loss` (mean cross-entropy per token), `perplexity`
 (its exp) and `accuracy` (the most likely token right) count each of its tokens exactly once. The character
 vocabulary a run builds is recorded in run.json (`characters`), so eval, generate and export read text as the run
 did. `tpuplex generate RUN --prompt TEXT` continues a prompt.
@@ -35,12 +38,14 @@ from tpuplex.tasks.causal_lm import data as text
 from tpuplex.tasks.causal_lm.data import Characters, CheckpointTokenizer, Vocabulary
 
 TOKENIZERS = ("characters", "checkpoint")
+SAMPLINGS = ("epochs", "random_windows")
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
     tokenizer: str = "checkpoint"
     validation_fraction: float = 0.1
+    sampling: str = "epochs"
     text_column: str = "text"
     characters: str = ""
     """The character vocabulary (tokenizer = "characters"): built from data.train_file when empty; recorded."""
@@ -52,10 +57,15 @@ class CausalLMData(TaskData):
     train: Encoded
     eval: dict[str, Encoded]
     vocabulary: Vocabulary
+    windows: np.ndarray | None = None
+    """The training stream [T] when training on random windows of it, else None."""
+    seed: int = 0
     per_token: ClassVar[bool] = True
 
     def train_batch(self, batch: Batch, step: int) -> Batch:
-        return text.next_token_rows(batch)
+        if self.windows is None:
+            return text.next_token_rows(batch)
+        return text.random_windows(self.windows, *batch["input_ids"].shape, np.random.default_rng([self.seed, step]))
 
     def eval_batch(self, batch: Batch, index: np.ndarray) -> Batch:
         return text.next_token_rows(batch)
@@ -84,6 +94,9 @@ class CausalLM(Task):
             raise TpuplexError(f"task.tokenizer = {options.tokenizer!r} is not a tokenizer: use \"characters\" (built "
                                "from the training text) or \"checkpoint\" (the model folder's tokenizer.json)")
         check_held_out(config, options.validation_fraction, self.name, "text", 0.1)
+        if options.sampling not in SAMPLINGS:
+            raise TpuplexError(f"task.sampling = {options.sampling!r} is not a sampling: use \"epochs\" (every token "
+                               "once per epoch) or \"random_windows\" (nanoGPT's random offsets each step)")
         if not config.data.train_file:
             raise TpuplexError("data.train_file is empty: the causal_lm task trains on raw text, e.g. "
                                'train_file = "input.txt"')
@@ -113,7 +126,8 @@ class CausalLM(Task):
                                                  f"{train_file.path}")
             train_ids = train_ids[:cut]
         train = text.pack(train_ids, data.max_length, str(train_file.path))
-        return CausalLMData(data.dataset, train, evaluation, vocabulary)
+        windows = train_ids if options.sampling == "random_windows" else None
+        return CausalLMData(data.dataset, train, evaluation, vocabulary, windows, config.train.seed)
 
     def example_batch(self, data: TaskData | None) -> dict[str, np.ndarray]:
         return {"input_ids": np.zeros((2, 8), np.int32), "labels": np.zeros((2, 8), np.int32)}

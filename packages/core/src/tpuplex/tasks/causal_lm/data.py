@@ -66,10 +66,6 @@ class Characters:
         return cls("".join(sorted(set().union(*texts))))
 
     @property
-    def size(self) -> int:
-        return len(self.characters) + 1
-
-    @property
     def end_of_text(self) -> int:
         return len(self.characters)
 
@@ -100,10 +96,6 @@ class CheckpointTokenizer:
         tokenizer = load_tokenizer(self.folder, 1)
         tokenizer.no_truncation()
         object.__setattr__(self, "tokenizer", tokenizer)
-
-    @property
-    def size(self) -> int:
-        return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     @property
     def end_of_text(self) -> int | None:
@@ -162,3 +154,12 @@ def next_token_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"input_ids": np.ascontiguousarray(batch["input_ids"][:, :-1]),
             "labels": np.ascontiguousarray(batch["input_ids"][:, 1:]),
             "weight": real * np.asarray(batch["weight"], np.float32)[:, None]}
+
+
+def random_windows(ids: np.ndarray, rows: int, width: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """nanoGPT's `get_batch`: `rows` windows of `width` (= L + 1) tokens of the stream `ids` [T] at offsets drawn
+    uniformly from [0, T - width] -> input_ids, labels [rows, L] and weight 1."""
+    starts = rng.integers(0, len(ids) - width + 1, rows)
+    window = ids[starts[:, None] + np.arange(width)[None, :]]
+    return {"input_ids": np.ascontiguousarray(window[:, :-1]), "labels": np.ascontiguousarray(window[:, 1:]),
+            "weight": np.ones((rows, width - 1), np.float32)}
