@@ -7,6 +7,7 @@
     tpuplex eval RUN_OR_CHECKPOINT --backend NAME [--split SPLIT] [--data-dir DIR] [--out FILE]
     tpuplex predict RUN_OR_CHECKPOINT --backend NAME [--split test] [--data-dir DIR] [--out DIR]
     tpuplex export RUN_OR_CHECKPOINT --format hf|saved_model [--out DIR]
+    tpuplex generate RUN_OR_CHECKPOINT --backend NAME --prompt TEXT [--tokens N] [--temperature T] [--top-k K]
     tpuplex sweep CONFIG --backend NAME --seeds 1,2,3 [--set ...] [--data-dir DIR]
     tpuplex report RUN... [--out DIR]
     tpuplex devices
@@ -136,6 +137,20 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--out", type=Path, help="folder (default: <run>/predictions/<step>-<backend>/)")
     predict.set_defaults(command=_predict)
 
+    generate = commands.add_parser("generate", help="continue a prompt with a causal_lm run (any backend)",
+                                   description="Continue prompts with a causal_lm checkpoint: greedy (temperature 0, "
+                                   "the default) or sampled (temperature, top-k) from --seed, the same tokens on "
+                                   "every backend (see tpuplex.commands.generate).")
+    _checkpoint_arguments(generate)
+    generate.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for several)")
+    generate.add_argument("--prompt-file", type=Path, help="a UTF-8 file whose whole text is one more prompt")
+    generate.add_argument("--tokens", type=int, default=100, help="new tokens per prompt (default 100)")
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; else sampled")
+    generate.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    generate.add_argument("--seed", type=int, default=0, help="the draws of sampling (default 0)")
+    generate.add_argument("--no-cache", action="store_true", help="recompute every step (no key/value cache)")
+    generate.set_defaults(command=_generate)
+
     export = commands.add_parser("export", help="an HF folder or a TF SavedModel of a checkpoint")
     export.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT", help="a run folder or a checkpoints/step-* folder")
     export.add_argument("--format", required=True, help="hf or saved_model")
@@ -225,6 +240,22 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"{split}: " + ", ".join(f"{name} {value:.6f}" for name, value in metrics.items()))
     if "written" in result:
         print(f"metrics: {result['written']}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from tpuplex.commands.generate import generate
+    from tpuplex.text_files import read_utf8
+
+    if args.prompt_file and not args.prompt_file.is_file():
+        raise TpuplexError(f"--prompt-file {args.prompt_file} does not exist: give a UTF-8 text file")
+    prompts = args.prompt + ([read_utf8(args.prompt_file)] if args.prompt_file else [])
+    result = generate(args.checkpoint, args.backend, prompts, args.tokens, args.temperature, args.top_k, args.seed,
+                      cache=not args.no_cache)
+    for prompt, text in zip(result.prompts, result.texts, strict=True):
+        print(prompt + text)
+    print(f"{result.ids.size} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s, "
+          f"{'with' if not args.no_cache else 'without'} the key/value cache)", file=sys.stderr)
     return 0
 
 

@@ -14,10 +14,10 @@
 Batches: input_ids [B, L], labels [B, L] (the next token of each), weight [B, L] (0 on padding). Training takes
 every token once per epoch (`sampling = "epochs"`), or, as nanoGPT's `get_batch` does, B windows of L + 1 tokens at
 uniformly random offsets of the training stream each step (`"random_windows"`, drawn from (seed, step), so every
-backend and a resumed run see the same windows). Evaluation predicts every held-out token once, so a split's `loss` (mean cross-entropy per token), `perplexity`
-(its exp) and `accuracy` (the most likely token right) count each of its tokens exactly once. The character
-vocabulary a run builds is recorded in run.json (`characters`), so eval, generate and export read text as the run
-did. `tpuplex generate RUN --prompt TEXT` continues a prompt.
+backend and a resumed run see the same windows). Evaluation predicts every held-out token once: a split's `loss`
+(mean cross-entropy per token), `perplexity` (its exp) and `accuracy` (the most likely token right) count each of
+its tokens exactly once. The character vocabulary a run builds is recorded in run.json (`characters`), so eval,
+generate and export read text as the run did. `tpuplex generate RUN --prompt TEXT` continues a prompt.
 """
 
 from __future__ import annotations

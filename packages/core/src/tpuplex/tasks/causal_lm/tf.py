@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import tensorflow as tf
 
 from tpuplex.tasks import tf as tasks_tf
@@ -23,3 +25,10 @@ class Module(tasks_tf.TaskModule):
         labels = tf.cast(batch["labels"], tf.int32)
         correct = tf.cast(tf.equal(tf.argmax(outputs, axis=-1, output_type=tf.int32), labels), tf.float32)
         return tf.stack([self.unit_losses(outputs, batch), correct], axis=-1)
+
+    def serving(self, model: Any, data: Any) -> tuple[Any, list[tf.TensorSpec]]:
+        """The SavedModel's `serving_default`: input_ids int32 [batch, length] -> next-token logits."""
+        def serve(input_ids: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"logits": model(input_ids)}
+
+        return serve, [tf.TensorSpec([None, None], tf.int32, name="input_ids")]

@@ -1,0 +1,96 @@
+"""`tpuplex generate RUN --prompt TEXT`: continue prompts with a causal-LM run's checkpoint, on any backend.
+
+    generate(path, backend, ["ROMEO:"], new_tokens=500, temperature=0.8, top_k=200, seed=1)
+
+The run's checkpoint is restored on the backend (`workflow.restore`) and its tokenizer (the run's character
+vocabulary, or the checkpoint's) reads the prompts. Decoding runs in windows of the run's context C
+(`data.max_length`): a window takes a prompt left-padded to a bucket P (a power of two, at least 8, at most C / 2:
+longer prompts keep their last C / 2 tokens, as nanoGPT's sample.py crops) and generates C - P tokens in one
+compiled loop with a key/value cache; the next window continues from the last C / 2 tokens. So a run compiles one
+program for the first bucket and one for every later window, whatever the prompts' lengths. The draws come from
+`numpy.random.default_rng(seed)` (`tpuplex.protocol.Prompts`): a seed gives the same text on every backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tpuplex.commands import run_folder, workflow
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import Prompts
+
+SMALLEST_BUCKET = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """The prompts, their continuations (text and ids) and how fast they came (new tokens of every prompt per
+    second of decoding, compilation included)."""
+
+    prompts: list[str]
+    texts: list[str]
+    ids: np.ndarray
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.ids.size / self.seconds
+
+
+def bucket(length: int, context: int) -> int:
+    """The prompt length a window compiles for: the smallest power of two >= length (at least 8), at most
+    context // 2."""
+    return min(max(SMALLEST_BUCKET, 1 << max(0, length - 1).bit_length()), context // 2)
+
+
+def left_padded(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) int32 [B, width]: each row's last `width` ids, right-aligned."""
+    ids, mask = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), np.int32)
+    for index, row in enumerate(rows):
+        kept = row[-width:]
+        ids[index, width - len(kept):], mask[index, width - len(kept):] = kept, 1
+    return ids, mask
+
+
+def generate(path: str | Path, backend_name: str, prompts: list[str], new_tokens: int, temperature: float = 0.0,
+             top_k: int = 0, seed: int = 0, cache: bool = True) -> Generated:
+    """`new_tokens` tokens after each of `prompts` from the checkpoint `path` names (see the module)."""
+    if new_tokens < 1:
+        raise TpuplexError(f"--tokens {new_tokens}: generate at least 1 token")
+    if temperature < 0 or top_k < 0:
+        raise TpuplexError(f"--temperature {temperature} --top-k {top_k}: use a temperature >= 0 (0: greedy) and a "
+                           "top-k >= 0 (0: every token)")
+    if not prompts or not all(prompts):
+        raise TpuplexError("give each prompt some text: --prompt TEXT (or --prompt-file FILE)")
+    found = run_folder.locate(path)
+    if found.config.task.name != "causal_lm":
+        raise TpuplexError(f"{found.run_dir} is a {found.config.task.name} run: tpuplex generate continues text with a "
+                           "causal_lm run (a GPT-2 or Llama model)")
+    context = found.config.data.max_length
+    if context < 2 * SMALLEST_BUCKET:
+        raise TpuplexError(f"the run's context (data.max_length = {context}) is too short to generate in windows: "
+                           f"train with data.max_length >= {2 * SMALLEST_BUCKET}")
+    experiment, state = workflow.restore(found, backend_name)
+    vocabulary = experiment.data.vocabulary
+    rows = [vocabulary.encode(prompt, "the prompt") for prompt in prompts]
+    if not all(len(row) for row in rows):
+        raise TpuplexError("a prompt gives no tokens: give each prompt some text")
+    rng = np.random.default_rng(seed)
+    generated: list[np.ndarray] = [np.zeros(0, np.int32) for _ in rows]
+    width = bucket(max(map(len, rows)), context)
+    started = time.perf_counter()
+    while len(generated[0]) < new_tokens:
+        count = min(new_tokens - len(generated[0]), context - width)
+        ids, mask = left_padded([np.concatenate([row, done]) for row, done in zip(rows, generated, strict=True)],
+                                width)
+        window = Prompts(ids, mask, count, temperature, top_k, rng.random((len(rows), count)).astype(np.float32),
+                         cache)
+        tokens = experiment.backend.generate(state, window)
+        generated = [np.concatenate([done, new]) for done, new in zip(generated, tokens, strict=True)]
+        width = context // 2
+    seconds = time.perf_counter() - started
+    return Generated(prompts, [vocabulary.decode(ids) for ids in generated], np.stack(generated), seconds)

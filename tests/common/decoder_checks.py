@@ -1,0 +1,113 @@
+"""The checks every backend session runs on the decoder families (GPT-2, Llama) at a small size: logits against
+transformers' own `*ForCausalLM`, 20 training steps against the torch backend, and decoding (greedy and sampled,
+with and without the key/value cache) against transformers' `generate`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import transformers
+
+import torch
+from tpuplex import models
+from tpuplex.config import RuntimeConfig
+from tpuplex.kinds.decoder import Decoders
+from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
+from tpuplex.tasks.causal_lm import TASK
+from tpuplex_torch.backend import TorchBackend
+
+VOCAB = 50
+CONFIGS = {
+    "gpt2": {"model_type": "gpt2", "vocab_size": VOCAB, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 4,
+             "bos_token_id": None, "eos_token_id": None},
+    "llama": {"model_type": "llama", "vocab_size": VOCAB, "max_position_embeddings": 32, "hidden_size": 32,
+              "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "bos_token_id": None, "eos_token_id": None, "pad_token_id": None},
+}
+
+
+def decoder_spec(folder: Path, model_type: str, seed: int = 3) -> ModelSpec:
+    """The family's tiny decoder drawn from scratch (a config.json alone in `folder`), dropout off."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(CONFIGS[model_type]))
+    family, arch = models.architecture_of(CONFIGS[model_type])
+    kind = Decoders(folder, CONFIGS[model_type], family, arch)
+    return ModelSpec(kind=kind, task=TASK, inputs=TASK.inputs, head=TASK.head(family, arch, {}, None),
+                     hf_config=CONFIGS[model_type], family=family, arch=arch, params=kind.initial_state(None, seed)[0],
+                     dropout=False, checkpoint_dir=folder)
+
+
+def hf_reference(spec: ModelSpec) -> torch.nn.Module:
+    """transformers' own class with the core's parameters loaded strictly (the tied head aliased), eval mode."""
+    settings = dict(spec.hf_config)
+    config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    state = {name: torch.from_numpy(array) for name, array in spec.params.items()}
+    tied = spec.family.tied_names(spec.arch)
+    model.load_state_dict(state | {alias: state[target] for alias, target in tied.items()}, strict=True)
+    return model
+
+
+def token_batch(rows: int = 8, length: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
+    ids = np.random.default_rng(seed).integers(0, VOCAB, (rows, length + 1)).astype(np.int32)
+    return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "weight": np.ones((rows, length), np.float32)}
+
+
+def check_logits_match_hf(backend, folder: Path, model_type: str) -> None:
+    """The backend's per-token losses equal the cross-entropy of transformers' logits to 1e-4, and so do its
+    logits: the loss of every token is checked, and the predicted token where the logits are not tied."""
+    spec = decoder_spec(folder, model_type)
+    batch = token_batch()
+    with torch.no_grad():
+        logits = hf_reference(spec)(input_ids=torch.from_numpy(batch["input_ids"]).long()).logits
+    losses = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), torch.from_numpy(batch["labels"]).long()
+                                               .reshape(-1), reduction="none").reshape(batch["labels"].shape)
+    outputs = backend.predict(backend.init(spec, OptimizerSpec()), batch)
+    np.testing.assert_allclose(outputs[..., 0], losses.numpy(), atol=1e-4, rtol=0)
+    right = (logits.argmax(-1).numpy() == batch["labels"]).astype(np.float32)
+    assert (outputs[..., 1] == right).mean() > 0.99
+
+
+def check_training_follows_torch(backend, folder: Path, model_type: str) -> None:
+    """20 steps, dropout off, give the torch backend's losses to 1e-3 (relative), really train, and keep the
+    family's HF names and shapes."""
+    spec = decoder_spec(folder, model_type)
+    batches = [token_batch(seed=index % 4) for index in range(20)]
+
+    def losses(on) -> tuple[list[float], object]:
+        state, found = on.init(spec, OptimizerSpec(weight_decay=0.1)), []
+        for index, batch in enumerate(batches):
+            state, loss = on.train_step(state, batch, 3e-3 * min(1.0, (index + 1) / 5))
+            found.append(loss)
+        return found, state
+
+    expected, _ = losses(TorchBackend(RuntimeConfig()))
+    found, state = losses(backend)
+    np.testing.assert_allclose(found, expected, rtol=1e-3)
+    assert np.mean(expected[-4:]) < np.mean(expected[:4]) - 0.1
+    params = backend.state_to_arrays(state).params
+    assert {name: array.shape for name, array in params.items()} == spec.family.hf_shapes(spec.arch)
+
+
+def check_generation(backend, folder: Path, model_type: str) -> None:
+    """Greedy decoding of left-padded prompts equals transformers' `generate` of each prompt alone, with and
+    without the cache; sampling with the cache equals sampling without it (the same draws)."""
+    spec = decoder_spec(folder, model_type)
+    state = backend.init(spec, OptimizerSpec())
+    prompts = [[5, 6, 7, 8], [1, 2, 3, 4, 5, 6]]
+    ids = np.array([[0, 0, *prompts[0]], prompts[1]], np.int32)
+    mask = np.array([[0, 0, 1, 1, 1, 1], [1] * 6], np.int32)
+    greedy = Prompts(ids, mask, 8, 0.0, 0, np.zeros((2, 8), np.float32))
+    reference = hf_reference(spec)
+    with torch.no_grad():
+        expected = [reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):]
+                    .numpy() for prompt in prompts]
+    for cache in (True, False):
+        np.testing.assert_array_equal(backend.generate(state, Prompts(**{**greedy.__dict__, "cache": cache})),
+                                      np.stack(expected))
+    draws = np.random.default_rng(1).random((2, 8)).astype(np.float32)
+    sampled = [backend.generate(state, Prompts(ids, mask, 8, 1.0, 5, draws, cache)) for cache in (True, False)]
+    np.testing.assert_array_equal(*sampled)
+    assert sampled[0].min() >= 0 and sampled[0].max() < VOCAB

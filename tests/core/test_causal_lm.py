@@ -1,0 +1,80 @@
+"""The causal_lm task's data and the generate command's windows, framework-free."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tpuplex.commands.generate import bucket, left_padded
+from tpuplex.config import from_dict
+from tpuplex.engine.schedule import warmup_cosine_decay
+from tpuplex.errors import TpuplexError
+from tpuplex.protocol import decays
+from tpuplex.tasks.causal_lm import TASK, Options
+from tpuplex.tasks.causal_lm.data import Characters, next_token_rows, pack, random_windows
+
+
+def test_packed_rows_predict_every_token_but_the_first_once():
+    ids = np.arange(1, 204, dtype=np.int32)
+    encoded = pack(ids, 16, "text")
+    rows = next_token_rows({"input_ids": encoded.input_ids, "weight": np.ones(len(encoded), np.float32),
+                            "attention_mask": (np.arange(17)[None] < encoded.lengths[:, None]).astype(np.int32)})
+    predicted = rows["labels"][rows["weight"] > 0]
+    np.testing.assert_array_equal(predicted, ids[1:])
+    np.testing.assert_array_equal(rows["input_ids"][rows["weight"] > 0], ids[:-1])
+
+
+def test_the_character_vocabulary_is_nanogpts_sorted_set():
+    vocabulary = Characters.of(["hello\nworld", "!"])
+    assert vocabulary.characters == "\n!dehlorw"
+    np.testing.assert_array_equal(vocabulary.encode("low\n", "text"), [5, 6, 8, 0])
+    assert vocabulary.decode(vocabulary.encode("hello\nworld!", "text")) == "hello\nworld!"
+    with pytest.raises(TpuplexError, match="the character 'z'"):
+        vocabulary.encode("hez", "the prompt")
+
+
+def test_random_windows_are_nanogpts_batches_from_seed_and_step():
+    stream = np.arange(100, dtype=np.int32)
+    first = random_windows(stream, 4, 9, np.random.default_rng([7, 3]))
+    again = random_windows(stream, 4, 9, np.random.default_rng([7, 3]))
+    assert all(np.array_equal(first[key], again[key]) for key in first)
+    np.testing.assert_array_equal(first["labels"], first["input_ids"] + 1)
+    assert first["input_ids"].shape == (4, 8) and first["weight"].all()
+
+
+def test_the_last_tenth_is_held_out_and_the_vocabulary_pinned(tmp_path):
+    text = "".join(chr(ord("a") + i % 26) for i in range(1000))
+    (tmp_path / "input.txt").write_text(text)
+    config = from_dict({"task": {"name": "causal_lm", "tokenizer": "characters"},
+                        "data": {"train_file": str(tmp_path / "input.txt"), "max_length": 10}})
+    options = Options(tokenizer="characters")
+    TASK.check(config, options)
+    data = TASK.prepare(config, options, tmp_path)
+    assert data.pinned_options() == {"characters": "abcdefghijklmnopqrstuvwxyz"}
+    held_out = data.eval["validation"]
+    assert held_out.token_count == 100 + (len(held_out) - 1)  # the overlap token of every row after the first
+    assert data.train.token_count == 900 + (len(data.train) - 1)
+
+
+def test_a_prompt_window_is_a_power_of_two_bucket_left_padded():
+    assert [bucket(n, 64) for n in (1, 8, 9, 17, 40)] == [8, 8, 16, 32, 32]
+    ids, mask = left_padded([np.array([1, 2, 3]), np.arange(1, 11)], 8)
+    np.testing.assert_array_equal(ids[0], [0, 0, 0, 0, 0, 1, 2, 3])
+    np.testing.assert_array_equal(ids[1], np.arange(3, 11))
+    assert mask[0].tolist() == [0] * 5 + [1] * 3 and mask[1].all()
+
+
+NORMS = ("transformer.h.0.ln_1.weight", "transformer.ln_f.weight", "model.norm.weight",
+         "model.layers.1.input_layernorm.weight")
+MATRICES = ("transformer.h.0.attn.c_attn.weight", "transformer.wte.weight", "lm_head.weight")
+
+
+@pytest.mark.parametrize(("name", "decayed"), [(name, False) for name in NORMS] + [(name, True) for name in MATRICES])
+def test_weight_decay_skips_the_decoders_norms(name, decayed):
+    assert decays(name) is decayed
+
+
+def test_cosine_decays_to_the_floor_as_nanogpt():
+    steps = (100, 1050, 2000, 2500)
+    rates = [warmup_cosine_decay(step, peak=1e-3, warmup=100, total=2000, floor=1e-4) for step in steps]
+    np.testing.assert_allclose(rates, [1e-3, 5.5e-4, 1e-4, 1e-4])
