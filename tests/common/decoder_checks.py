@@ -1,6 +1,7 @@
-"""The checks every backend session runs on the decoder families (GPT-2, Llama) at a small size: logits against
+"""The tests every backend session runs on the decoder families (GPT-2, Llama) at a small size: logits against
 transformers' own `*ForCausalLM`, 20 training steps against the torch backend, and decoding (greedy and sampled,
-with and without the key/value cache) against transformers' `generate`."""
+with and without the key/value cache) against transformers' `generate`. A session's test_decoders.py imports them
+and gives the `backend` fixture."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import transformers
 
 import torch
@@ -19,6 +21,7 @@ from tpuplex.tasks.causal_lm import TASK
 from tpuplex_torch.backend import TorchBackend
 
 VOCAB = 50
+FAMILIES = ("gpt2", "llama")
 CONFIGS = {
     "gpt2": {"model_type": "gpt2", "vocab_size": VOCAB, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 4,
              "bos_token_id": None, "eos_token_id": None},
@@ -55,10 +58,11 @@ def token_batch(rows: int = 8, length: int = 16, seed: int = 0) -> dict[str, np.
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "weight": np.ones((rows, length), np.float32)}
 
 
-def check_logits_match_hf(backend, folder: Path, model_type: str) -> None:
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_logits_match_transformers(backend, tmp_path: Path, model_type: str) -> None:
     """The backend's per-token losses equal the cross-entropy of transformers' logits to 1e-4, and so do its
     logits: the loss of every token is checked, and the predicted token where the logits are not tied."""
-    spec = decoder_spec(folder, model_type)
+    spec = decoder_spec(tmp_path, model_type)
     batch = token_batch()
     with torch.no_grad():
         logits = hf_reference(spec)(input_ids=torch.from_numpy(batch["input_ids"]).long()).logits
@@ -70,10 +74,11 @@ def check_logits_match_hf(backend, folder: Path, model_type: str) -> None:
     assert (outputs[..., 1] == right).mean() > 0.99
 
 
-def check_training_follows_torch(backend, folder: Path, model_type: str) -> None:
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_training_follows_torch(backend, tmp_path: Path, model_type: str) -> None:
     """20 steps, dropout off, give the torch backend's losses to 1e-3 (relative), really train, and keep the
     family's HF names and shapes."""
-    spec = decoder_spec(folder, model_type)
+    spec = decoder_spec(tmp_path, model_type)
     batches = [token_batch(seed=index % 4) for index in range(20)]
 
     def losses(on) -> tuple[list[float], object]:
@@ -91,10 +96,11 @@ def check_training_follows_torch(backend, folder: Path, model_type: str) -> None
     assert {name: array.shape for name, array in params.items()} == spec.family.hf_shapes(spec.arch)
 
 
-def check_generation(backend, folder: Path, model_type: str) -> None:
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_generation_matches_transformers(backend, tmp_path: Path, model_type: str) -> None:
     """Greedy decoding of left-padded prompts equals transformers' `generate` of each prompt alone, with and
     without the cache; sampling with the cache equals sampling without it (the same draws)."""
-    spec = decoder_spec(folder, model_type)
+    spec = decoder_spec(tmp_path, model_type)
     state = backend.init(spec, OptimizerSpec())
     prompts = [[5, 6, 7, 8], [1, 2, 3, 4, 5, 6]]
     ids = np.array([[0, 0, *prompts[0]], prompts[1]], np.int32)

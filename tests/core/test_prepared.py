@@ -18,6 +18,7 @@ from prepared_checks import check_prepared_equals_in_memory
 
 from tpuplex import config as config_lib
 from tpuplex.commands import cli
+from tpuplex.data.tables import text_file
 from tpuplex.errors import TpuplexError
 from tpuplex.tasks.masked_lm import corpus
 from tpuplex.tasks.masked_lm import data as text
@@ -39,7 +40,7 @@ def shakespeare(shared_text):
 
 
 def in_memory_packing(path, tokenizer_dir, max_length):
-    documents = text.documents(text.text_file("data.train_file", str(path)), "text")
+    documents = text.documents(text_file("data.train_file", str(path)), "text")
     return text.encode_packed(documents, text.untruncated_tokenizer(tokenizer_dir, max_length), max_length, "corpus")
 
 

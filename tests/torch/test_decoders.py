@@ -1,11 +1,23 @@
-"""GPT-2 and Llama on the torch backend, at a small size: logits as transformers', training as the torch backend,
-decoding as transformers' generate (tests/common/decoder_checks.py)."""
+"""GPT-2 and Llama on the torch backend, at a small size (the shared tests are tests/common/decoder_checks.py's),
+and what only the torch session can check: checkpoints transformers saved, and a non-decoder's refusal to
+generate."""
 
+import numpy as np
 import pytest
-from decoder_checks import check_generation, check_logits_match_hf, check_training_follows_torch
+import transformers
+from decoder_checks import (  # noqa: F401  (collected here)
+    CONFIGS,
+    test_generation_matches_transformers,
+    test_logits_match_transformers,
+    test_training_follows_torch,
+)
 from helpers import backend as torch_backend
+from helpers import tiny_spec
 
-FAMILIES = ("gpt2", "llama")
+from tpuplex import models
+from tpuplex.errors import TpuplexError
+from tpuplex.kinds.decoder import initial_decoder_params
+from tpuplex.protocol import OptimizerSpec, Prompts
 
 
 @pytest.fixture(scope="module")
@@ -13,16 +25,34 @@ def backend():
     return torch_backend()
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
-def test_logits_match_transformers(backend, tmp_path, model_type):
-    check_logits_match_hf(backend, tmp_path, model_type)
+def hf_config(model_type):
+    settings = dict(CONFIGS[model_type])
+    return transformers.AutoConfig.for_model(settings.pop("model_type"), **settings)
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
-def test_training_follows_torch(backend, tmp_path, model_type):
-    check_training_follows_torch(backend, tmp_path, model_type)
+def test_a_saved_causal_lm_is_read_as_it_is(tmp_path):
+    model = transformers.GPT2LMHeadModel(hf_config("gpt2"))
+    model.save_pretrained(tmp_path)
+    family, arch = models.architecture_of(CONFIGS["gpt2"])
+    params = initial_decoder_params(tmp_path, family, arch, seed=0)
+    state = {name: tensor.numpy() for name, tensor in model.state_dict().items() if name != "lm_head.weight"}
+    assert params.keys() == state.keys()
+    assert all(np.array_equal(params[name], state[name]) for name in state)
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
-def test_generation_matches_transformers(backend, tmp_path, model_type):
-    check_generation(backend, tmp_path, model_type)
+def test_a_base_model_gets_its_prefix_and_a_drawn_lm_head(tmp_path):
+    base = transformers.LlamaModel(hf_config("llama"))
+    base.save_pretrained(tmp_path)
+    family, arch = models.architecture_of(CONFIGS["llama"])
+    params = initial_decoder_params(tmp_path, family, arch, seed=0)
+    assert params.keys() == family.hf_shapes(arch).keys()
+    np.testing.assert_array_equal(params["model.norm.weight"], base.state_dict()["norm.weight"].numpy())
+    assert params["lm_head.weight"].std() > 0
+
+
+def test_a_text_encoder_refuses_to_generate(tmp_path):
+    backend = torch_backend()
+    state = backend.init(tiny_spec(tmp_path), OptimizerSpec())
+    prompts = Prompts(np.ones((1, 4), np.int32), np.ones((1, 4), np.int32), 2, 0.0, 0, np.zeros((1, 2), np.float32))
+    with pytest.raises(TpuplexError, match="generates no text: tpuplex generate needs a decoder"):
+        backend.generate(state, prompts)

@@ -178,11 +178,6 @@ class Prompts:
     uniforms: np.ndarray
     cache: bool = True
 
-    @property
-    def positions(self) -> np.ndarray:
-        """int32 [B, P]: each prompt token's position (its index among the row's real tokens; 0 on padding)."""
-        return np.maximum(np.cumsum(self.mask, axis=1) - 1, 0).astype(np.int32)
-
 
 @runtime_checkable
 class Backend(Protocol):

@@ -90,6 +90,17 @@ class Table:
         return f"{self.source} row {row} (counting from 0)"
 
 
+def text_file(field: str, spec: str) -> DataFile:
+    """`spec` as the DataFile of a language-modelling task's raw text: a `.txt` file (which the task reads as it
+    defines), or a table (`resolve_file`) whose text column it reads."""
+    path = Path(spec).expanduser()
+    if path.suffix == ".txt":
+        if not path.is_file():
+            raise TpuplexError(f"{field} = {spec!r} does not exist: give the path of a UTF-8 text file")
+        return DataFile(field, spec, path, ".txt", path.stem)
+    return resolve_file(field, spec)
+
+
 def resolve_file(field: str, spec: str) -> DataFile:
     """The DataFile that `spec` (from the config field `field`) names; raises a TpuplexError when it does not exist
     or has no supported format."""

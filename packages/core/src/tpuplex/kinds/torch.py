@@ -17,6 +17,7 @@ import transformers  # a lazy module: the model classes (and accelerate behind t
 import torch
 from tpuplex import kinds
 from tpuplex.errors import TpuplexError
+from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 
 Forward = Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
@@ -40,6 +41,11 @@ class KindModule(abc.ABC):
         """The model of `spec` with the task's parts (`tpuplex.tasks.torch.TaskModule`), every dropout off unless
         `spec.dropout`."""
 
+    def generate(self, model: torch.nn.Module, prompts: Prompts) -> np.ndarray:
+        """int32 [B, N]: the tokens the built model generates after each prompt (`tpuplex.protocol.Prompts`)."""
+        raise TpuplexError(f"a {type(self).__name__} model generates no text: tpuplex generate needs a decoder "
+                           "(model.checkpoint a GPT-2 or Llama model) trained on the causal_lm task")
+
 
 def hf_model(spec: ModelSpec, head_config: Mapping[str, Any]) -> torch.nn.Module:
     """transformers' model for the task (`spec.task.auto_class`) from the checkpoint's config.json and the task's
@@ -54,10 +60,14 @@ def hf_model(spec: ModelSpec, head_config: Mapping[str, Any]) -> torch.nn.Module
     return getattr(transformers, spec.task.auto_class).from_config(config, dtype=torch.float32)
 
 
-    def generate(self, model: torch.nn.Module, prompts: Prompts) -> np.ndarray:
-        """int32 [B, N]: the tokens the built model generates after each prompt (`tpuplex.protocol.Prompts`)."""
-        raise TpuplexError(f"a {type(self).__name__} model generates no text: tpuplex generate needs a decoder "
-                           "(model.checkpoint a GPT-2 or Llama model) trained on the causal_lm task")
+def load_parameters(model: torch.nn.Module, params: Mapping[str, np.ndarray], tied: Mapping[str, str]) -> None:
+    """Load `params` (HF names, torch layout) into `model` strictly; mismatched names or shapes raise one
+    TpuplexError naming them. A tied parameter appears once in `params` (and in named_parameters) but under both
+    names in the state dict: `tied` maps each alias to the parameter it is."""
+    expected = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
+    check_names(expected, params, "the initial parameters")
+    state = {name: torch.from_numpy(np.asarray(array, dtype=np.float32)) for name, array in params.items()}
+    model.load_state_dict(state | {alias: state[target] for alias, target in tied.items()}, strict=True)
 
 
 def load(spec: ModelSpec) -> KindModule:

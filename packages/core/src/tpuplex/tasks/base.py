@@ -169,6 +169,16 @@ class Task:
         raise TpuplexError(f"the {self.name} task writes no predictions")
 
 
+def token_metrics(outputs: np.ndarray, weight: np.ndarray) -> dict[str, float]:
+    """A language model's metrics from every position's predict outputs [N, P, 2] (cross-entropy, whether the
+    most likely token is right; `tpuplex.tasks.<framework>.token_outputs`) and weight [N, P]: `loss` (mean
+    cross-entropy per weighted token), `perplexity` (its exp) and `accuracy`."""
+    total = max(float(weight.sum()), 1.0)
+    loss = float((weight * outputs[..., 0]).sum() / total)
+    accuracy = float((weight * outputs[..., 1]).sum() / total)
+    return {"loss": loss, "perplexity": float(np.exp(loss)), "accuracy": accuracy}
+
+
 def check_held_out(config: Any, fraction: float, task: str, held_out: str, example: float) -> None:
     """`task.validation_fraction` (`fraction`) in [0, 1), and some held-out data: `data.eval_files`, or that fraction
     of the training data. `held_out` names the data in the message ("text", "images"), `example` is a fraction."""

@@ -11,6 +11,8 @@ import abc
 from typing import Any
 
 import flax.linen as nn
+import jax.numpy as jnp
+import optax
 
 import jax
 from tpuplex import tasks
@@ -42,6 +44,18 @@ class TaskModule(abc.ABC):
     @abc.abstractmethod
     def predict_outputs(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
         """What `Backend.predict` returns per row."""
+
+
+def token_losses(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-token cross-entropy float32 [B, P] of logits [B, P, V] against labels [B, P] (language modelling)."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+
+
+def token_outputs(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """float32 [B, P, 2]: each token's cross-entropy and 1.0 where the most likely token is the label (what
+    `tpuplex.tasks.base.token_metrics` reads)."""
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return jnp.stack([token_losses(logits, labels), correct], axis=-1)
 
 
 def load(task: Any) -> TaskModule:

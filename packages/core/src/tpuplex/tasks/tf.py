@@ -55,6 +55,19 @@ class TaskModule(abc.ABC):
         return {"logits": outputs}
 
 
+def token_losses(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """Per-token cross-entropy float32 [B, P] of logits [B, P, V] against labels [B, P] (language modelling)."""
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32),
+                                                          logits=tf.cast(logits, tf.float32))
+
+
+def token_outputs(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """float32 [B, P, 2]: each token's cross-entropy and 1.0 where the most likely token is the label (what
+    `tpuplex.tasks.base.token_metrics` reads)."""
+    correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), tf.cast(labels, tf.int32))
+    return tf.stack([token_losses(logits, labels), tf.cast(correct, tf.float32)], axis=-1)
+
+
 def load(task: Any) -> TaskModule:
     """The task's Keras module (`Task.backends["tf"]`), checked to be a `TaskModule`."""
     return tasks.framework_module(task, "tf", TaskModule)

@@ -11,6 +11,8 @@ import abc
 from collections.abc import Mapping
 from typing import Any
 
+import torch.nn.functional as F
+
 import torch
 from tpuplex import tasks
 from tpuplex.errors import TpuplexError
@@ -50,6 +52,20 @@ class TaskModule(abc.ABC):
         and serving.json's contract."""
         raise TpuplexError(f"the {self.name} task has no torch_export format: use tpuplex export --format hf (a "
                            "folder transformers' AutoModelFor... loads in plain torch)")
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy float32 [b, P] of logits [b, P, V] against labels [b, P] (language modelling)."""
+    rows, length, vocab = logits.shape
+    losses = F.cross_entropy(logits.float().reshape(-1, vocab), labels.reshape(-1), reduction="none")
+    return losses.view(rows, length)
+
+
+def token_outputs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """float32 [b, P, 2]: each token's cross-entropy and 1.0 where the most likely token is the label (what
+    `tpuplex.tasks.base.token_metrics` reads)."""
+    correct = (logits.argmax(dim=-1) == labels).float()
+    return torch.stack([token_losses(logits, labels), correct], dim=-1)
 
 
 def load(task: Any) -> TaskModule:

@@ -54,20 +54,24 @@ class Decoders(ModelKind):
 
 def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: int) -> dict[str, np.ndarray]:
     """Every parameter of the decoder (HF names, HF layout, float32): the folder's weights, or, without a weights
-    file, drawn from `numpy.random.default_rng(seed)` (`tpuplex.models.decoder.initial_params`)."""
-    drawn = {family.hf_name(name): array for name, array in initial_params(arch, np.random.default_rng(seed)).items()}
+    file, drawn from `numpy.random.default_rng(seed)` (`tpuplex.models.decoder.initial_params`); an untied LM head
+    a base model's folder lacks is taken from that draw, as `from_pretrained` draws it anew."""
+    def drawn() -> dict[str, np.ndarray]:
+        params = initial_params(arch, np.random.default_rng(seed))
+        return {family.hf_name(name): array for name, array in params.items()}
+
     folder = Path(checkpoint_dir)
     if not any((folder / name).is_file() for name in (SAFETENSORS, PICKLE)):
-        return drawn
+        return drawn()
+    shapes = family.hf_shapes(arch)
     prefix = family.hf_name("embeddings.word.weight").split(".", 1)[0]
-    tied = family.tied_names(arch)
     loaded = {}
     for name, array in load_weights(folder).items():
-        full = name if name in drawn or name in tied else f"{prefix}.{name}"
-        if full in drawn:
+        full = name if name in shapes or name in family.tied_names(arch) else f"{prefix}.{name}"
+        if full in shapes:
             loaded[full] = array
-    head = family.hf_name("lm_head.weight") if not arch.tied else None
-    if head is not None and head not in loaded:
-        loaded[head] = drawn[head]  # a base model's folder: the LM head is new, as from_pretrained draws it
-    check_names(drawn, loaded, f"the weights in {checkpoint_dir}")
+    head = family.hf_name("lm_head.weight")
+    if not arch.tied and head not in loaded:
+        loaded[head] = drawn()[head]
+    check_names(shapes, loaded, f"the weights in {checkpoint_dir}")
     return loaded

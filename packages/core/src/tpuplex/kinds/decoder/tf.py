@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpuplex.kinds.tf import Built, KindModule
-from tpuplex.layers.tf import ACTIVATIONS, Variables, dropout
+from tpuplex.layers.tf import ACTIVATIONS, Variables, dropout, norm_variables
 from tpuplex.models.decoder import DecoderArch
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 
@@ -38,7 +38,7 @@ def _norm(arch: DecoderArch, name: str) -> keras.layers.Layer:
 def _norm_variables(module: str, layer: keras.layers.Layer) -> Variables:
     if isinstance(layer, keras.layers.RMSNormalization):
         return {f"{module}.weight": (layer.scale, False)}
-    return {f"{module}.weight": (layer.gamma, False), f"{module}.bias": (layer.beta, False)}
+    return norm_variables(module, layer)
 
 
 class _Block(keras.layers.Layer):

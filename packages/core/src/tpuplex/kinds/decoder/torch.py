@@ -10,8 +10,7 @@ import numpy as np
 import transformers
 
 import torch
-from tpuplex.kinds.torch import Built, KindModule, hf_model
-from tpuplex.params import check_names
+from tpuplex.kinds.torch import Built, KindModule, hf_model, load_parameters
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 
 # transformers 5.24 renamed the key/value cache's argument and output `past_key_values` -> `cache`.
@@ -21,11 +20,7 @@ CACHE = "cache" if "cache" in inspect.signature(transformers.GPT2LMHeadModel.for
 class Decoder(KindModule):
     def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
         model = hf_model(spec, {})
-        expected = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
-        check_names(expected, spec.params, "the initial parameters")
-        state = {name: torch.from_numpy(np.asarray(array, dtype=np.float32)) for name, array in spec.params.items()}
-        tied = spec.family.tied_names(spec.arch)
-        model.load_state_dict(state | {alias: state[target] for alias, target in tied.items()}, strict=True)
+        load_parameters(model, spec.params, spec.family.tied_names(spec.arch))
         return Built(model, logits, spec.params)
 
     def generate(self, model: torch.nn.Module, prompts: Prompts) -> np.ndarray:

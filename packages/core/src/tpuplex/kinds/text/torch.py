@@ -7,11 +7,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 
-import numpy as np
-
 import torch
-from tpuplex.kinds.torch import Built, KindModule, hf_model
-from tpuplex.params import check_names
+from tpuplex.kinds.torch import Built, KindModule, hf_model, load_parameters
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 
 
@@ -20,12 +17,7 @@ class TextEncoder(KindModule):
         """The HF family's model for the task from `spec.params`; mismatched parameters raise TpuplexError
         naming them."""
         model = hf_model(spec, task.head_config(spec.head))
-        expected = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
-        check_names(expected, spec.params, "the initial parameters")
-        # Tied parameters (the MLM decoder) appear once in named_parameters, under both names in the state dict.
-        tied = model._tied_weights_keys or {}
-        state = {name: torch.from_numpy(np.asarray(array, dtype=np.float32)) for name, array in spec.params.items()}
-        model.load_state_dict(state | {alias: state[target] for alias, target in tied.items()}, strict=True)
+        load_parameters(model, spec.params, model._tied_weights_keys or {})  # the MLM decoder is tied
         return Built(model, functools.partial(forward_outputs, token_types=spec.arch.token_types,
                                               head_forward=task.forward), spec.params)
 

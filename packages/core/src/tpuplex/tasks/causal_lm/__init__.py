@@ -30,10 +30,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex.data.batching import Encoded
+from tpuplex.data.tables import text_file
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Head, Task, TaskData, check_held_out, framework_modules
+from tpuplex.tasks.base import Head, Task, TaskData, check_held_out, framework_modules, token_metrics
 from tpuplex.tasks.causal_lm import data as text
 from tpuplex.tasks.causal_lm.data import Characters, CheckpointTokenizer, Vocabulary
 
@@ -71,11 +72,8 @@ class CausalLMData(TaskData):
         return text.next_token_rows(batch)
 
     def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
-        """outputs [N, L, 2]: each position's cross-entropy and whether its most likely token is the target."""
-        total = max(float(weight.sum()), 1.0)
-        loss = float((weight * outputs[..., 0]).sum() / total)
-        return {"loss": loss, "perplexity": float(np.exp(loss)),
-                "accuracy": float((weight * outputs[..., 1]).sum() / total)}
+        """outputs [N, P, 2]: each position's cross-entropy and whether its most likely token is the target."""
+        return token_metrics(outputs, weight)
 
     def pinned_options(self) -> dict[str, Any]:
         return {"characters": self.vocabulary.characters} if isinstance(self.vocabulary, Characters) else {}
@@ -101,7 +99,7 @@ class CausalLM(Task):
             raise TpuplexError("data.train_file is empty: the causal_lm task trains on raw text, e.g. "
                                'train_file = "input.txt"')
         for index, spec in enumerate((config.data.train_file, *config.data.eval_files)):
-            text.text_file("data.train_file" if index == 0 else f"data.eval_files[{index - 1}]", spec)
+            text_file("data.train_file" if index == 0 else f"data.eval_files[{index - 1}]", spec)
 
     def vocabulary(self, options: Options, train_texts: list[str], tokenizer_dir: Path) -> Vocabulary:
         if options.tokenizer == "checkpoint":
@@ -110,13 +108,13 @@ class CausalLM(Task):
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData:
         data = config.data
-        train_file = text.text_file("data.train_file", data.train_file)
+        train_file = text_file("data.train_file", data.train_file)
         train_texts = text.documents(train_file, options.text_column)
         vocabulary = self.vocabulary(options, train_texts, tokenizer_dir)
         train_ids = text.stream(train_texts, vocabulary, str(train_file.path))
         evaluation = {}
         for index, spec in enumerate(data.eval_files):
-            file = text.text_file(f"data.eval_files[{index}]", spec)
+            file = text_file(f"data.eval_files[{index}]", spec)
             ids = text.stream(text.documents(file, options.text_column), vocabulary, str(file.path))
             evaluation[file.name] = text.pack(ids, data.max_length, str(file.path))
         if not evaluation:  # nanoGPT's split: the first share trains, the rest is held out

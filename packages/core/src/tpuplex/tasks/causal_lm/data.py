@@ -22,23 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from tpuplex.data.batching import Encoded
-from tpuplex.data.tables import DataFile, read_table, resolve_file
+from tpuplex.data.tables import DataFile, read_table
 from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.errors import TpuplexError
 from tpuplex.text_files import read_utf8
 
 END_OF_TEXT = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 """The end-of-text token's spellings (GPT-2, Llama 2, Gemma, Llama 3), when tokenizer_config.json names none."""
-
-
-def text_file(field: str, spec: str) -> DataFile:
-    """`spec` as a DataFile: `.txt` files are read whole, the other formats as tables."""
-    path = Path(spec).expanduser()
-    if path.suffix == ".txt":
-        if not path.is_file():
-            raise TpuplexError(f"{field} = {spec!r} does not exist: give the path of a UTF-8 text file")
-        return DataFile(field, spec, path, ".txt", path.stem)
-    return resolve_file(field, spec)
 
 
 def documents(file: DataFile, text_column: str) -> list[str]:
@@ -85,29 +75,20 @@ class Characters:
         return "".join(self.characters[i] if i < len(self.characters) else "\n" for i in np.asarray(ids))
 
 
-@dataclasses.dataclass(frozen=True)
 class CheckpointTokenizer:
     """The checkpoint's tokenizer, adding no special tokens; `end_of_text` its end-of-text id (None if it has
     none)."""
 
-    folder: Path
-
-    def __post_init__(self) -> None:
-        tokenizer = load_tokenizer(self.folder, 1)
-        tokenizer.no_truncation()
-        object.__setattr__(self, "tokenizer", tokenizer)
-
-    @property
-    def end_of_text(self) -> int | None:
-        config = self.folder / "tokenizer_config.json"
+    def __init__(self, folder: Path):
+        self.tokenizer = load_tokenizer(folder, 1)
+        self.tokenizer.no_truncation()
+        config = folder / "tokenizer_config.json"
         named = json.loads(config.read_text(encoding="utf-8")).get("eos_token") if config.is_file() else None
         if isinstance(named, dict):
             named = named.get("content")
-        for token in ([named] if isinstance(named, str) else []) + list(END_OF_TEXT):
-            found = self.tokenizer.token_to_id(token)
-            if found is not None:
-                return found
-        return None
+        found = (self.tokenizer.token_to_id(token) for token in [*([named] if isinstance(named, str) else []),
+                                                                 *END_OF_TEXT])
+        self.end_of_text = next((token for token in found if token is not None), None)
 
     def encode(self, text: str, what: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)

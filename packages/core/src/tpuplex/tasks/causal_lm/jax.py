@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-import optax
-
 import jax
 from tpuplex.tasks import jax as tasks_jax
 
@@ -16,9 +13,8 @@ class Module(tasks_jax.TaskModule):
 
     def unit_losses(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
         """Per-token cross-entropy [B, L] of logits [B, L, V] against the next tokens."""
-        return optax.softmax_cross_entropy_with_integer_labels(outputs.astype(jnp.float32), rows["labels"])
+        return tasks_jax.token_losses(outputs, rows["labels"])
 
     def predict_outputs(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
         """float32 [B, L, 2]: each position's cross-entropy and 1.0 where the most likely token is the next one."""
-        correct = (jnp.argmax(outputs, axis=-1) == rows["labels"]).astype(jnp.float32)
-        return jnp.stack([self.unit_losses(outputs, rows), correct], axis=-1)
+        return tasks_jax.token_outputs(outputs, rows["labels"])

@@ -17,14 +17,11 @@ class Module(tasks_tf.TaskModule):
 
     def unit_losses(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
         """Per-token cross-entropy [B, L] of logits [B, L, V] against the next tokens."""
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32),
-                                                              logits=tf.cast(outputs, tf.float32))
+        return tasks_tf.token_losses(outputs, batch["labels"])
 
     def predict_outputs(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
         """float32 [B, L, 2]: each position's cross-entropy and 1.0 where the most likely token is the next one."""
-        labels = tf.cast(batch["labels"], tf.int32)
-        correct = tf.cast(tf.equal(tf.argmax(outputs, axis=-1, output_type=tf.int32), labels), tf.float32)
-        return tf.stack([self.unit_losses(outputs, batch), correct], axis=-1)
+        return tasks_tf.token_outputs(outputs, batch["labels"])
 
     def serving(self, model: Any, data: Any) -> tuple[Any, list[tf.TensorSpec]]:
         """The SavedModel's `serving_default`: input_ids int32 [batch, length] -> next-token logits."""

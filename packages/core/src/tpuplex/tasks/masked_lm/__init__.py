@@ -32,10 +32,11 @@ import numpy as np
 from tpuplex.data.batching import Encoded
 from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens
 from tpuplex.data.shards import is_prepared
+from tpuplex.data.tables import text_file
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, check_held_out, framework_modules
+from tpuplex.tasks.base import Task, TaskData, check_held_out, framework_modules, token_metrics
 from tpuplex.tasks.masked_lm import data as text
 from tpuplex.tasks.masked_lm.data import tokenizer_hash
 from tpuplex.tasks.masked_lm.heads import FAMILY_HEADS, MaskedLMHead, masked_lm_head
@@ -82,10 +83,7 @@ class MaskedLMData(TaskData):
 
     def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
         """outputs [N, P, 2]: each masked position's cross-entropy and whether its prediction is right."""
-        total = max(float(weight.sum()), 1.0)
-        loss = float((weight * outputs[..., 0]).sum() / total)
-        return {"loss": loss, "perplexity": float(np.exp(loss)),
-                "accuracy": float((weight * outputs[..., 1]).sum() / total)}
+        return token_metrics(outputs, weight)
 
 
 class MaskedLM(Task):
@@ -107,10 +105,10 @@ class MaskedLM(Task):
                 raise TpuplexError(f"data.train_file = {config.data.train_file!r} is a prepared corpus, from which "
                                    "no documents can be held out: set data.eval_files (text or prepared)")
         else:
-            text.text_file("data.train_file", config.data.train_file)
+            text_file("data.train_file", config.data.train_file)
         for index, spec in enumerate(config.data.eval_files):
             if not is_prepared(spec):
-                text.text_file(f"data.eval_files[{index}]", spec)
+                text_file(f"data.eval_files[{index}]", spec)
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> MaskedLMData:
         data = config.data
@@ -123,18 +121,18 @@ class MaskedLM(Task):
             if is_prepared(spec):
                 return prepared_corpus(field, spec, tokenizer_dir, data.max_length)
             if documents is None:
-                documents = text.documents(text.text_file(field, spec), options.text_column)
+                documents = text.documents(text_file(field, spec), options.text_column)
             return text.packed_cached(documents, tokenizer, tokenizer_dir, data.max_length, cache, f"{field} {spec}")
 
         evaluation = {}
         for index, spec in enumerate(data.eval_files):
             field = f"data.eval_files[{index}]"
-            name = Path(spec).name if is_prepared(spec) else text.text_file(field, spec).name
+            name = Path(spec).name if is_prepared(spec) else text_file(field, spec).name
             evaluation[name] = packed(field, spec)
         if evaluation or is_prepared(data.train_file):
             train = packed("data.train_file", data.train_file)
         else:  # HF run_mlm's validation_split_percentage: the first share of the documents
-            train_file = text.text_file("data.train_file", data.train_file)
+            train_file = text_file("data.train_file", data.train_file)
             documents = text.documents(train_file, options.text_column)
             count = max(1, int(len(documents) * options.validation_fraction))
             if count >= len(documents):

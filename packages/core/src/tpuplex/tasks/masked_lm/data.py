@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 
 from tpuplex.data.batching import Encoded
 from tpuplex.data.prepared_tokens import PreparedTokens
-from tpuplex.data.tables import DataFile, read_table, resolve_file
+from tpuplex.data.tables import DataFile, read_table
 from tpuplex.data.tokenize import load_tokenizer, read_cache, write_cache
 from tpuplex.errors import TpuplexError
 from tpuplex.text_files import read_utf8
@@ -50,16 +50,6 @@ def documents(file: DataFile, text_column: str) -> list[str]:
     if not found:
         raise TpuplexError(f"{file.path} has no text ({file.field}): give a file with at least one non-blank line")
     return found
-
-
-def text_file(field: str, spec: str) -> DataFile:
-    """`spec` as a DataFile; `.txt` files are read as lines, the other formats as tables."""
-    path = Path(spec).expanduser()
-    if path.suffix == ".txt":
-        if not path.is_file():
-            raise TpuplexError(f"{field} = {spec!r} does not exist: give the path of a UTF-8 text file")
-        return DataFile(field, spec, path, ".txt", path.stem)
-    return resolve_file(field, spec)
 
 
 def pack(ids: list[list[int]], max_length: int) -> Encoded:

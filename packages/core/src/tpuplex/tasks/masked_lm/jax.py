@@ -7,7 +7,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
-import optax
 
 import jax
 from tpuplex.layers.jax import ACTIVATIONS
@@ -44,9 +43,8 @@ class Module(tasks_jax.TaskModule):
 
     def unit_losses(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
         """Per-position cross-entropy [B, P] of logits [B, P, V] against the original ids."""
-        return optax.softmax_cross_entropy_with_integer_labels(outputs, rows["labels"])
+        return tasks_jax.token_losses(outputs, rows["labels"])
 
     def predict_outputs(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
         """float32 [B, P, 2]: each position's cross-entropy and 1.0 where the most likely token is the label."""
-        correct = (jnp.argmax(outputs, axis=-1) == rows["labels"]).astype(jnp.float32)
-        return jnp.stack([self.unit_losses(outputs, rows), correct], axis=-1)
+        return tasks_jax.token_outputs(outputs, rows["labels"])

@@ -40,11 +40,8 @@ class Module(tasks_tf.TaskModule):
 
     def unit_losses(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
         """Per-position cross-entropy [B, P] of logits [B, P, V] against the original ids."""
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(batch["labels"], tf.int32),
-                                                              logits=outputs)
+        return tasks_tf.token_losses(outputs, batch["labels"])
 
     def predict_outputs(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
         """float32 [B, P, 2]: each position's cross-entropy and 1.0 where the most likely token is the label."""
-        labels = tf.cast(batch["labels"], tf.int32)
-        correct = tf.cast(tf.equal(tf.argmax(outputs, axis=-1, output_type=tf.int32), labels), tf.float32)
-        return tf.stack([self.unit_losses(outputs, batch), correct], axis=-1)
+        return tasks_tf.token_outputs(outputs, batch["labels"])

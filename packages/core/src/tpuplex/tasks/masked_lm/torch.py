@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import torch.nn.functional as F
-
 import torch
 from tpuplex.tasks import torch as tasks_torch
 from tpuplex.tasks.masked_lm.heads import FAMILY_HEADS
@@ -29,11 +27,8 @@ class Module(tasks_torch.TaskModule):
 
     def unit_losses(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Per-position cross-entropy [b, P] in float32 of logits [b, P, V] against the original ids."""
-        rows, length, vocab = outputs.shape
-        losses = F.cross_entropy(outputs.float().reshape(-1, vocab), batch["labels"].reshape(-1), reduction="none")
-        return losses.view(rows, length)
+        return tasks_torch.token_losses(outputs, batch["labels"])
 
     def predict_outputs(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """float32 [b, P, 2]: each position's cross-entropy and 1.0 where the most likely token is the label."""
-        correct = (outputs.argmax(dim=-1) == batch["labels"]).float()
-        return torch.stack([self.unit_losses(outputs, batch), correct], dim=-1)
+        return tasks_torch.token_outputs(outputs, batch["labels"])
