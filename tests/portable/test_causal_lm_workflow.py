@@ -1,0 +1,73 @@
+"""A causal LM through the workflow, each command in a fresh process: a tiny GPT-2 trained on torch on the first
+20,000 characters of tiny Shakespeare (character vocabulary) generates the same greedy text on jax and tf, with and
+without the cache (and the same sampled text on jax), evaluates to the trainer's metrics on jax, and exports an HF
+folder whose `generate` (plain transformers) continues the prompt with the same tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fresh_process import METRIC_TOLERANCE, run_python, tpuplex
+
+from tpuplex.tasks.causal_lm.data import Characters
+
+PROMPT = "ROMEO:"
+TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, shared_text) -> Path:
+    folder = tmp_path_factory.mktemp("causal_lm")
+    text = (shared_text / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:20000]
+    (folder / "input.txt").write_text(text, encoding="utf-8")
+    (folder / "model").mkdir()
+    (folder / "model" / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "vocab_size": 65, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 4,
+        "bos_token_id": None, "eos_token_id": None}))
+    (folder / "config.toml").write_text(
+        '[task]\nname = "causal_lm"\ntokenizer = "characters"\n[model]\ncheckpoint = "model"\n'
+        '[data]\ndataset = "shakespeare"\ntrain_file = "input.txt"\nmax_length = 32\n'
+        '[train]\nlearning_rate = 3e-3\nmax_steps = 30\nglobal_batch = 8\nschedule = "cosine"\n'
+        '[runtime]\noutput_dir = "run"\n')
+    tpuplex("train", str(folder / "config.toml"), "--backend", "torch", cwd=folder)
+    return folder / "run"
+
+
+def generated(run: Path, backend: str, *extra: str, tokens: int = TOKENS) -> str:
+    """The prompt and `tokens` new characters (40: two windows of the 32-token context)."""
+    return tpuplex("generate", str(run), "--backend", backend, "--prompt", PROMPT, "--tokens", str(tokens), *extra)
+
+
+def test_greedy_text_is_the_same_on_every_backend_and_without_the_cache(trained):
+    expected = generated(trained, "torch")
+    assert expected.startswith(PROMPT) and len(expected) > len(PROMPT) + TOKENS // 2
+    for backend in ("jax", "tf"):
+        assert generated(trained, backend) == expected, backend
+    assert generated(trained, "torch", "--no-cache") == expected
+    sampled = [generated(trained, backend, "--temperature", "0.8", "--top-k", "10", "--seed", "3")
+               for backend in ("torch", "jax")]
+    assert sampled[0] == sampled[1]
+
+
+def test_eval_on_jax_gives_the_trainer_s_metrics(trained):
+    expected = json.loads((trained / "results.json").read_text())["metrics"]["validation"]
+    tpuplex("eval", str(trained), "--backend", "jax")
+    got = json.loads((trained / "eval" / "step-00000030-jax.json").read_text())["metrics"]["validation"]
+    for name, value in expected.items():
+        assert abs(got[name] - value) <= METRIC_TOLERANCE, name
+
+
+def test_the_hf_export_generates_what_tpuplex_does(trained, tmp_path):
+    within_context = 20  # transformers' generate stops at the model's 32 positions; tpuplex's first window holds 24
+    expected = generated(trained, "torch", tokens=within_context)
+    tpuplex("export", str(trained), "--format", "hf", "--out", str(tmp_path / "hf"))
+    vocabulary = Characters(json.loads((trained / "run.json").read_text())["task_options"]["characters"])
+    ids = vocabulary.encode(PROMPT, "the prompt").tolist()
+    script = ("import sys, torch, transformers\n"
+              "model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()\n"
+              f"out = model.generate(torch.tensor([{ids}]), max_new_tokens={within_context}, do_sample=False)\n"
+              f"print(out[0, {len(ids)}:].tolist())\n")
+    tokens = run_python(script, str(tmp_path / "hf")).astype(int)
+    assert PROMPT + vocabulary.decode(tokens) == expected.rstrip("\n")
