@@ -17,8 +17,10 @@ on `../shared/text/tinyshakespeare/input.txt` (its prepare.py, given the file, d
 seed from NANOGPT_SEED. tpuplex runs
 `examples/shakespeare_char/cpu.toml` (the same recipe) with `--set train.seed=SEED` on each backend.
 
-Printed per seed and side: iterations/s of the training steps (nanoGPT: the median of its per-iteration times,
-evaluations excluded; tpuplex: results.json's training examples/s / batch, evaluation excluded), and the validation
+Printed per seed and side: iterations/s of the training steps, by one statistic on both sides (iterations over
+the seconds they took, evaluation excluded: nanoGPT's per-iteration times averaged, the evaluating iterations left
+out; tpuplex's results.json training examples/s / batch; results.json also keeps the median nanoGPT prints), and the
+validation
 loss at the last iteration (nanoGPT: its estimate over `eval_iters` = 20 random batches; tpuplex: every held-out
 token once). Then each side's mean and sample std, and the ratio of iterations/s to nanoGPT's.
 """
@@ -80,7 +82,9 @@ def run_nanogpt(folder: Path, seed: int, iters: int) -> dict[str, float]:
     times = [float(ms) for step, ms in re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", output, re.M)
              if int(step) > 0 and int(step) % 250]  # iteration 0 and the evaluating iterations excluded
     val = re.findall(rf"^step {iters}: train loss [\d.]+, val loss ([\d.]+)", output, re.M)
-    return {"iters_per_s": 1000.0 / statistics.median(times), "val_loss": float(val[-1]), "wall_s": wall}
+    (folder / f"out-{seed}.log").write_text(output)
+    return {"iters_per_s": 1000.0 / statistics.mean(times), "median_iters_per_s": 1000.0 / statistics.median(times),
+            "val_loss": float(val[-1]), "wall_s": wall}
 
 
 def run_tpuplex(backend: str, python: str, seed: int, iters: int, out: Path) -> dict[str, float]:

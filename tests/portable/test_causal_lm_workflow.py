@@ -1,15 +1,17 @@
 """A causal LM through the workflow, each command in a fresh process: a tiny GPT-2 trained on torch on the first
 20,000 characters of tiny Shakespeare (character vocabulary) generates the same greedy text on jax and tf, with and
 without the cache (and the same sampled text on jax), evaluates to the trainer's metrics on jax, and exports an HF
-folder whose `generate` (plain transformers) continues the prompt with the same tokens."""
+folder whose `generate` (plain transformers) continues the prompt with the same tokens, and a SavedModel (plain
+TensorFlow) with the HF folder's logits."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
-from fresh_process import METRIC_TOLERANCE, run_python, tpuplex
+from fresh_process import LOGIT_TOLERANCE, METRIC_TOLERANCE, run_python, tpuplex
 
 from tpuplex.tasks.causal_lm.data import Characters
 
@@ -59,15 +61,40 @@ def test_eval_on_jax_gives_the_trainer_s_metrics(trained):
         assert abs(got[name] - value) <= METRIC_TOLERANCE, name
 
 
-def test_the_hf_export_generates_what_tpuplex_does(trained, tmp_path):
+@pytest.fixture(scope="module")
+def hf_export(trained, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("exports") / "hf"
+    tpuplex("export", str(trained), "--format", "hf", "--out", str(folder))
+    return folder
+
+
+def prompt_ids(run: Path) -> list[int]:
+    vocabulary = Characters(json.loads((run / "run.json").read_text())["task_options"]["characters"])
+    return vocabulary.encode(PROMPT, "the prompt").tolist()
+
+
+def test_the_hf_export_generates_what_tpuplex_does(trained, hf_export):
     within_context = 20  # transformers' generate stops at the model's 32 positions; tpuplex's first window holds 24
     expected = generated(trained, "torch", tokens=within_context)
-    tpuplex("export", str(trained), "--format", "hf", "--out", str(tmp_path / "hf"))
-    vocabulary = Characters(json.loads((trained / "run.json").read_text())["task_options"]["characters"])
-    ids = vocabulary.encode(PROMPT, "the prompt").tolist()
+    ids = prompt_ids(trained)
     script = ("import sys, torch, transformers\n"
               "model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()\n"
               f"out = model.generate(torch.tensor([{ids}]), max_new_tokens={within_context}, do_sample=False)\n"
               f"print(out[0, {len(ids)}:].tolist())\n")
-    tokens = run_python(script, str(tmp_path / "hf")).astype(int)
+    tokens = run_python(script, str(hf_export)).astype(int)
+    vocabulary = Characters(json.loads((trained / "run.json").read_text())["task_options"]["characters"])
     assert PROMPT + vocabulary.decode(tokens) == expected.rstrip("\n")
+
+
+def test_the_saved_model_gives_the_hf_export_s_logits(trained, hf_export, tmp_path):
+    ids = prompt_ids(trained)
+    tpuplex("export", str(trained), "--format", "saved_model", "--out", str(tmp_path / "saved"))
+    served = run_python("import sys, tensorflow as tf\n"
+                        "serve = tf.saved_model.load(sys.argv[1]).signatures['serving_default']\n"
+                        f"print(serve(input_ids=tf.constant([{ids}], tf.int32))['logits'].numpy().tolist())\n",
+                        str(tmp_path / "saved"))
+    expected = run_python("import sys, torch, transformers\n"
+                          "model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()\n"
+                          f"print(model(torch.tensor([{ids}])).logits.tolist())\n", str(hf_export))
+    assert served.shape == (1, len(ids), 65)
+    np.testing.assert_allclose(served, expected, atol=LOGIT_TOLERANCE, rtol=0)

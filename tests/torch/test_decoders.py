@@ -1,6 +1,8 @@
 """GPT-2 and Llama on the torch backend, at a small size (the shared tests are tests/common/decoder_checks.py's),
-and what only the torch session can check: checkpoints transformers saved, and a non-decoder's refusal to
-generate."""
+and what only the torch session can check: checkpoints transformers saved, a non-decoder's refusal to generate,
+and a causal-LM run killed and resumed."""
+
+import json
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from decoder_checks import (  # noqa: F401  (collected here)
 )
 from helpers import backend as torch_backend
 from helpers import tiny_spec
+from kill_campaign import run_campaign
 
 from tpuplex import models
 from tpuplex.errors import TpuplexError
@@ -56,3 +59,27 @@ def test_a_text_encoder_refuses_to_generate(tmp_path):
     prompts = Prompts(np.ones((1, 4), np.int32), np.ones((1, 4), np.int32), 2, 0.0, 0, np.zeros((1, 2), np.float32))
     with pytest.raises(TpuplexError, match="generates no text: tpuplex generate needs a decoder"):
         backend.generate(state, prompts)
+
+
+def test_a_causal_lm_run_killed_twice_resumes_bit_for_bit(shared_text, tmp_path):
+    """nanoGPT's sampling (random windows drawn from (seed, step)) and dropout on: a kill inside a checkpoint write
+    and one at a step after a checkpoint, then resumed, end as the uninterrupted run."""
+    text = (shared_text / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:5000]
+    (tmp_path / "input.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({**CONFIGS["gpt2"], "vocab_size": 65}))
+    (tmp_path / "config.toml").write_text(
+        '[task]\nname = "causal_lm"\ntokenizer = "characters"\nsampling = "random_windows"\n'
+        f'[model]\ncheckpoint = {json.dumps(str(tmp_path / "model"))}\n'
+        f'[data]\ndataset = "shakespeare"\ntrain_file = {json.dumps(str(tmp_path / "input.txt"))}\nmax_length = 16\n'
+        '[train]\nlearning_rate = 3e-3\nmax_steps = 8\nglobal_batch = 4\n'
+        '[runtime]\ncheckpoint_every = 1\nkeep_checkpoints = 2\neval_every = 4\n')
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+
+    def argv(output_dir):
+        return ["train", str(tmp_path / "config.toml"), "--backend", "torch",
+                "--set", f"runtime.output_dir={json.dumps(str(output_dir))}"]
+
+    landed = run_campaign(argv(killed), killed, argv(whole), whole, "tpuplex_torch.backend:TorchBackend",
+                          kills=2, startup_seconds=4.0)
+    assert landed[0] == "write" and landed[1].startswith("step-")
