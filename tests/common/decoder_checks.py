@@ -29,6 +29,7 @@ CONFIGS = {
               "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "bos_token_id": None, "eos_token_id": None, "pad_token_id": None},
 }
+CONFIGS["gpt2-bias-free"] = {**CONFIGS["gpt2"], "bias": False}  # nanoGPT's bias = False
 
 
 def decoder_spec(folder: Path, model_type: str, seed: int = 3) -> ModelSpec:
@@ -43,11 +44,12 @@ def decoder_spec(folder: Path, model_type: str, seed: int = 3) -> ModelSpec:
 
 
 def hf_reference(spec: ModelSpec) -> torch.nn.Module:
-    """transformers' own class with the core's parameters loaded strictly (the tied head aliased), eval mode."""
+    """transformers' own class with the core's parameters as the HF export writes them (a bias-free model's
+    biases zero), loaded strictly (the tied head aliased), eval mode."""
     settings = dict(spec.hf_config)
     config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    state = {name: torch.from_numpy(array) for name, array in spec.params.items()}
+    state = {name: torch.from_numpy(array) for name, array in spec.kind.hf_weights(spec.params).items()}
     tied = spec.family.tied_names(spec.arch)
     model.load_state_dict(state | {alias: state[target] for alias, target in tied.items()}, strict=True)
     return model
@@ -58,7 +60,7 @@ def token_batch(rows: int = 8, length: int = 16, seed: int = 0) -> dict[str, np.
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "weight": np.ones((rows, length), np.float32)}
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", [*FAMILIES, "gpt2-bias-free"])
 def test_logits_match_transformers(backend, tmp_path: Path, model_type: str) -> None:
     """The backend's per-token losses equal the cross-entropy of transformers' logits to 1e-4, and so do its
     logits: the loss of every token is checked, and the predicted token where the logits are not tied."""

@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tpuplex import models
 from tpuplex.commands.generate import bucket, left_padded
 from tpuplex.config import from_dict
 from tpuplex.engine.schedule import warmup_cosine_decay
 from tpuplex.errors import TpuplexError
+from tpuplex.models.decoder import initial_params
 from tpuplex.protocol import decays
 from tpuplex.tasks.causal_lm import TASK, Options
 from tpuplex.tasks.causal_lm.data import Characters, next_token_rows, pack, random_windows
@@ -78,3 +80,16 @@ def test_cosine_decays_to_the_floor_as_nanogpt():
     steps = (100, 1050, 2000, 2500)
     rates = [warmup_cosine_decay(step, peak=1e-3, warmup=100, total=2000, floor=1e-4) for step in steps]
     np.testing.assert_allclose(rates, [1e-3, 5.5e-4, 1e-4, 1e-4])
+
+
+def test_a_bias_free_gpt2_has_no_bias_and_exports_zero_ones():
+    """nanoGPT's bias = False: no Linear or LayerNorm bias to train; the HF export adds them as zeros."""
+    config = {"model_type": "gpt2", "vocab_size": 65, "n_positions": 16, "n_embd": 8, "n_layer": 2, "n_head": 2}
+    family, biased = models.architecture_of(config)
+    _, bias_free = models.architecture_of({**config, "bias": False})
+    drawn = initial_params(bias_free, np.random.default_rng(0))
+    params = {family.hf_name(name): array for name, array in drawn.items()}
+    assert not [name for name in params if name.endswith(".bias")]
+    exported = family.hf_weights(bias_free, params)
+    assert {name: array.shape for name, array in exported.items()} == family.hf_shapes(biased)
+    assert all(not exported[name].any() for name in exported.keys() - params.keys())

@@ -58,7 +58,7 @@ def write_hf(found: run_folder.Found, folder: Path) -> None:
     kind = kinds.resolve(config, task)
     exported = {**kind.hf_config, "architectures": [kind.hf_class(config, task)], **task.export_config(config)}
     (folder / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
-    weights = load_file(found.checkpoint / "model.safetensors")
+    weights = kind.hf_weights(load_file(found.checkpoint / "model.safetensors"))
     # transformers reads the "format" metadata to know the tensors are in torch layout.
     save_file({name: np.ascontiguousarray(a) for name, a in weights.items()}, folder / "model.safetensors",
               metadata={"format": "pt"})

@@ -65,6 +65,11 @@ class ModelKind:
         """transformers' class of the trained model (`tpuplex export --format hf`'s "architectures")."""
         return task.hf_class(self.family, self.hf_config["model_type"])
 
+    def hf_weights(self, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A checkpoint's parameters (HF names) as the HF export writes them: as they are, unless the kind's HF
+        class needs more (a bias-free GPT-2's zero biases)."""
+        return weights
+
     def spec(self, config: Any, task: Any, data: Any) -> ModelSpec:
         """The model to build for `task` on `data`: the head, the initial state, and what the backends need."""
         head = task.head(self.family, self.arch, self.hf_config, data)

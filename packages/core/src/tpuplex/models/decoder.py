@@ -37,7 +37,7 @@ class DecoderArch:
 
     num_kv_heads: key/value heads (grouped-query attention; = num_heads without it); head_dim: per head.
     rope_theta: rotary positions' base (0: learned position embeddings of `max_positions` rows instead).
-    rms_norm: RMSNorm (weight only) rather than LayerNorm (weight and bias).
+    rms_norm: RMSNorm (weight only) rather than LayerNorm; norm_bias: the LayerNorms have a bias.
     fused_qkv: one projection to [q | k | v] (GPT-2's c_attn) rather than three.
     gated_mlp: down(act(gate(x)) * up(x)) (SwiGLU) rather than down(act(up(x))).
     kernel_layout: "in_out" (GPT-2's Conv1D, [in, out]) or "out_in" (torch Linear, [out, in]).
@@ -56,6 +56,7 @@ class DecoderArch:
     max_positions: int
     rope_theta: float
     rms_norm: bool
+    norm_bias: bool
     norm_eps: float
     activation: str
     fused_qkv: bool
@@ -89,7 +90,7 @@ def canonical_shapes(arch: DecoderArch) -> dict[str, tuple[int, ...]]:
         return {f"{module}.weight": weight, **({f"{module}.bias": (out,)} if bias else {})}
 
     def norm(module: str) -> dict[str, tuple[int, ...]]:
-        return {f"{module}.weight": (hidden,), **({} if arch.rms_norm else {f"{module}.bias": (hidden,)})}
+        return {f"{module}.weight": (hidden,), **({f"{module}.bias": (hidden,)} if arch.norm_bias else {})}
 
     shapes: dict[str, tuple[int, ...]] = {"embeddings.word.weight": (arch.vocab_size, hidden)}
     if not arch.rope_theta:
@@ -142,7 +143,8 @@ def initial_params(arch: DecoderArch, rng: np.random.Generator) -> dict[str, np.
 class DecoderFamily:
     """One decoder family.
 
-    model_types: config.json's `model_type` values (the first is its name); hf_class: its `*ForCausalLM`.
+    model_types: config.json's `model_type` values (the first is its name); hf_class: its `*ForCausalLM`;
+    hf_biased: that class always has the biases (GPT-2), so a bias-free model is exported with zero ones.
     modules: canonical module -> HF module; block modules are templates over `block`.
     read: config.json -> DecoderArch.
     """
@@ -151,6 +153,7 @@ class DecoderFamily:
     hf_class: str
     modules: Mapping[str, str]
     read: Callable[[ConfigReader], DecoderArch]
+    hf_biased: bool = False
 
     @property
     def name(self) -> str:
@@ -185,6 +188,15 @@ class DecoderFamily:
     def hf_shapes(self, arch: DecoderArch) -> dict[str, tuple[int, ...]]:
         """HF name -> portable shape of every parameter."""
         return {self.hf_name(name): shape for name, shape in canonical_shapes(arch).items()}
+
+    def hf_weights(self, arch: DecoderArch, params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`params` (HF names) with the biases the family's HF class always has and `arch` lacks (nanoGPT's
+        bias = False) as zeros: the same model, as `from_pretrained` reads it."""
+        if not self.hf_biased:
+            return dict(params)
+        biased = dataclasses.replace(arch, attention_bias=True, mlp_bias=True, norm_bias=True)
+        return {**params, **{name: np.zeros(shape, np.float32) for name, shape in self.hf_shapes(biased).items()
+                             if name not in params}}
 
     def tied_names(self, arch: DecoderArch) -> dict[str, str]:
         """HF's tied alias -> the parameter it is (the LM head of a tied model)."""

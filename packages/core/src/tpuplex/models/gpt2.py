@@ -1,5 +1,9 @@
 """GPT-2 (`GPT2LMHeadModel`): learned positions, pre-LayerNorm blocks, fused q/k/v in Conv1D layout, GELU (tanh
-form by default), the LM head tied to the word embeddings."""
+form by default), the LM head tied to the word embeddings.
+
+config.json may also say `"bias": false` (nanoGPT's switch, which HF's GPT-2 lacks): no Linear or LayerNorm has a
+bias. The HF export writes those biases as zeros (`DecoderFamily.hf_weights`), which is the same model.
+"""
 
 from tpuplex.errors import TpuplexError
 from tpuplex.models.decoder import DecoderArch, DecoderFamily
@@ -16,14 +20,15 @@ def read(config: ConfigReader) -> DecoderArch:
         raise TpuplexError(f"{config.path}: n_embd {hidden} is not divisible by n_head {heads}: fix the "
                            "checkpoint's config.json")
     residual = config.get("resid_pdrop", float, 0.1)
+    bias = config.get("bias", bool, True)
     return DecoderArch(
         family="gpt2", vocab_size=config.positive("vocab_size"), hidden_size=hidden,
         num_layers=config.positive("n_layer"), num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
         intermediate_size=config.get("n_inner", int, None) or 4 * hidden,
-        max_positions=config.positive("n_positions"), rope_theta=0.0, rms_norm=False,
+        max_positions=config.positive("n_positions"), rope_theta=0.0, rms_norm=False, norm_bias=bias,
         norm_eps=config.get("layer_norm_epsilon", float, 1e-5),
         activation=config.get("activation_function", str, "gelu_new"), fused_qkv=True, gated_mlp=False,
-        attention_bias=True, mlp_bias=True, kernel_layout="in_out",
+        attention_bias=bias, mlp_bias=bias, kernel_layout="in_out",
         tied=config.get("tie_word_embeddings", bool, True),
         embedding_dropout=config.get("embd_pdrop", float, 0.1), attention_dropout=config.get("attn_pdrop", float, 0.1),
         residual_dropout=residual, initializer_range=config.get("initializer_range", float, 0.02),
@@ -41,4 +46,5 @@ GPT2 = DecoderFamily(
              "block.up": f"{_LAYER}.mlp.c_fc", "block.down": f"{_LAYER}.mlp.c_proj",
              "final_norm": "transformer.ln_f", "lm_head": "lm_head"},
     read=read,
+    hf_biased=True,
 )

@@ -32,6 +32,7 @@ def read(config: ConfigReader) -> DecoderArch:
         num_kv_heads=config.get("num_key_value_heads", int, None) or heads, head_dim=head_dim,
         intermediate_size=config.positive("intermediate_size"),
         max_positions=config.positive("max_position_embeddings"), rope_theta=rope_theta(config), rms_norm=True,
+        norm_bias=False,
         norm_eps=config.get("rms_norm_eps", float, 1e-6), activation=config.get("hidden_act", str, "silu"),
         fused_qkv=False, gated_mlp=True, attention_bias=config.get("attention_bias", bool, False),
         mlp_bias=config.get("mlp_bias", bool, False), kernel_layout="out_in",

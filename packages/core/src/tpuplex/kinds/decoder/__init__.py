@@ -51,6 +51,9 @@ class Decoders(ModelKind):
     def hf_class(self, config: Any, task: Any) -> str:
         return self.family.hf_class
 
+    def hf_weights(self, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.family.hf_weights(self.arch, weights)
+
 
 def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: int) -> dict[str, np.ndarray]:
     """Every parameter of the decoder (HF names, HF layout, float32): the folder's weights, or, without a weights

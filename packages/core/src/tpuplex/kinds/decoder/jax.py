@@ -40,7 +40,7 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 def norm(arch: DecoderArch, dtype: Any, name: str) -> nn.Module:
     if arch.rms_norm:
         return nn.RMSNorm(epsilon=arch.norm_eps, dtype=dtype, name=name)
-    return nn.LayerNorm(epsilon=arch.norm_eps, dtype=dtype, name=name)
+    return nn.LayerNorm(epsilon=arch.norm_eps, use_bias=arch.norm_bias, dtype=dtype, name=name)
 
 
 class Block(nn.Module):

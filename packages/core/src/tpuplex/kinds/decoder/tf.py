@@ -32,12 +32,14 @@ def rotary(x: tf.Tensor, positions: tf.Tensor, theta: float) -> tf.Tensor:
 def _norm(arch: DecoderArch, name: str) -> keras.layers.Layer:
     if arch.rms_norm:
         return keras.layers.RMSNormalization(epsilon=arch.norm_eps, name=name)
-    return keras.layers.LayerNormalization(epsilon=arch.norm_eps, name=name)
+    return keras.layers.LayerNormalization(epsilon=arch.norm_eps, center=arch.norm_bias, name=name)
 
 
 def _norm_variables(module: str, layer: keras.layers.Layer) -> Variables:
     if isinstance(layer, keras.layers.RMSNormalization):
         return {f"{module}.weight": (layer.scale, False)}
+    if not layer.center:
+        return {f"{module}.weight": (layer.gamma, False)}
     return norm_variables(module, layer)
 
 

@@ -122,7 +122,7 @@ def linear(x: torch.Tensor, arch: DecoderArch, p: Params, name: str) -> torch.Te
 def norm(x: torch.Tensor, arch: DecoderArch, p: Params, name: str) -> torch.Tensor:
     if arch.rms_norm:
         return F.rms_norm(x, (arch.hidden_size,), p[f"{name}.weight"], arch.norm_eps)
-    return F.layer_norm(x, (arch.hidden_size,), p[f"{name}.weight"], p[f"{name}.bias"], arch.norm_eps)
+    return F.layer_norm(x, (arch.hidden_size,), p[f"{name}.weight"], p.get(f"{name}.bias"), arch.norm_eps)
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
