@@ -126,9 +126,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/tpuplex-scale"))
     args = parser.parse_args()
 
+    from tpuplex.data.corpus import prepare_corpus
     from tpuplex.data.prepared_tokens import open_tokens
-    from tpuplex.tasks.masked_lm.corpus import prepare_corpus
-    from tpuplex.tasks.masked_lm.data import tokenizer_hash
+    from tpuplex.data.tokenize import tokenizer_hash
+    from tpuplex.tasks.masked_lm.data import CorpusEncoder
     from tpuplex.testing.tiny_bert import write_tiny_bert
 
     work, tokenizer = args.work, minilm()
@@ -149,7 +150,7 @@ def main() -> None:
         out = work / f"prepared-{workers}"
         shutil.rmtree(out, ignore_errors=True)
         started = time.perf_counter()
-        report = prepare_corpus(str(source), out, model, 128, workers=workers, unit_bytes=4 << 20)
+        report = prepare_corpus(str(source), out, CorpusEncoder(str(model)), 128, workers=workers, unit_bytes=4 << 20)
         seconds = time.perf_counter() - started
         print(f"  {workers} worker(s): {report.tokens:,} tokens in {seconds:.1f} s = {report.tokens / seconds:,.0f} "
               f"tokens/s ({source.stat().st_size / seconds / 2**20:.1f} MB of text/s)")
@@ -159,7 +160,7 @@ def main() -> None:
     held_out.write_text("\n".join(text.splitlines()[:400]) + "\n")
     base = work / "base"
     if not base.exists():
-        prepare_corpus(str(shakespeare), base, model, 128, workers=1)
+        prepare_corpus(str(shakespeare), base, CorpusEncoder(str(model)), 128, workers=1)
     (work / "meta.json").write_text(json.dumps({"tokenizer": tokenizer_hash(model), "sources": str(shakespeare)}))
     rows = open_tokens(base).load()
     cgroup = cgroup_for(args.cap_mb * 2**20)

@@ -69,12 +69,14 @@ def check_prepared_equals_in_memory(config: Config, backend_name: str, folder: P
 def masked_lm_config(checkpoint: Path, shared_text: Path, folder: Path) -> Config:
     """Masked-LM pre-training of `checkpoint` (a tiny family checkpoint with its tokenizer) on tiny Shakespeare,
     from a corpus `tpuplex prepare` packed in 4 units by 2 workers, held-out text read as it is."""
-    from tpuplex.tasks.masked_lm.corpus import prepare_corpus
+    from tpuplex.data.corpus import prepare_corpus
+    from tpuplex.tasks.masked_lm.data import CorpusEncoder
 
     lines = (shared_text / "tinyshakespeare" / "input.txt").read_text().splitlines()
     (folder / "train.txt").write_text("\n".join(lines[:2000]) + "\n")
     (folder / "held-out.txt").write_text("\n".join(lines[2000:2200]) + "\n")
-    prepare_corpus(str(folder / "train.txt"), folder / "corpus", checkpoint, 32, workers=2, unit_bytes=20_000)
+    prepare_corpus(str(folder / "train.txt"), folder / "corpus", CorpusEncoder(str(checkpoint)), 32, workers=2,
+                   unit_bytes=20_000)
     return config_from({"task": {"name": "masked_lm", "mask_probability": 0.15},
                         "model": {"checkpoint": str(checkpoint)},
                         "data": {"dataset": "shakespeare", "train_file": str(folder / "corpus"),

@@ -13,17 +13,30 @@ from tpuplex.errors import TpuplexError
 from tpuplex.models.decoder import initial_params
 from tpuplex.protocol import decays
 from tpuplex.tasks.causal_lm import TASK, Options
-from tpuplex.tasks.causal_lm.data import Characters, next_token_rows, pack, random_windows
+from tpuplex.tasks.causal_lm.data import Characters, NextTokenRows, next_token_rows, next_token_stream, random_windows
 
 
 def test_packed_rows_predict_every_token_but_the_first_once():
     ids = np.arange(1, 204, dtype=np.int32)
-    encoded = pack(ids, 16, "text")
-    rows = next_token_rows({"input_ids": encoded.input_ids, "weight": np.ones(len(encoded), np.float32),
-                            "attention_mask": (np.arange(17)[None] < encoded.lengths[:, None]).astype(np.int32)})
+    view = next_token_stream(ids, 16, "text")
+    assert len(view) == 13 and view.max_length == 17 and view.token_count == 203
+    batch = view.rows(np.arange(len(view)), 17)
+    rows = next_token_rows({**batch, "weight": np.ones(len(view), np.float32)})
     predicted = rows["labels"][rows["weight"] > 0]
     np.testing.assert_array_equal(predicted, ids[1:])
     np.testing.assert_array_equal(rows["input_ids"][rows["weight"] > 0], ids[:-1])
+
+
+def test_a_row_range_is_its_own_stream():
+    """The prepared path's held-out split: rows [first, stop) of the packed source, no token read past stop."""
+    ids = np.arange(1, 204, dtype=np.int32)
+    source = next_token_stream(ids, 16, "text").source
+    head, tail = NextTokenRows(source, 0, 10), NextTokenRows(source, 10)
+    for view, stream in ((head, ids[:160]), (tail, ids[160:])):
+        rows = next_token_rows({**view.rows(np.arange(len(view)), 17), "weight": np.ones(len(view), np.float32)})
+        np.testing.assert_array_equal(rows["labels"][rows["weight"] > 0], stream[1:])
+    starts = np.array([0, 5, 15, 16, 142])
+    np.testing.assert_array_equal(head.windows(starts, 17), ids[starts[:, None] + np.arange(17)])
 
 
 def test_the_character_vocabulary_is_nanogpts_sorted_set():
@@ -36,10 +49,13 @@ def test_the_character_vocabulary_is_nanogpts_sorted_set():
 
 
 def test_random_windows_are_nanogpts_batches_from_seed_and_step():
-    stream = np.arange(100, dtype=np.int32)
+    ids = np.arange(100, dtype=np.int32)
+    stream = next_token_stream(ids, 8, "text")
     first = random_windows(stream, 4, 9, np.random.default_rng([7, 3]))
     again = random_windows(stream, 4, 9, np.random.default_rng([7, 3]))
     assert all(np.array_equal(first[key], again[key]) for key in first)
+    starts = np.random.default_rng([7, 3]).integers(0, 100 - 9 + 1, 4)  # nanoGPT's draw: ix = randint(len - L - 1)
+    np.testing.assert_array_equal(first["input_ids"], ids[starts[:, None] + np.arange(8)])
     np.testing.assert_array_equal(first["labels"], first["input_ids"] + 1)
     assert first["input_ids"].shape == (4, 8) and first["weight"].all()
 
@@ -54,8 +70,7 @@ def test_the_last_tenth_is_held_out_and_the_vocabulary_pinned(tmp_path):
     data = TASK.prepare(config, options, tmp_path)
     assert data.pinned_options() == {"characters": "abcdefghijklmnopqrstuvwxyz"}
     held_out = data.eval["validation"]
-    assert held_out.token_count == 100 + (len(held_out) - 1)  # the overlap token of every row after the first
-    assert data.train.token_count == 900 + (len(data.train) - 1)
+    assert held_out.token_count == 100 and data.train.token_count == 900
 
 
 def test_a_prompt_window_is_a_power_of_two_bucket_left_padded():

@@ -18,10 +18,11 @@ from prepared_checks import check_prepared_equals_in_memory
 
 from tpuplex import config as config_lib
 from tpuplex.commands import cli
+from tpuplex.data import corpus
 from tpuplex.data.tables import text_file
 from tpuplex.errors import TpuplexError
-from tpuplex.tasks.masked_lm import corpus
 from tpuplex.tasks.masked_lm import data as text
+from tpuplex.tasks.masked_lm.data import CorpusEncoder
 
 
 def test_glue_trains_from_shards_as_from_memory(write_config, tmp_path) -> None:
@@ -47,8 +48,8 @@ def in_memory_packing(path, tokenizer_dir, max_length):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_corpus_prepared_in_units_packs_as_the_whole_text_in_memory(shakespeare, minilm_dir, tmp_path,
                                                                       workers) -> None:
-    report = corpus.prepare_corpus(str(shakespeare), tmp_path / "corpus", minilm_dir, 64, workers=workers,
-                                   unit_bytes=100_000, shard_rows=2000)
+    report = corpus.prepare_corpus(str(shakespeare), tmp_path / "corpus", CorpusEncoder(str(minilm_dir)), 64,
+                                   workers=workers, unit_bytes=100_000, shard_rows=2000)
     assert report.units == 12 and report.resumed_units == 0 and len(report.prepared.shards.manifest["shards"]) == 3
     expected = in_memory_packing(shakespeare, minilm_dir, 64)
     got = report.prepared.load()
@@ -76,7 +77,8 @@ def test_jsonl_files_and_a_folder_glob(minilm_dir, tmp_path) -> None:
     (tmp_path / "docs" / "a.jsonl").write_text("".join(json.dumps({"body": line, "id": 1}) + "\n" for line in lines))
     (tmp_path / "docs" / "b.txt").write_text("\n".join(lines * 3) + "\n")
     (tmp_path / "docs" / "notes.md").write_text("ignored")
-    report = corpus.prepare_corpus(str(tmp_path / "docs"), tmp_path / "out", minilm_dir, 8, text_column="body")
+    report = corpus.prepare_corpus(str(tmp_path / "docs"), tmp_path / "out", CorpusEncoder(str(minilm_dir)), 8,
+                                   text_column="body")
     tokenizer = text.untruncated_tokenizer(minilm_dir, 8)
     documents = [line.strip() for line in lines if line.strip()]
     expected = text.encode_packed(documents + documents * 3, tokenizer, 8, "docs")
@@ -94,14 +96,15 @@ def test_bad_corpora_stop_with_one_line(setup, message, minilm_dir, tmp_path) ->
     elif setup == "too short":
         (tmp_path / "c.txt").write_text("a few words\n")
     with pytest.raises(TpuplexError, match=message):
-        corpus.prepare_corpus(str(tmp_path / "*.txt"), tmp_path / "out", minilm_dir, 64)
+        corpus.prepare_corpus(str(tmp_path / "*.txt"), tmp_path / "out", CorpusEncoder(str(minilm_dir)), 64)
     assert not (tmp_path / "out").exists()
 
 
 KILLABLE = """
 import multiprocessing.pool, sys, time
 from pathlib import Path
-from tpuplex.tasks.masked_lm import corpus
+from tpuplex.data import corpus
+from tpuplex.tasks.masked_lm.data import CorpusEncoder
 
 imap_unordered = multiprocessing.pool.Pool.imap_unordered
 
@@ -112,7 +115,7 @@ def held_after_five(self, *arguments, **options):  # the run cannot end before t
             time.sleep(0.01)
 
 multiprocessing.pool.Pool.imap_unordered = held_after_five
-corpus.prepare_corpus(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), 64, workers=1, unit_bytes=20_000,
+corpus.prepare_corpus(sys.argv[1], Path(sys.argv[2]), CorpusEncoder(sys.argv[3]), 64, workers=1, unit_bytes=20_000,
                       shard_rows=2000)
 """
 
@@ -129,8 +132,8 @@ def test_a_killed_prepare_continues_with_the_units_it_had_not_finished(shakespea
     process.wait()
     assert process.returncode == -signal.SIGKILL and not out.exists()
     done = len(list((tmp_path / "corpus.partial").glob("unit-*.npy")))
-    report = corpus.prepare_corpus(str(shakespeare), out, minilm_dir, 64, workers=1, unit_bytes=20_000,
-                                   shard_rows=2000)
+    report = corpus.prepare_corpus(str(shakespeare), out, CorpusEncoder(str(minilm_dir)), 64, workers=1,
+                                   unit_bytes=20_000, shard_rows=2000)
     assert report.units == 56 and report.resumed_units == done >= 5
     assert report.prepared.fingerprint() == in_memory_packing(shakespeare, minilm_dir, 64).fingerprint()
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 from tiny_glue import write_tiny_model_reading
 
+from tpuplex.data.corpus import prepare_corpus
 from tpuplex.data.prepared_tokens import open_tokens
-from tpuplex.tasks.masked_lm.corpus import prepare_corpus
-from tpuplex.tasks.masked_lm.data import tokenizer_hash
+from tpuplex.data.tokenize import tokenizer_hash
+from tpuplex.tasks.masked_lm.data import CorpusEncoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from data_at_scale import capped_run, corpus_of  # noqa: E402  (the benchmark's own corpus and measured run)
@@ -27,7 +28,7 @@ GROWTH_MIB = 48
 def test_peak_rss_is_flat_over_corpus_size(shared_text, minilm_dir, tmp_path):
     shakespeare = shared_text / "tinyshakespeare" / "input.txt"
     model = write_tiny_model_reading(tmp_path / "model", minilm_dir)
-    prepare_corpus(str(shakespeare), tmp_path / "base", model, 128, workers=1)
+    prepare_corpus(str(shakespeare), tmp_path / "base", CorpusEncoder(str(model)), 128, workers=1)
     rows = open_tokens(tmp_path / "base").load()
     (tmp_path / "meta.json").write_text(json.dumps({"tokenizer": tokenizer_hash(model), "sources": str(shakespeare)}))
     held_out = tmp_path / "held-out.txt"

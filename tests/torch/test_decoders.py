@@ -18,9 +18,12 @@ from helpers import tiny_spec
 from kill_campaign import run_campaign
 
 from tpuplex import models
+from tpuplex.commands import cli
+from tpuplex.data.corpus import prepare_corpus
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.decoder import initial_decoder_params
 from tpuplex.protocol import OptimizerSpec, Prompts
+from tpuplex.tasks.causal_lm import TASK
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +86,37 @@ def test_a_causal_lm_run_killed_twice_resumes_bit_for_bit(shared_text, tmp_path)
     landed = run_campaign(argv(killed), killed, argv(whole), whole, "tpuplex_torch.backend:TorchBackend",
                           kills=2, startup_seconds=4.0)
     assert landed[0] == "write" and landed[1].startswith("step-")
+
+
+def test_a_prepared_causal_corpus_trains_as_the_text_in_memory(shared_text, tmp_path):
+    """`tpuplex prepare --task causal_lm` (in several units and worker processes), then trained on: the losses and
+    validation metrics of the same .jsonl documents read in memory, bit for bit (each document followed by the
+    tokenizer's end-of-text)."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    lines = (shared_text / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n\n")[:300]
+    tokenizer = ByteLevelBPETokenizer()
+    tokenizer.train_from_iterator(lines, vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False)
+    (tmp_path / "model").mkdir()
+    tokenizer.save(str(tmp_path / "model" / "tokenizer.json"))
+    (tmp_path / "model" / "config.json").write_text(json.dumps({**CONFIGS["gpt2"], "vocab_size": 300}))
+    for name, documents in (("train", lines[:250]), ("held-out", lines[250:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
+    report = prepare_corpus(str(tmp_path / "train.jsonl"), tmp_path / "train-prepared",
+                            TASK.corpus_encoder(tmp_path / "model"), 16, workers=2, unit_bytes=5_000)
+    assert report.units > 4 and report.workers == 2
+    assert cli.main(["prepare", str(tmp_path / "held-out.jsonl"), "--out", str(tmp_path / "held-out-prepared"),
+                     "--task", "causal_lm", "--tokenizer", str(tmp_path / "model"), "--max-length", "16"]) == 0
+    results = {}
+    for form, train, held_out in (("jsonl", "train.jsonl", "held-out.jsonl"),
+                                  ("prepared", "train-prepared", "held-out-prepared")):
+        (tmp_path / f"{form}.toml").write_text(
+            f'[task]\nname = "causal_lm"\n[model]\ncheckpoint = {json.dumps(str(tmp_path / "model"))}\n'
+            f'[data]\ndataset = "shakespeare"\nmax_length = 16\ntrain_file = {json.dumps(str(tmp_path / train))}\n'
+            f'eval_files = [{json.dumps(str(tmp_path / held_out))}]\n'
+            '[train]\nlearning_rate = 3e-3\nmax_steps = 6\nglobal_batch = 4\n'
+            f'[runtime]\noutput_dir = {json.dumps(str(tmp_path / form))}\nlog_every = 1\n')
+        assert cli.main(["train", str(tmp_path / f"{form}.toml"), "--backend", "torch"]) == 0
+        results[form] = json.loads((tmp_path / form / "results.json").read_text())
+    assert results["prepared"]["losses"] == results["jsonl"]["losses"]
+    assert list(results["prepared"]["metrics"].values()) == list(results["jsonl"]["metrics"].values())

@@ -2,7 +2,7 @@
 
     tpuplex train CONFIG --backend NAME [--set section.field=value ...] [--data-dir DIR]
     tpuplex prepare IMAGES --out DIR [--image-size H W] [--shard-size N]
-    tpuplex prepare "TEXT_GLOB" --out DIR --tokenizer CHECKPOINT --max-length L [--workers N] [--text-column C]
+    tpuplex prepare "TEXT_GLOB" --out DIR --tokenizer CHECKPOINT --max-length L [--task T] [--workers N]
     tpuplex launch --processes N [--cpu-devices K] -- train CONFIG --backend NAME ...
     tpuplex eval RUN_OR_CHECKPOINT --backend NAME [--split SPLIT] [--data-dir DIR] [--out FILE]
     tpuplex predict RUN_OR_CHECKPOINT --backend NAME [--split test] [--data-dir DIR] [--out DIR]
@@ -100,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     prepare = commands.add_parser("prepare", help="write images or a text corpus once into shards a run reads",
                                   description="Images: decode, convert to RGB and resize every image once. Text "
                                   "(with --tokenizer): tokenize a corpus of any size in worker processes and pack it "
-                                  "into rows of --max-length for masked-LM pre-training; an interrupted prepare "
+                                  "into rows of --max-length for masked-LM pre-training (or --task causal_lm); an "
+                                  "interrupted prepare "
                                   "continues where it stopped. Both write prepared shards plus a manifest (see "
                                   "tpuplex.data.shards); point data.train_file or data.eval_files at the folder.")
     prepare.add_argument("source", help="images: a class-per-folder tree or a .csv/.jsonl of (path, label); text: "
@@ -115,6 +116,9 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                          help="text: tokenizing worker processes (default: one per CPU core)")
     prepare.add_argument("--text-column", default="text", help="text: the field of .jsonl files (default text)")
+    prepare.add_argument("--task", default="masked_lm",
+                         help="text: the task the corpus is for, masked_lm (a document per .txt line, special tokens "
+                              "around each) or causal_lm (a .txt file one document, end-of-text after each)")
     prepare.set_defaults(command=_prepare)
 
     launch = commands.add_parser("launch", help="run a command in several local processes of one run",
@@ -199,11 +203,13 @@ def _prepare(args: argparse.Namespace) -> int:
                            "default)")
     check_writable_folder(Path(args.out).expanduser(), "--out")
     if args.tokenizer is not None:
+        from tpuplex import tasks
+        from tpuplex.data.corpus import prepare_corpus
         from tpuplex.params import resolve_checkpoint
-        from tpuplex.tasks.masked_lm.corpus import prepare_corpus
 
-        report = prepare_corpus(args.source, args.out, resolve_checkpoint(args.tokenizer), args.max_length,
-                                args.workers, args.text_column, shard_rows=args.shard_size or 65536)
+        encoder = tasks.get(args.task).corpus_encoder(resolve_checkpoint(args.tokenizer))
+        report = prepare_corpus(args.source, args.out, encoder, args.max_length, args.workers, args.text_column,
+                                shard_rows=args.shard_size or 65536)
         seconds = time.perf_counter() - started
         resumed = f", {report.resumed_units} of them from an interrupted prepare" if report.resumed_units else ""
         print(f"prepared {report.tokens} tokens into {len(report.prepared)} rows of {args.max_length} in "

@@ -68,6 +68,15 @@ def _lowercase(config_path: Path) -> bool:
     return value
 
 
+def tokenizer_hash(tokenizer_dir: Path) -> str:
+    """A hash of the tokenizer's files: a prepared corpus is read only with the tokenizer it was made with."""
+    digest = hashlib.sha256()
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        if (Path(tokenizer_dir) / name).is_file():
+            digest.update(name.encode() + (Path(tokenizer_dir) / name).read_bytes())
+    return digest.hexdigest()
+
+
 def load_tokenizer(tokenizer_dir: Path, max_length: int) -> Tokenizer:
     """The checkpoint's tokenizer, truncating (longest_first) to `max_length` tokens and not padding."""
     if max_length < 1:

@@ -154,6 +154,12 @@ class Task:
         """HF's class for this task and `model_type` (`BertForMaskedLM`): an HF export's "architectures"."""
         raise NotImplementedError
 
+    def corpus_encoder(self, tokenizer_dir: Path) -> Any:
+        """How `tpuplex prepare --task NAME` tokenizes a text corpus for this task
+        (`tpuplex.data.corpus.DocumentEncoder`)."""
+        raise TpuplexError(f"the {self.name} task trains on no text corpus: tpuplex prepare --task takes masked_lm "
+                           "or causal_lm")
+
     def export_config(self, config: Any) -> dict[str, Any]:
         """Entries an exported HF config.json gets besides the family's own (labels, problem type)."""
         return {}

@@ -8,7 +8,8 @@
     text_column = "text"            # the column of .jsonl/.csv/.tsv/.parquet files
 
     [data]
-    train_file = "input.txt"        # a .txt file is one document; tables give one per row (see data.py)
+    train_file = "input.txt"        # a .txt file is one document; tables give one per row (see data.py);
+                                    # or a folder `tpuplex prepare --task causal_lm` wrote (a corpus of any size)
     max_length = 256                # the context: rows of 256 inputs and 256 targets
 
 Batches: input_ids [B, L], labels [B, L] (the next token of each), weight [B, L] (0 on padding). Training takes
@@ -16,7 +17,8 @@ every token once per epoch (`sampling = "epochs"`), or, as nanoGPT's `get_batch`
 uniformly random offsets of the training stream each step (`"random_windows"`, drawn from (seed, step), so every
 backend and a resumed run see the same windows). Evaluation predicts every held-out token once: a split's `loss`
 (mean cross-entropy per token), `perplexity` (its exp) and `accuracy` (the most likely token right) count each of
-its tokens exactly once. The character vocabulary a run builds is recorded in run.json (`characters`), so eval,
+its tokens exactly once. A prepared training corpus without `data.eval_files` holds out its last rows
+(`validation_fraction` of them). The character vocabulary a run builds is recorded in run.json (`characters`), so eval,
 generate and export read text as the run did. `tpuplex generate RUN --prompt TEXT` continues a prompt.
 """
 
@@ -29,14 +31,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tpuplex.data.batching import Encoded
+from tpuplex.data.shards import is_prepared
 from tpuplex.data.tables import text_file
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
 from tpuplex.tasks.base import Head, Task, TaskData, check_held_out, framework_modules, token_metrics
 from tpuplex.tasks.causal_lm import data as text
-from tpuplex.tasks.causal_lm.data import Characters, CheckpointTokenizer, Vocabulary
+from tpuplex.tasks.causal_lm.data import Characters, CheckpointTokenizer, CorpusEncoder, NextTokenRows, Vocabulary
 
 TOKENIZERS = ("characters", "checkpoint")
 SAMPLINGS = ("epochs", "random_windows")
@@ -55,11 +57,11 @@ class Options:
 @dataclasses.dataclass
 class CausalLMData(TaskData):
     name: str
-    train: Encoded
-    eval: dict[str, Encoded]
+    train: NextTokenRows
+    eval: dict[str, NextTokenRows]
     vocabulary: Vocabulary
-    windows: np.ndarray | None = None
-    """The training stream [T] when training on random windows of it, else None."""
+    windows: NextTokenRows | None = None
+    """The training stream when training on random windows of it, else None."""
     seed: int = 0
     per_token: ClassVar[bool] = True
 
@@ -99,7 +101,12 @@ class CausalLM(Task):
             raise TpuplexError("data.train_file is empty: the causal_lm task trains on raw text, e.g. "
                                'train_file = "input.txt"')
         for index, spec in enumerate((config.data.train_file, *config.data.eval_files)):
-            text_file("data.train_file" if index == 0 else f"data.eval_files[{index - 1}]", spec)
+            field = "data.train_file" if index == 0 else f"data.eval_files[{index - 1}]"
+            if not is_prepared(spec):
+                text_file(field, spec)
+            elif options.tokenizer != "checkpoint":
+                raise TpuplexError(f"{field} = {spec!r} is a prepared corpus, tokenized with a checkpoint's "
+                                   'tokenizer: set task.tokenizer = "checkpoint"')
 
     def vocabulary(self, options: Options, train_texts: list[str], tokenizer_dir: Path) -> Vocabulary:
         if options.tokenizer == "checkpoint":
@@ -107,25 +114,43 @@ class CausalLM(Task):
         return Characters(options.characters) if options.characters else Characters.of(train_texts)
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData:
-        data = config.data
-        train_file = text_file("data.train_file", data.train_file)
-        train_texts = text.documents(train_file, options.text_column)
-        vocabulary = self.vocabulary(options, train_texts, tokenizer_dir)
-        train_ids = text.stream(train_texts, vocabulary, str(train_file.path))
+        data, length = config.data, config.data.max_length
+        if is_prepared(data.train_file):
+            vocabulary = CheckpointTokenizer(tokenizer_dir)
+            source = text.prepared_corpus("data.train_file", data.train_file, tokenizer_dir, length)
+            train, train_ids, what = text.NextTokenRows(source), None, data.train_file
+        else:
+            train_file = text_file("data.train_file", data.train_file)
+            train_texts = text.documents(train_file, options.text_column)
+            vocabulary = self.vocabulary(options, train_texts, tokenizer_dir)
+            train_ids, what = text.stream(train_texts, vocabulary, str(train_file.path)), str(train_file.path)
         evaluation = {}
         for index, spec in enumerate(data.eval_files):
-            file = text_file(f"data.eval_files[{index}]", spec)
-            ids = text.stream(text.documents(file, options.text_column), vocabulary, str(file.path))
-            evaluation[file.name] = text.pack(ids, data.max_length, str(file.path))
-        if not evaluation:  # nanoGPT's split: the first share trains, the rest is held out
+            field = f"data.eval_files[{index}]"
+            if is_prepared(spec):
+                evaluation[Path(spec).name] = NextTokenRows(text.prepared_corpus(field, spec, tokenizer_dir, length))
+            else:
+                file = text_file(field, spec)
+                ids = text.stream(text.documents(file, options.text_column), vocabulary, str(file.path))
+                evaluation[file.name] = text.next_token_stream(ids, length, str(file.path))
+        held_out = f"the held-out last {options.validation_fraction:.0%} of {what}"
+        if not evaluation and train_ids is not None:  # nanoGPT's split: the first share trains, the rest is held out
             cut = int(len(train_ids) * (1 - options.validation_fraction))
-            evaluation["validation"] = text.pack(train_ids[cut:], data.max_length,
-                                                 f"the held-out last {options.validation_fraction:.0%} of "
-                                                 f"{train_file.path}")
+            evaluation["validation"] = text.next_token_stream(train_ids[cut:], length, held_out)
             train_ids = train_ids[:cut]
-        train = text.pack(train_ids, data.max_length, str(train_file.path))
-        windows = train_ids if options.sampling == "random_windows" else None
+        elif not evaluation:  # a prepared corpus: its last rows
+            cut = int(len(train.source) * (1 - options.validation_fraction))
+            if not 0 < cut < len(train.source):
+                raise TpuplexError(f"{what} has {len(train.source)} rows: too few to hold out "
+                                   f"task.validation_fraction = {options.validation_fraction} and train on the rest")
+            train, evaluation["validation"] = NextTokenRows(train.source, 0, cut), NextTokenRows(train.source, cut)
+        if train_ids is not None:
+            train = text.next_token_stream(train_ids, length, what)
+        windows = train if options.sampling == "random_windows" else None
         return CausalLMData(data.dataset, train, evaluation, vocabulary, windows, config.train.seed)
+
+    def corpus_encoder(self, tokenizer_dir: Path) -> CorpusEncoder:
+        return CorpusEncoder(str(tokenizer_dir))
 
     def example_batch(self, data: TaskData | None) -> dict[str, np.ndarray]:
         return {"input_ids": np.zeros((2, 8), np.int32), "labels": np.zeros((2, 8), np.int32)}

@@ -8,24 +8,33 @@ Tokenizers: the checkpoint's (`tokenizer.json`: GPT-2's byte-level BPE, Llama's,
 a `Characters` vocabulary built as nanoGPT's `data/shakespeare_char/prepare.py` builds it: the sorted set of the
 training text's characters (plus an end-of-text id when the data has several documents).
 
-Packing: the stream is cut into rows of `max_length + 1` tokens that overlap by one (row i is tokens
-[i L, i L + L + 1)), so a row's inputs are its first L tokens and its targets its last L, and every token of the
-stream but the first is predicted exactly once. The last row is shorter (padded, its padding weighted 0).
+Packing: the stream is cut into rows of L = `max_length` tokens (`tpuplex.data.corpus.pack_stream`: in memory, or
+`tpuplex prepare --task causal_lm` for a corpus of any size), and read (`NextTokenRows`) as rows of L + 1 tokens
+that overlap by one: row i is tokens [i L, i L + L + 1), so a row's inputs are its first L tokens and its targets
+its last L, and every token of the stream but the first is predicted exactly once. The last row is shorter (padded,
+its padding weighted 0).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from tpuplex.data.batching import Encoded
+from tpuplex.data.batching import Encoded, token_rows
+from tpuplex.data.corpus import pack_stream
+from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens
 from tpuplex.data.tables import DataFile, read_table
-from tpuplex.data.tokenize import load_tokenizer
+from tpuplex.data.tokenize import load_tokenizer, tokenizer_hash
 from tpuplex.errors import TpuplexError
 from tpuplex.text_files import read_utf8
+
+TASK = "causal_lm"
 
 END_OF_TEXT = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 """The end-of-text token's spellings (GPT-2, Llama 2, Gemma, Llama 3), when tokenizer_config.json names none."""
@@ -111,21 +120,132 @@ def stream(texts: list[str], vocabulary: Vocabulary, what: str) -> np.ndarray:
     return np.concatenate([np.append(vocabulary.encode(text, what), np.int32(end)) for text in texts])
 
 
-def pack(ids: np.ndarray, max_length: int, what: str) -> Encoded:
-    """The stream `ids` [T] as rows of max_length + 1 tokens overlapping by one (see the module); the last row
-    shorter, padded with 0."""
-    total = len(ids)
-    if total <= max_length:
-        raise TpuplexError(f"{what} gives {total} tokens, fewer than one row of data.max_length + 1 = "
+@dataclasses.dataclass(frozen=True)
+class CorpusEncoder:
+    """`tpuplex prepare --task causal_lm`'s `tpuplex.data.corpus.DocumentEncoder`: a .txt file is one document (its
+    lines as they are), a .jsonl line's text one; each document is followed by the tokenizer's end-of-text. A .txt
+    file is tokenized unit by unit (units end at line ends), so no token spans two units."""
+
+    tokenizer_dir: str
+    whole_files: bool = True
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return {"task": TASK, "tokenizer": tokenizer_hash(Path(self.tokenizer_dir)),
+                "end_of_text": self._tokenizer().end_of_text}
+
+    def check(self) -> None:
+        if self._tokenizer().end_of_text is None:
+            raise TpuplexError(f"the tokenizer in {self.tokenizer_dir} has no end-of-text token to mark where a "
+                               f"document ends ({', '.join(END_OF_TEXT)}): prepare with a tokenizer that has one")
+
+    def encode(self, documents: list[str], ends: list[bool]) -> np.ndarray:
+        tokenizer = self._tokenizer()
+        end = np.array([tokenizer.end_of_text], np.int32)
+        pieces = [np.concatenate([tokenizer.encode(text, ""), end]) if closes else tokenizer.encode(text, "")
+                  for text, closes in zip(documents, ends, strict=True)]
+        return np.concatenate(pieces).astype(np.int32) if pieces else np.zeros(0, np.int32)
+
+    def _tokenizer(self) -> CheckpointTokenizer:
+        return _checkpoint_tokenizer(self.tokenizer_dir)
+
+
+@functools.lru_cache(maxsize=2)
+def _checkpoint_tokenizer(folder: str) -> CheckpointTokenizer:
+    return CheckpointTokenizer(Path(folder))
+
+
+def prepared_corpus(field: str, spec: str, tokenizer_dir: Path, max_length: int) -> PreparedTokens:
+    """A corpus `tpuplex prepare --task causal_lm` packed, checked against the run's tokenizer and max_length."""
+    prepared = open_tokens(spec)
+    meta = prepared.shards.meta
+    again = (f"prepare it again: tpuplex prepare FILES --task causal_lm --tokenizer {tokenizer_dir} --max-length "
+             f"{max_length}")
+    if not meta.get("packed") or meta.get("task") != TASK:
+        raise TpuplexError(f"{field} = {spec!r} is a prepared folder but not a causal-LM corpus: {again}")
+    if meta["max_length"] != max_length:
+        raise TpuplexError(f"{field} = {spec!r} was packed into rows of {meta['max_length']} tokens, but "
+                           f"data.max_length is {max_length}: set data.max_length = {meta['max_length']} or {again}")
+    if meta["tokenizer"] != tokenizer_hash(tokenizer_dir):
+        raise TpuplexError(f"{field} = {spec!r} was tokenized with another tokenizer than {tokenizer_dir}'s: {again}")
+    return prepared
+
+
+@dataclasses.dataclass(frozen=True)
+class NextTokenRows:
+    """A split packed into rows of L tokens (`source`: an `Encoded` in memory, or a prepared corpus), read as rows
+    of L + 1 tokens overlapping by one (see the module); only the stream of the source's rows [first, stop) is
+    read. The Batcher batches it as it batches an `Encoded`."""
+
+    source: Encoded | PreparedTokens
+    first: int = 0
+    stop: int = -1
+    """-1: to the source's end."""
+
+    @functools.cached_property
+    def end(self) -> int:
+        return len(self.source) if self.stop < 0 else self.stop
+
+    @functools.cached_property
+    def token_count(self) -> int:
+        """The stream's tokens."""
+        return int(self.source.lengths[self.first : self.end].sum())
+
+    @property
+    def max_length(self) -> int:
+        return self.source.max_length + 1
+
+    @functools.cached_property
+    def lengths(self) -> np.ndarray:
+        """int32 [N]: each row's tokens (L + 1, the last row fewer)."""
+        rows = max(0, -(-(self.token_count - 1) // self.source.max_length))
+        return np.minimum(self.max_length, self.token_count - np.arange(rows) * self.source.max_length).astype(
+            np.int32)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def max_token_id(self) -> int:
+        return self.source.max_token_id
+
+    @property
+    def read_stats(self) -> Any:
+        return getattr(self.source, "read_stats", None)
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(f"{self.source.fingerprint()} {self.first} {self.end} +1".encode()).hexdigest()
+
+    def rows(self, indices: np.ndarray, length: int) -> dict[str, np.ndarray]:
+        """As `Encoded.rows`: rows `indices` [b] of L + 1 tokens, cut to `length`."""
+        indices = np.asarray(indices)
+        ids = self._pairs(self.first + indices)[:, : self.max_length]
+        lengths = self.lengths[indices]
+        ids = np.where(np.arange(self.max_length)[None, :] < lengths[:, None], ids, 0)
+        return token_rows(ids, np.zeros_like(ids), lengths, np.zeros(len(indices), np.int32), length)
+
+    def windows(self, starts: np.ndarray, width: int) -> np.ndarray:
+        """int32 [n, width]: the stream's tokens [s, s + width) for each start s (s + width <= token_count, width
+        <= L + 1)."""
+        starts = np.asarray(starts)
+        rows, offsets = np.divmod(starts, self.source.max_length)
+        pairs = self._pairs(self.first + rows)
+        return np.take_along_axis(pairs, offsets[:, None] + np.arange(width)[None, :], axis=1).astype(np.int32)
+
+    def _pairs(self, rows: np.ndarray) -> np.ndarray:
+        """int32 [n, 2L]: the source's rows `rows` followed by the rows after them (within the stream; the last
+        row's successor is itself, never read past its end)."""
+        following = np.minimum(rows + 1, self.end - 1)
+        read = self.source.rows(np.concatenate([rows, following]), self.source.max_length)["input_ids"]
+        return np.concatenate([read[: len(rows)], read[len(rows) :]], axis=1)
+
+
+def next_token_stream(ids: np.ndarray, max_length: int, what: str) -> NextTokenRows:
+    """The stream `ids` [T] in memory as `NextTokenRows`: one clear error when it fills no row."""
+    if len(ids) <= max_length:
+        raise TpuplexError(f"{what} gives {len(ids)} tokens, fewer than one row of data.max_length + 1 = "
                            f"{max_length + 1}: give more text or lower data.max_length")
-    rows = -(-(total - 1) // max_length)
-    starts = np.arange(rows) * max_length
-    lengths = np.minimum(max_length + 1, total - starts).astype(np.int32)
-    padded = np.zeros(rows * max_length + 1, np.int32)
-    padded[:total] = ids
-    index = starts[:, None] + np.arange(max_length + 1)[None, :]
-    input_ids = np.where(np.arange(max_length + 1)[None, :] < lengths[:, None], padded[index], 0).astype(np.int32)
-    return Encoded(input_ids, np.zeros_like(input_ids), lengths, np.zeros(rows, np.int32))
+    return NextTokenRows(pack_stream(ids, max_length))
 
 
 def next_token_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -137,10 +257,9 @@ def next_token_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             "weight": real * np.asarray(batch["weight"], np.float32)[:, None]}
 
 
-def random_windows(ids: np.ndarray, rows: int, width: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """nanoGPT's `get_batch`: `rows` windows of `width` (= L + 1) tokens of the stream `ids` [T] at offsets drawn
+def random_windows(stream: NextTokenRows, rows: int, width: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """nanoGPT's `get_batch`: `rows` windows of `width` (= L + 1) tokens of the stream (T tokens) at offsets drawn
     uniformly from [0, T - width] -> input_ids, labels [rows, L] and weight 1."""
-    starts = rng.integers(0, len(ids) - width + 1, rows)
-    window = ids[starts[:, None] + np.arange(width)[None, :]]
+    window = stream.windows(rng.integers(0, stream.token_count - width + 1, rows), width)
     return {"input_ids": np.ascontiguousarray(window[:, :-1]), "labels": np.ascontiguousarray(window[:, 1:]),
             "weight": np.ones((rows, width - 1), np.float32)}

@@ -33,12 +33,12 @@ from tpuplex.data.batching import Encoded
 from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens
 from tpuplex.data.shards import is_prepared
 from tpuplex.data.tables import text_file
+from tpuplex.data.tokenize import tokenizer_hash
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
 from tpuplex.tasks.base import Task, TaskData, check_held_out, framework_modules, token_metrics
 from tpuplex.tasks.masked_lm import data as text
-from tpuplex.tasks.masked_lm.data import tokenizer_hash
 from tpuplex.tasks.masked_lm.heads import FAMILY_HEADS, MaskedLMHead, masked_lm_head
 
 EVAL_STREAM = 1
@@ -152,15 +152,18 @@ class MaskedLM(Task):
     def hf_class(self, family: Family, model_type: str) -> str:
         return FAMILY_HEADS[family.name].hf_classes[family.model_types.index(model_type)]
 
+    def corpus_encoder(self, tokenizer_dir: Path) -> text.CorpusEncoder:
+        return text.CorpusEncoder(str(tokenizer_dir))
+
 
 def prepared_corpus(field: str, spec: str, tokenizer_dir: Path, max_length: int) -> PreparedTokens:
     """A corpus `tpuplex prepare` packed (`corpus.prepare_corpus`), checked against the run's tokenizer and
     max_length."""
     prepared = open_tokens(spec)
     meta = prepared.shards.meta
-    if not meta.get("packed"):
-        raise TpuplexError(f"{field} = {spec!r} is a prepared folder but not a packed corpus: prepare the text with "
-                           "tpuplex prepare FILES --tokenizer CHECKPOINT --max-length N")
+    if not meta.get("packed") or meta.get("task", text.TASK) != text.TASK:
+        raise TpuplexError(f"{field} = {spec!r} is a prepared folder but not a masked-LM corpus: prepare the text "
+                           "with tpuplex prepare FILES --tokenizer CHECKPOINT --max-length N")
     if meta["max_length"] != max_length:
         raise TpuplexError(f"{field} = {spec!r} was packed into rows of {meta['max_length']} tokens, but "
                            f"data.max_length is {max_length}: set data.max_length = {meta['max_length']} or prepare "

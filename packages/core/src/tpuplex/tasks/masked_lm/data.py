@@ -18,22 +18,26 @@ trains on the same masks.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import itertools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tokenizers
 from tokenizers import Tokenizer
 
 from tpuplex.data.batching import Encoded
+from tpuplex.data.corpus import pack_stream
 from tpuplex.data.prepared_tokens import PreparedTokens
 from tpuplex.data.tables import DataFile, read_table
-from tpuplex.data.tokenize import load_tokenizer, read_cache, write_cache
+from tpuplex.data.tokenize import load_tokenizer, read_cache, tokenizer_hash, write_cache
 from tpuplex.errors import TpuplexError
 from tpuplex.text_files import read_utf8
 
-PAD_ID = 0
+TASK = "masked_lm"
 CACHE_FORMAT = 2
 MASK_TOKENS = ("[MASK]", "<mask>")
 """The mask token's spelling in BERT-style (WordPiece, Unigram) and RoBERTa-style (BPE) vocabularies."""
@@ -54,14 +58,8 @@ def documents(file: DataFile, text_column: str) -> list[str]:
 
 def pack(ids: list[list[int]], max_length: int) -> Encoded:
     """Documents' token ids, concatenated and cut into rows of `max_length` (the last row may be shorter)."""
-    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=sum(map(len, ids)))
-    rows = -(-len(flat) // max_length)
-    lengths = np.full(rows, max_length, np.int32)
-    lengths[-1] = len(flat) - (rows - 1) * max_length
-    input_ids = np.full(rows * max_length, PAD_ID, np.int32)
-    input_ids[: len(flat)] = flat
-    input_ids = input_ids.reshape(rows, max_length)
-    return Encoded(input_ids, np.zeros_like(input_ids), lengths, np.zeros(rows, np.int32))
+    return pack_stream(np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=sum(map(len, ids))),
+                       max_length)
 
 
 def encode_packed(texts: list[str], tokenizer: Tokenizer, max_length: int, what: str) -> Encoded:
@@ -89,19 +87,37 @@ def packed_cached(texts: list[str], tokenizer: Tokenizer, tokenizer_dir: Path, m
     return write_cache(path, encode_packed(texts, tokenizer, max_length, what))
 
 
-def tokenizer_hash(tokenizer_dir: Path) -> str:
-    """A hash of the tokenizer's files: a prepared corpus is read only with the tokenizer it was made with."""
-    digest = hashlib.sha256()
-    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
-        if (Path(tokenizer_dir) / name).is_file():
-            digest.update(name.encode() + (Path(tokenizer_dir) / name).read_bytes())
-    return digest.hexdigest()
-
-
 def untruncated_tokenizer(tokenizer_dir: Path, max_length: int) -> Tokenizer:
     tokenizer = load_tokenizer(tokenizer_dir, max_length)
     tokenizer.no_truncation()
     return tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusEncoder:
+    """`tpuplex prepare`'s `tpuplex.data.corpus.DocumentEncoder` for masked LM: a document per non-blank line of a
+    .txt file (stripped) or per .jsonl line's text, each tokenized with its special tokens ([CLS] text [SEP]) and
+    no truncation, as `encode_packed` tokenizes documents in memory."""
+
+    tokenizer_dir: str
+    whole_files: bool = False
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return {"task": TASK, "tokenizer": tokenizer_hash(Path(self.tokenizer_dir))}
+
+    def check(self) -> None:
+        _untruncated(self.tokenizer_dir)
+
+    def encode(self, documents: list[str], ends: list[bool]) -> np.ndarray:
+        tokenizer = _untruncated(self.tokenizer_dir)
+        ids = [encoding.ids for encoding in tokenizer.encode_batch(documents)] if documents else []
+        return np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=sum(map(len, ids)))
+
+
+@functools.lru_cache(maxsize=2)
+def _untruncated(tokenizer_dir: str) -> Tokenizer:
+    return untruncated_tokenizer(Path(tokenizer_dir), 1)
 
 
 def special_ids(tokenizer: Tokenizer) -> np.ndarray:

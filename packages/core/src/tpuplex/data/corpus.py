@@ -1,13 +1,15 @@
 """A pre-training corpus of any size, tokenized and packed into prepared shards by worker processes.
 
     tpuplex prepare "corpus/*.txt" --out data/corpus-L128 --tokenizer CHECKPOINT --max-length 128 --workers 2
+        [--task causal_lm]
 
-The files (a glob of `.txt` files, one document per non-blank line, or `.jsonl` files with a text field; local or
-any fsspec URL) are cut into units of about `unit_bytes` at line boundaries: unit (file, start, end) holds the lines
-that begin in bytes [start, end), so no file is ever read whole. Worker processes tokenize units (each worker one
-thread: the workers are the parallelism) and each writes its unit's token ids to the work folder
-`<out>.partial/`; the main process then concatenates the units' tokens in order and cuts rows of max_length, as
-`data.pack` does for a corpus in memory, so the shards equal what the in-memory path packs, bit for bit.
+The files (a glob of `.txt` and `.jsonl` files with a text field; local or any fsspec URL) are cut into units of
+about `unit_bytes` at line boundaries: unit (file, start, end) holds the lines that begin in bytes [start, end), so
+no file is ever read whole. The task's `DocumentEncoder` says what a document is (a .jsonl line's text; a .txt
+file's non-blank line, or the whole file with its lines as they are) and tokenizes units of them. Worker processes
+tokenize units (each worker one thread: the workers are the parallelism) and each writes its unit's token ids to
+the work folder `<out>.partial/`; the main process then concatenates the units' tokens in order and cuts rows of
+max_length, as the task packs a corpus in memory, so the shards equal what the in-memory path packs, bit for bit.
 
 An interrupted `prepare` (a kill, a full disk) keeps the units it finished: the same command continues with the
 others. The work folder records what the units were cut from (the files' sizes and modification times, the
@@ -23,18 +25,39 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from tpuplex.data.batching import Encoded
 from tpuplex.data.prepared_tokens import PreparedTokens, write_tokens
+from tpuplex.data.tokenize import PAD_ID
 from tpuplex.errors import TpuplexError
-from tpuplex.tasks.masked_lm.data import PAD_ID, tokenizer_hash, untruncated_tokenizer
 
 UNIT_BYTES = 16 << 20
-WORK_FORMAT = 1
+WORK_FORMAT = 2
 SUFFIXES = (".txt", ".jsonl")
+
+
+class DocumentEncoder(Protocol):
+    """A task's way with a corpus (picklable: each worker process gets a copy).
+
+    whole_files: a .txt file is one document, its lines as they are (else each non-blank line is one, stripped);
+    record: what the work plan and the prepared manifest note (the task, a hash of the tokenizer's files, ...): a
+    prepared corpus is read only by a run that would have made the same.
+    """
+
+    whole_files: bool
+
+    @property
+    def record(self) -> dict[str, Any]: ...
+
+    def check(self) -> None:
+        """Raise one clear TpuplexError before any worker starts (a tokenizer that cannot be read...)."""
+
+    def encode(self, documents: list[str], ends: list[bool]) -> np.ndarray:
+        """int32 [tokens]: the documents' ids concatenated; ends[i]: documents[i] ends a document (under
+        whole_files, only a file's last unit does)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +103,9 @@ def units_of(filesystem: Any, paths: list[str], unit_bytes: int) -> list[Unit]:
     return units
 
 
-def unit_documents(filesystem: Any, unit: Unit, text_column: str) -> list[str]:
-    """The non-blank documents of the lines that begin in the unit (stripped, as `data.documents` reads them)."""
+def unit_documents(filesystem: Any, unit: Unit, text_column: str, whole_files: bool) -> list[str]:
+    """The non-blank documents of the lines that begin in the unit, as the task's in-memory reader takes them:
+    stripped, or under `whole_files` as they are (and a .txt unit's text whole)."""
     with filesystem.open(unit.path, "rb") as handle:
         begin = unit.start
         if begin > 0:  # the line that crosses `start` belongs to the unit before
@@ -99,6 +123,8 @@ def unit_documents(filesystem: Any, unit: Unit, text_column: str) -> list[str]:
     except UnicodeDecodeError as error:
         raise TpuplexError(f"{unit.path} is not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
                            f"{begin + error.start}): save it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+    if whole_files and not unit.path.endswith(".jsonl"):
+        return [text]
     if unit.path.endswith(".jsonl"):
         texts = []
         for line in text.splitlines():
@@ -107,24 +133,25 @@ def unit_documents(filesystem: Any, unit: Unit, text_column: str) -> list[str]:
                 texts.append("" if value is None else str(value))
     else:
         texts = text.splitlines()
-    return [document.strip() for document in texts if document.strip()]
+    return [document if whole_files else document.strip() for document in texts if document.strip()]
 
 
-def prepare_corpus(pattern: str, out: str | Path, tokenizer_dir: Path, max_length: int, workers: int = 1,
+def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_length: int, workers: int = 1,
                    text_column: str = "text", unit_bytes: int = UNIT_BYTES, shard_rows: int = 65536) -> CorpusReport:
-    """Tokenize and pack the corpus `pattern` into the prepared folder `out` (see the module)."""
+    """Tokenize (with the task's `encoder`) and pack the corpus `pattern` into the prepared folder `out` (see the
+    module)."""
     out = Path(out).expanduser()
     if out.exists():
         raise TpuplexError(f"{out} already exists: choose a new folder for the prepared corpus (or remove it)")
     if workers < 1:
         raise TpuplexError(f"--workers {workers}: use 1 or more worker processes")
-    untruncated_tokenizer(tokenizer_dir, max_length)  # one clear error before any worker starts
+    encoder.check()
     filesystem, paths = corpus_files(pattern)
     units = units_of(filesystem, paths, unit_bytes)
     # More processes than units, or than cores, would only start interpreters that wait.
     workers = max(1, min(workers, len(units), os.cpu_count() or 1))
     plan = {"format": WORK_FORMAT, "max_length": max_length, "text_column": text_column, "unit_bytes": unit_bytes,
-            "tokenizer": tokenizer_hash(tokenizer_dir),
+            "encoder": encoder.record,
             "files": [[path, filesystem.size(path), str(filesystem.modified(path))] for path in paths]}
     work = out.with_name(f"{out.name}.partial")
     if work.exists() and not (work / "plan.json").is_file():
@@ -135,8 +162,9 @@ def prepare_corpus(pattern: str, out: str | Path, tokenizer_dir: Path, max_lengt
         work.mkdir(parents=True)
         (work / "plan.json").write_text(json.dumps(plan))
     pending = [index for index in range(len(units)) if not _unit_file(work, index).is_file()]
-    arguments = [(pattern, units[index], _unit_file(work, index), str(tokenizer_dir), max_length, text_column)
-                 for index in pending]
+    sizes = {path: filesystem.size(path) for path in paths}
+    arguments = [(pattern, units[index], units[index].end == sizes[units[index].path], _unit_file(work, index),
+                  encoder, text_column) for index in pending]
     context = multiprocessing.get_context("spawn")  # no inherited threads (tokenizers', a backend's)
     with context.Pool(workers, initializer=_single_threaded) as pool:
         for _ in pool.imap_unordered(_tokenize_unit, arguments):
@@ -146,7 +174,7 @@ def prepare_corpus(pattern: str, out: str | Path, tokenizer_dir: Path, max_lengt
         raise TpuplexError(f"{pattern} gives {tokens} tokens, fewer than one row of max_length = {max_length}: give "
                            "more text or a lower --max-length")
     prepared = write_tokens(out, _packed_rows(work, len(units), max_length), shard_rows=shard_rows,
-                            meta={"packed": True, "tokenizer": plan["tokenizer"], "sources": pattern})
+                            meta={"packed": True, **encoder.record, "sources": pattern})
     shutil.rmtree(work, ignore_errors=True)
     return CorpusReport(prepared, tokens, len(units), len(units) - len(pending), workers)
 
@@ -160,16 +188,15 @@ def _single_threaded() -> None:
 
 
 def _tokenize_unit(arguments: tuple) -> None:
-    """A worker's job: the unit's documents tokenized (special tokens, no truncation), their ids concatenated and
-    saved as int32 [tokens] under a temporary name, then renamed into place (a killed worker leaves no unit)."""
-    pattern, unit, path, tokenizer_dir, max_length, text_column = arguments
+    """A worker's job: the unit's documents tokenized by the task's encoder, their ids concatenated and saved as
+    int32 [tokens] under a temporary name, then renamed into place (a killed worker leaves no unit)."""
+    pattern, unit, closes_file, path, encoder, text_column = arguments
     import fsspec
 
     filesystem, _ = fsspec.core.url_to_fs(pattern)
-    documents = unit_documents(filesystem, unit, text_column)
-    tokenizer = untruncated_tokenizer(Path(tokenizer_dir), max_length)
-    ids = [encoding.ids for encoding in tokenizer.encode_batch(documents)] if documents else []
-    flat = np.fromiter((token for row in ids for token in row), np.int32, count=sum(map(len, ids)))
+    whole = encoder.whole_files and unit.path.endswith(".txt")
+    documents = unit_documents(filesystem, unit, text_column, encoder.whole_files)
+    flat = encoder.encode(documents, [closes_file or not whole] * len(documents))
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with staging.open("wb") as handle:
         np.save(handle, flat)
@@ -178,20 +205,25 @@ def _tokenize_unit(arguments: tuple) -> None:
 
 def _packed_rows(work: Path, units: int, max_length: int, rows_per_chunk: int = 4096) -> Iterator[Encoded]:
     """The units' tokens concatenated in order and cut into rows of max_length (the last row shorter, padded with
-    PAD_ID), in chunks of at most `rows_per_chunk` rows: `data.pack`, streamed one unit at a time."""
+    PAD_ID), in chunks of at most `rows_per_chunk` rows: `pack_stream`, streamed one unit at a time."""
     carry = np.zeros(0, np.int32)
     for index in range(units):
         carry = np.concatenate([carry, np.load(_unit_file(work, index))])
         full = len(carry) // max_length
         for begin in range(0, full, rows_per_chunk):
             rows = min(rows_per_chunk, full - begin)
-            yield _rows(carry[begin * max_length : (begin + rows) * max_length], [max_length] * rows, max_length)
+            yield pack_stream(carry[begin * max_length : (begin + rows) * max_length], max_length)
         carry = carry[full * max_length :]
     if len(carry):
-        yield _rows(np.pad(carry, (0, max_length - len(carry)), constant_values=PAD_ID), [len(carry)], max_length)
+        yield pack_stream(carry, max_length)
 
 
-def _rows(flat: np.ndarray, lengths: list[int], max_length: int) -> Encoded:
-    input_ids = flat.reshape(-1, max_length).astype(np.int32)
-    return Encoded(input_ids, np.zeros_like(input_ids), np.asarray(lengths, np.int32),
-                   np.zeros(len(lengths), np.int32))
+def pack_stream(ids: np.ndarray, max_length: int) -> Encoded:
+    """The token stream ids [T] cut into rows of max_length, the last one shorter (padded with PAD_ID)."""
+    rows = -(-len(ids) // max_length)
+    lengths = np.full(rows, max_length, np.int32)
+    lengths[-1] = len(ids) - (rows - 1) * max_length
+    input_ids = np.full(rows * max_length, PAD_ID, np.int32)
+    input_ids[: len(ids)] = ids
+    input_ids = input_ids.reshape(rows, max_length)
+    return Encoded(input_ids, np.zeros_like(input_ids), lengths, np.zeros(rows, np.int32))
