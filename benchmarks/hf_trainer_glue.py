@@ -23,9 +23,9 @@ import torch
 from tpuplex import config as config_lib
 from tpuplex import params
 from tpuplex.commands.sweep import markdown
-from tpuplex.data.tokenize import load_encoded
-from tpuplex.glue import get_dataset
 from tpuplex.metrics import compute
+from tpuplex.tasks.sequence_classification.features import load_encoded
+from tpuplex.tasks.sequence_classification.glue import get_dataset
 
 BASE = Path(__file__).resolve().parents[1] / "examples" / "glue" / "configs" / "base.toml"
 

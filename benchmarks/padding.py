@@ -22,8 +22,8 @@ from side_by_side import train_flops_per_example
 
 from tpuplex import params
 from tpuplex.data.batching import Batcher, fit_buckets
-from tpuplex.data.tokenize import load_encoded
-from tpuplex.glue import DATASETS
+from tpuplex.tasks.sequence_classification.features import load_encoded
+from tpuplex.tasks.sequence_classification.glue import DATASETS
 
 GLUE = Path(__file__).resolve().parents[2] / "shared" / "glue"
 FIXED = (32, 64, 96)  # the GLUE configs' buckets before they were fitted (plus max_length)

@@ -31,8 +31,8 @@ import numpy as np
 from tpuplex import config as config_lib
 from tpuplex import params
 from tpuplex.data.batching import padding_efficiency
-from tpuplex.data.tokenize import load_encoded
-from tpuplex.glue import get_dataset
+from tpuplex.tasks.sequence_classification.features import load_encoded
+from tpuplex.tasks.sequence_classification.glue import get_dataset
 
 
 class Batches:

@@ -38,7 +38,7 @@ import numpy as np
 
 from tpuplex import config as config_lib
 from tpuplex import params
-from tpuplex.glue import get_dataset
+from tpuplex.tasks.sequence_classification.glue import get_dataset
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE.parent / "examples" / "glue" / "configs"

@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from tpuplex import config as config_lib
-from tpuplex import glue
 from tpuplex.commands import run as run_lib
 from tpuplex.engine.run_log import Reporter
-from tpuplex.glue.sources import resolve_source
+from tpuplex.tasks.sequence_classification import glue
+from tpuplex.tasks.sequence_classification.glue.sources import resolve_source
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

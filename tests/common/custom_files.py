@@ -1,5 +1,5 @@
 """MRPC examples written as your own data: CSV, TSV, JSONL, parquet or a `datasets` folder, with the [data] fields
-that describe them (MRPC's layout, as tpuplex.glue.datasets gives it for GLUE's MRPC)."""
+that describe them (MRPC's layout, as tpuplex.tasks.sequence_classification.glue.datasets gives it for GLUE's MRPC)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tpuplex.glue import get_dataset, read_split
-from tpuplex.glue.files import Examples
+from tpuplex.tasks.sequence_classification.glue import get_dataset, read_split
+from tpuplex.tasks.sequence_classification.glue.files import Examples
 
 LABEL, FIRST, SECOND = "Quality", "#1 String", "#2 String"
 COLUMNS = (LABEL, FIRST, SECOND)
-# The MRPC layout as your own task: what tpuplex.glue.datasets says of GLUE's MRPC, written as [data] fields.
+# The MRPC layout as your own task: what the GLUE catalogue (tpuplex.tasks.sequence_classification.glue) says of
+# GLUE's MRPC, written as [data] fields.
 MRPC_FIELDS = {"data__data_dir": "", "task__text_columns": [FIRST, SECOND], "task__label_column": LABEL,
                "task__labels": ["0", "1"], "task__metrics": ["accuracy", "f1"]}
 

@@ -17,12 +17,12 @@ from tpuplex import config as config_lib
 from tpuplex import tasks
 from tpuplex.commands import cli, run
 from tpuplex.config import DataConfig
-from tpuplex.data.custom import LabelledTable, custom_data, dataset_sources, file_source
 from tpuplex.data.tables import read_table, resolve_file
-from tpuplex.data.tokenize import encode_cached, load_encoded
 from tpuplex.errors import TpuplexError
-from tpuplex.glue import get_dataset, read_split
-from tpuplex.glue.files import Examples
+from tpuplex.tasks.sequence_classification.custom import LabelledTable, custom_data, dataset_sources, file_source
+from tpuplex.tasks.sequence_classification.features import encode_cached, load_encoded
+from tpuplex.tasks.sequence_classification.glue import get_dataset, read_split
+from tpuplex.tasks.sequence_classification.glue.files import Examples
 
 
 def table_config(paths: dict[str, str], **changes) -> tuple[DataConfig, LabelledTable]:

@@ -10,10 +10,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from tpuplex import TpuplexError
-from tpuplex.data import tokenize as features
 from tpuplex.data.shards import ShardWriter
-from tpuplex.data.tokenize import encode, load_encoded, load_tokenizer
-from tpuplex.glue import Examples, get_dataset, read_split
+from tpuplex.data.tokenize import load_tokenizer
+from tpuplex.tasks.sequence_classification import features
+from tpuplex.tasks.sequence_classification.features import encode, load_encoded
+from tpuplex.tasks.sequence_classification.glue import Examples, get_dataset, read_split
 
 PAIRS = [
     ("The cat sat on the mat.", "A cat was sitting on a mat."),

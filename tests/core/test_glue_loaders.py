@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tpuplex import TpuplexError
-from tpuplex.glue import get_dataset, read_hub_split, read_split
-from tpuplex.glue.hub import HubUnavailableError
-from tpuplex.glue.sources import resolve_source
+from tpuplex.tasks.sequence_classification.glue import get_dataset, read_hub_split, read_split
+from tpuplex.tasks.sequence_classification.glue.hub import HubUnavailableError
+from tpuplex.tasks.sequence_classification.glue.sources import resolve_source
 
 MNLI_DEV_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
                    "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\t"

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from tpuplex import TpuplexError
-from tpuplex.glue import get_dataset
 from tpuplex.metrics import accuracy, average_ranks, compute, f1, matthews_corrcoef, pearson, spearman
+from tpuplex.tasks.sequence_classification.glue import get_dataset
 
 TOLERANCE = 1e-9
 # The same examples on every run, no example database, no time limit on a busy machine.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tpuplex import TpuplexError
-from tpuplex.glue import DATASETS, get_dataset
+from tpuplex.tasks.sequence_classification.glue import DATASETS, get_dataset
 
 
 def test_all_nine_tasks_with_their_distribution_folders():

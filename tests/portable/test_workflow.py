@@ -15,7 +15,7 @@ from fresh_process import LOGIT_TOLERANCE, METRIC_TOLERANCE, run_python, tpuplex
 from tiny_glue import write_tiny_model_reading
 
 from tpuplex.commands import run_folder, workflow
-from tpuplex.glue import get_dataset, read_split
+from tpuplex.tasks.sequence_classification.glue import get_dataset, read_split
 
 EXAMPLES = 48  # dev examples whose logits the exported models must reproduce
 

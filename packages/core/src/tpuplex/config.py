@@ -51,8 +51,9 @@ class DataConfig:
     data_dir: str = ""
     """Folder with the task's GLUE files (train.tsv, dev.tsv); empty: GLUE_DIR, then HF datasets."""
     train_file: str = ""
-    """Your own data instead of GLUE (tpuplex.data.custom): .tsv, .csv, .jsonl, .parquet, or a folder written by
-    datasets' save_to_disk (`folder:split` for a DatasetDict). Empty: data.dataset is a GLUE task."""
+    """Your own data instead of GLUE (`tpuplex.tasks.sequence_classification.custom`): .tsv, .csv, .jsonl,
+    .parquet, or a folder written by datasets' save_to_disk (`folder:split` for a DatasetDict). Empty: data.dataset
+    is a GLUE task."""
     eval_files: tuple[str, ...] = ()
     """Your own labelled evaluation files, as train_file; each split is named after its file (dev.csv -> dev)."""
     test_file: str = ""

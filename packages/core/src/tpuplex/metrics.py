@@ -5,10 +5,24 @@ Every function takes 1-D arrays of equal length N >= 1 and returns a Python floa
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from tpuplex.errors import TpuplexError
-from tpuplex.glue.datasets import Dataset
+
+
+class Scored(Protocol):
+    """What `compute` needs of a dataset (`tpuplex.tasks.sequence_classification.glue.Dataset`, or your own)."""
+
+    name: str
+    metrics: tuple[str, ...]
+
+    @property
+    def num_labels(self) -> int: ...
+
+    @property
+    def is_regression(self) -> bool: ...
 
 
 def accuracy(labels: np.ndarray, predictions: np.ndarray) -> float:
@@ -102,7 +116,7 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return -np.take_along_axis(log_probs, labels[..., None].astype(np.int64), axis=-1)[..., 0]
 
 
-def compute(task: Dataset, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def compute(task: Scored, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """The task's official metrics and its GLUE leaderboard `score`.
 
     logits: [N, task.num_labels] (class logits; the prediction is the argmax), or [N, 1] predicted scores for

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import itertools
 import json
 import os
 import shutil
 from pathlib import Path
 
-import numpy as np
-import tokenizers
 from tokenizers import Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer
 
@@ -30,16 +27,13 @@ from tpuplex.data.batching import Encoded
 from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens, write_tokens
 from tpuplex.data.shards import MANIFEST
 from tpuplex.errors import TpuplexError
-from tpuplex.glue.datasets import Dataset
-from tpuplex.glue.files import Examples
-from tpuplex.glue.sources import Source, resolve_source
 
 PAD_ID = 0
 # Bump when the arrays written for the same inputs change, so old cache files are not reused.
 CACHE_FORMAT = 2
 
 
-def _tokenizer_files(tokenizer_dir: Path) -> tuple[Path, bool | None]:
+def tokenizer_files(tokenizer_dir: Path) -> tuple[Path, bool | None]:
     """(tokenizer.json, None), or (vocab.txt, lowercase) when only a WordPiece vocabulary exists."""
     tokenizer_dir = Path(tokenizer_dir)
     if (tokenizer_dir / "tokenizer.json").is_file():
@@ -81,7 +75,7 @@ def load_tokenizer(tokenizer_dir: Path, max_length: int) -> Tokenizer:
     """The checkpoint's tokenizer, truncating (longest_first) to `max_length` tokens and not padding."""
     if max_length < 1:
         raise TpuplexError(f"data.max_length = {max_length} must be positive: use e.g. 128")
-    path, lowercase = _tokenizer_files(tokenizer_dir)
+    path, lowercase = tokenizer_files(tokenizer_dir)
     try:
         if lowercase is None:
             tokenizer = Tokenizer.from_file(str(path))
@@ -94,54 +88,6 @@ def load_tokenizer(tokenizer_dir: Path, max_length: int) -> Tokenizer:
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length, strategy="longest_first")
     return tokenizer
-
-
-def encode(examples: Examples, tokenizer: Tokenizer, max_length: int) -> Encoded:
-    """Tokenize every example ([CLS] a [SEP] (b [SEP])) into arrays right-padded with id 0 to [N, max_length].
-
-    `tokenizer` must truncate to at most `max_length` tokens (as `load_tokenizer` sets it up).
-    """
-    if examples.text_b is None:
-        inputs = examples.text_a
-    else:
-        inputs = list(zip(examples.text_a, examples.text_b, strict=True))
-    try:
-        encodings = tokenizer.encode_batch(inputs)
-    except Exception as error:  # noqa: BLE001 - e.g. max_length shorter than the special tokens
-        raise TpuplexError(f"tokenization failed ({error}): check data.max_length = {max_length} "
-                           "(it must leave room for [CLS] and [SEP] tokens)") from None
-    ids = [encoding.ids for encoding in encodings]
-    lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
-    if lengths.size and lengths.max() > max_length:
-        raise TpuplexError(f"the tokenizer returned {lengths.max()} tokens for max_length = {max_length}: "
-                           "load it with load_tokenizer(folder, max_length)")
-    flat_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
-    flat_type_ids = np.fromiter(itertools.chain.from_iterable(encoding.type_ids for encoding in encodings),
-                                dtype=np.int32, count=int(lengths.sum()))
-    return _pad(flat_ids, flat_type_ids, lengths, examples.labels, max_length)
-
-
-def _pad(ids: np.ndarray, type_ids: np.ndarray, lengths: np.ndarray, labels: np.ndarray,
-         max_length: int) -> Encoded:
-    """Encoded arrays from the concatenated rows: ids, type_ids [sum(lengths)] and lengths [N]."""
-    real = np.arange(max_length)[None, :] < lengths[:, None]  # [N, max_length], row-major = concatenation order
-    input_ids = np.full((len(lengths), max_length), PAD_ID, dtype=np.int32)
-    token_type_ids = np.zeros((len(lengths), max_length), dtype=np.int32)
-    input_ids[real] = ids
-    token_type_ids[real] = type_ids
-    return Encoded(input_ids, token_type_ids, lengths, labels)
-
-
-def cache_path(cache_dir: Path, task: Dataset, split: str, max_length: int, tokenizer_dir: Path,
-               source: Source) -> Path:
-    """The cache entry for these inputs: the prepared folder `<task>-<split>-L<max_length>-<hash>` in `cache_dir`."""
-    tokenizer_file, lowercase = _tokenizer_files(tokenizer_dir)
-    key = hashlib.sha256()
-    for part in (CACHE_FORMAT, tokenizers.__version__, tokenizer_file.name, lowercase, task.name, split,
-                 max_length, source.fingerprint):
-        key.update(repr(part).encode() + b"\0")
-    key.update(tokenizer_file.read_bytes())
-    return Path(cache_dir) / f"{task.name}-{split}-L{max_length}-{key.hexdigest()[:20]}"
 
 
 def read_cache(path: Path) -> PreparedTokens | None:
@@ -180,26 +126,3 @@ def cached_split(encoded: Encoded, cache_dir: Path, name: str) -> PreparedTokens
     path = Path(cache_dir) / f"{name}-{encoded.fingerprint()}"
     cached = read_cache(path)
     return cached if cached is not None else write_cache(path, encoded)
-
-
-def load_encoded(task: Dataset, split: str, data_dir: str | Path | None, tokenizer_dir: Path, max_length: int,
-                 cache_dir: Path) -> PreparedTokens:
-    """The tokenized split, from the cache when these exact inputs were tokenized before (read lazily).
-
-    Data come from `data_dir` when given (the task folder, or a GLUE folder holding it), else from
-    `$GLUE_DIR/<task.folder>`, else from the HF hub (see `tpuplex.glue.sources.resolve_source`).
-    input_ids, token_type_ids: int32 [N, max_length]; lengths: int32 [N]; labels: int32 or float32 [N].
-    """
-    return encode_cached(task, split, resolve_source(task, split, data_dir), tokenizer_dir, max_length, cache_dir)
-
-
-def encode_cached(task: Dataset, split: str, source: Source, tokenizer_dir: Path, max_length: int,
-                  cache_dir: Path) -> PreparedTokens:
-    """The tokenized `source`, from the cache when its fingerprint was tokenized before with these settings; read,
-    tokenized and cached otherwise. Arrays as `load_encoded`'s."""
-    path = cache_path(Path(cache_dir), task, split, max_length, Path(tokenizer_dir), source)
-    cached = read_cache(path)
-    if cached is not None:
-        return cached
-    encoded = encode(source.read(), load_tokenizer(Path(tokenizer_dir), max_length), max_length)
-    return write_cache(path, encoded)

@@ -1,7 +1,7 @@
 """Sequence classification (`AutoModelForSequenceClassification`): one label (or score) per text or text pair.
 
-Data: a GLUE dataset (`data.dataset = "mrpc"`, `tpuplex.glue`) or your own table (`data.train_file`,
-`tpuplex.data.custom`), tokenized once through the cache. Batches are the Batcher's rows as they are: labels
+Data: a GLUE dataset (`data.dataset = "mrpc"`, the catalogue in `glue/`) or your own table (`data.train_file`,
+`custom.py`), tokenized once through the cache (`features.py`). Batches are the Batcher's rows as they are: labels
 int32 [B] (float32 for regression) and weight [B]. Loss: cross-entropy, or squared error when the dataset is a
 regression (one output). Metrics: the dataset's official ones, its leaderboard `score` and the mean `loss`.
 Predictions: one TSV per split (GLUE's submission files for GLUE test splits).
@@ -18,12 +18,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex.data.batching import Encoded
-from tpuplex.data.custom import CustomData, LabelledTable, dataset_sources
-from tpuplex.data.tokenize import encode_cached
-from tpuplex.glue import Dataset, GlueData, Source
 from tpuplex.metrics import compute, cross_entropy
 from tpuplex.models import Architecture, Family
 from tpuplex.tasks.base import Task, TaskData, framework_modules
+from tpuplex.tasks.sequence_classification.custom import CustomData, LabelledTable, dataset_sources
+from tpuplex.tasks.sequence_classification.features import encode_cached
+from tpuplex.tasks.sequence_classification.glue import Dataset, GlueData, Source
 from tpuplex.tasks.sequence_classification.heads import FAMILY_HEADS, ClassifierHead, classifier_head
 
 Options = LabelledTable

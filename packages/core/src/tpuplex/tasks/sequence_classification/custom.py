@@ -36,10 +36,10 @@ import numpy as np
 from tpuplex.config import DataConfig
 from tpuplex.data.tables import DataFile, Table, read_table, resolve_file
 from tpuplex.errors import TpuplexError
-from tpuplex.glue.datasets import Dataset, get_dataset
-from tpuplex.glue.files import Examples
-from tpuplex.glue.sources import GlueData, Source
 from tpuplex.metrics import CLASSIFICATION_METRICS, REGRESSION_METRICS
+from tpuplex.tasks.sequence_classification.glue.datasets import Dataset, get_dataset
+from tpuplex.tasks.sequence_classification.glue.files import Examples
+from tpuplex.tasks.sequence_classification.glue.sources import GlueData, Source
 
 # The fields that describe your own data: set without train_file they would be silently ignored.
 CUSTOM_FIELDS = ("eval_files", "test_file")

@@ -14,8 +14,8 @@ from tpuplex.errors import TpuplexError
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
-    """One GLUE task, or your own (`tpuplex.data.custom`: folder empty, no hub columns, eval splits named after
-    its files).
+    """One GLUE task, or your own (`tpuplex.tasks.sequence_classification.custom`: folder empty, no hub columns,
+    eval splits named after its files).
 
     name: canonical lowercase name, also the HF dataset config ("sst2").
     folder: the folder of the GLUE distribution ("SST-2").

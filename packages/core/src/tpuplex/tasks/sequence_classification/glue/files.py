@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from tpuplex.errors import TpuplexError
-from tpuplex.glue.datasets import Dataset
+from tpuplex.tasks.sequence_classification.glue.datasets import Dataset
 from tpuplex.text_files import csv_reader, read_utf8
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from tpuplex.errors import TpuplexError
-from tpuplex.glue.datasets import Dataset
-from tpuplex.glue.files import Examples, check_split
+from tpuplex.tasks.sequence_classification.glue.datasets import Dataset
+from tpuplex.tasks.sequence_classification.glue.files import Examples, check_split
 
 HUB_DATASET = "nyu-mll/glue"
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tpuplex.errors import TpuplexError
-from tpuplex.glue.datasets import Dataset
-from tpuplex.glue.files import Examples, check_split, read_split, split_file
-from tpuplex.glue.hub import HubUnavailableError, read_hub_split
+from tpuplex.tasks.sequence_classification.glue.datasets import Dataset
+from tpuplex.tasks.sequence_classification.glue.files import Examples, check_split, read_split, split_file
+from tpuplex.tasks.sequence_classification.glue.hub import HubUnavailableError, read_hub_split
 
 
 @dataclasses.dataclass(frozen=True)
