@@ -88,7 +88,7 @@ def test_jsonl_files_and_a_folder_glob(minilm_dir, tmp_path) -> None:
 @pytest.mark.parametrize(("setup", "message"), [
     ("nothing", "names no .txt or .jsonl file"),
     ("latin1", r"is not UTF-8 text \(byte 0xe9 at offset 6\)"),
-    ("too short", "fewer than one row of max_length = 64"),
+    ("too short", "fewer than one row of data.max_length = 64"),
 ])
 def test_bad_corpora_stop_with_one_line(setup, message, minilm_dir, tmp_path) -> None:
     if setup == "latin1":

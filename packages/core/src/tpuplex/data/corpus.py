@@ -14,11 +14,17 @@ max_length, as the task packs a corpus in memory, so the shards equal what the i
 An interrupted `prepare` (a kill, a full disk) keeps the units it finished: the same command continues with the
 others. The work folder records what the units were cut from (the files' sizes and modification times, the
 tokenizer, max_length), and is started afresh when any of it changed.
+
+`documents = (first, stop)` keeps only the corpus's documents [first, stop) in reading order (a run's held-out
+share); a counting pass over the units finds where each unit's documents start. `cached_corpus` is how a run reads
+a raw .txt/.jsonl corpus: through this same code into the token cache, so a run's memory does not grow with it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import hashlib
 import json
 import multiprocessing
 import os
@@ -30,7 +36,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from tpuplex.data.batching import Encoded
-from tpuplex.data.prepared_tokens import PreparedTokens, write_tokens
+from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens, write_tokens
+from tpuplex.data.shards import is_prepared
 from tpuplex.data.tokenize import PAD_ID
 from tpuplex.errors import TpuplexError
 
@@ -127,19 +134,58 @@ def unit_documents(filesystem: Any, unit: Unit, text_column: str, whole_files: b
         return [text]
     if unit.path.endswith(".jsonl"):
         texts = []
-        for line in text.splitlines():
+        for number, line in enumerate(text.splitlines()):
             if line.strip():
-                value = json.loads(line).get(text_column)
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise TpuplexError(f"{unit.path}: line {number + 1} after byte {begin} is not JSON ({error.msg})"
+                                       ": give one JSON object per line") from None
+                value = value.get(text_column) if isinstance(value, dict) else None
                 texts.append("" if value is None else str(value))
     else:
         texts = text.splitlines()
     return [document if whole_files else document.strip() for document in texts if document.strip()]
 
 
+def document_count(pattern: str, encoder: DocumentEncoder, text_column: str = "text",
+                   unit_bytes: int = UNIT_BYTES) -> int:
+    """How many documents the corpus `pattern` holds, as `encoder` reads it (one streaming pass)."""
+    filesystem, paths = corpus_files(pattern)
+    return sum(_unit_counts(filesystem, units_of(filesystem, paths, unit_bytes), text_column, encoder))
+
+
+def _unit_counts(filesystem: Any, units: list[Unit], text_column: str, encoder: DocumentEncoder) -> list[int]:
+    return [len(unit_documents(filesystem, unit, text_column, encoder.whole_files)) for unit in units]
+
+
+def cached_corpus(pattern: str, cache_dir: Path, name: str, fingerprint: str, encoder: DocumentEncoder,
+                  max_length: int, text_column: str = "text", documents: tuple[int, int] | None = None,
+                  workers: int | None = None) -> PreparedTokens:
+    """The corpus `pattern` (its content's `fingerprint`) prepared into the cache folder `cache_dir`, once: the
+    folder `<name>-L<max_length>-<key>`, built by one process at a time (a lock file beside it; the others wait and
+    read it), resumable as `prepare` is."""
+    key = hashlib.sha256(json.dumps([WORK_FORMAT, fingerprint, encoder.record, max_length, text_column,
+                                     documents]).encode()).hexdigest()[:20]
+    final = Path(cache_dir).expanduser() / f"{name}-L{max_length}-{key}"
+    if not is_prepared(final):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with open(final.with_name(f"{final.name}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not is_prepared(final):
+                building = final.with_name(f"{final.name}.building")
+                if not is_prepared(building):
+                    prepare_corpus(pattern, building, encoder, max_length, workers or os.cpu_count() or 1,
+                                   text_column, documents=documents)
+                os.replace(building, final)
+    return open_tokens(final)
+
+
 def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_length: int, workers: int = 1,
-                   text_column: str = "text", unit_bytes: int = UNIT_BYTES, shard_rows: int = 65536) -> CorpusReport:
-    """Tokenize (with the task's `encoder`) and pack the corpus `pattern` into the prepared folder `out` (see the
-    module)."""
+                   text_column: str = "text", unit_bytes: int = UNIT_BYTES, shard_rows: int = 65536,
+                   documents: tuple[int, int] | None = None) -> CorpusReport:
+    """Tokenize (with the task's `encoder`) and pack the corpus `pattern` (its documents [first, stop) when
+    `documents` is given) into the prepared folder `out` (see the module)."""
     out = Path(out).expanduser()
     if out.exists():
         raise TpuplexError(f"{out} already exists: choose a new folder for the prepared corpus (or remove it)")
@@ -151,7 +197,7 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
     # More processes than units, or than cores, would only start interpreters that wait.
     workers = max(1, min(workers, len(units), os.cpu_count() or 1))
     plan = {"format": WORK_FORMAT, "max_length": max_length, "text_column": text_column, "unit_bytes": unit_bytes,
-            "encoder": encoder.record,
+            "encoder": encoder.record, "documents": documents,
             "files": [[path, filesystem.size(path), str(filesystem.modified(path))] for path in paths]}
     work = out.with_name(f"{out.name}.partial")
     if work.exists() and not (work / "plan.json").is_file():
@@ -163,16 +209,22 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
         (work / "plan.json").write_text(json.dumps(plan))
     pending = [index for index in range(len(units)) if not _unit_file(work, index).is_file()]
     sizes = {path: filesystem.size(path) for path in paths}
+    # Each unit's documents as global indices [first, first + count), clipped to `documents`.
+    firsts = np.cumsum([0, *_unit_counts(filesystem, units, text_column, encoder)])[:-1] if documents else None
     arguments = [(pattern, units[index], units[index].end == sizes[units[index].path], _unit_file(work, index),
-                  encoder, text_column) for index in pending]
+                  encoder, text_column, None if documents is None else (documents[0] - int(firsts[index]),
+                                                                        documents[1] - int(firsts[index])))
+                 for index in pending]
     context = multiprocessing.get_context("spawn")  # no inherited threads (tokenizers', a backend's)
     with context.Pool(workers, initializer=_single_threaded) as pool:
         for _ in pool.imap_unordered(_tokenize_unit, arguments):
             pass
     tokens = sum(int(np.load(_unit_file(work, index), mmap_mode="r").shape[0]) for index in range(len(units)))
+    if not tokens:
+        raise TpuplexError(f"{pattern} has no text: give a file with at least one non-blank line")
     if tokens < max_length:
-        raise TpuplexError(f"{pattern} gives {tokens} tokens, fewer than one row of max_length = {max_length}: give "
-                           "more text or a lower --max-length")
+        raise TpuplexError(f"{pattern} gives {tokens} tokens, fewer than one row of data.max_length = {max_length} "
+                           "(tpuplex prepare's --max-length): give more text or a lower one")
     prepared = write_tokens(out, _packed_rows(work, len(units), max_length), shard_rows=shard_rows,
                             meta={"packed": True, **encoder.record, "sources": pattern})
     shutil.rmtree(work, ignore_errors=True)
@@ -190,12 +242,14 @@ def _single_threaded() -> None:
 def _tokenize_unit(arguments: tuple) -> None:
     """A worker's job: the unit's documents tokenized by the task's encoder, their ids concatenated and saved as
     int32 [tokens] under a temporary name, then renamed into place (a killed worker leaves no unit)."""
-    pattern, unit, closes_file, path, encoder, text_column = arguments
+    pattern, unit, closes_file, path, encoder, text_column, kept = arguments
     import fsspec
 
     filesystem, _ = fsspec.core.url_to_fs(pattern)
     whole = encoder.whole_files and unit.path.endswith(".txt")
     documents = unit_documents(filesystem, unit, text_column, encoder.whole_files)
+    if kept is not None:  # this unit's share of the documents [first, stop), relative to its first document
+        documents = documents[max(0, kept[0]) : max(0, kept[1])]
     flat = encoder.encode(documents, [closes_file or not whole] * len(documents))
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with staging.open("wb") as handle:

@@ -30,6 +30,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex.data.batching import Encoded
+from tpuplex.data.corpus import SUFFIXES as CORPUS_SUFFIXES
+from tpuplex.data.corpus import cached_corpus, document_count
 from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens
 from tpuplex.data.shards import is_prepared
 from tpuplex.data.tables import text_file
@@ -115,14 +117,21 @@ class MaskedLM(Task):
         tokenizer = text.untruncated_tokenizer(tokenizer_dir, data.max_length)
         mask = text.mask_id(tokenizer, tokenizer_dir)
         cache = Path(data.cache_dir).expanduser()
+        encoder = text.CorpusEncoder(str(tokenizer_dir))
 
-        def packed(field: str, spec: str, documents: list[str] | None = None) -> PreparedTokens:
-            """A prepared corpus as it is, or text (its `documents`, read if not given) packed through the cache."""
+        def packed(field: str, spec: str, documents: tuple[int, int] | None = None) -> PreparedTokens:
+            """A prepared corpus as it is; a .txt/.jsonl corpus (its documents [first, stop) when given) streamed
+            through `prepare`'s code into the cache; a table's documents read and packed through the cache."""
             if is_prepared(spec):
                 return prepared_corpus(field, spec, tokenizer_dir, data.max_length)
-            if documents is None:
-                documents = text.documents(text_file(field, spec), options.text_column)
-            return text.packed_cached(documents, tokenizer, tokenizer_dir, data.max_length, cache, f"{field} {spec}")
+            file = text_file(field, spec)
+            if file.path.suffix in CORPUS_SUFFIXES:
+                return cached_corpus(str(file.path), cache, f"masked_lm-{file.path.stem}", file.fingerprint(),
+                                     encoder, data.max_length, options.text_column, documents)
+            texts = text.documents(file, options.text_column)
+            if documents is not None:
+                texts = texts[slice(*documents)]
+            return text.packed_cached(texts, tokenizer, tokenizer_dir, data.max_length, cache, f"{field} {spec}")
 
         evaluation = {}
         for index, spec in enumerate(data.eval_files):
@@ -133,13 +142,19 @@ class MaskedLM(Task):
             train = packed("data.train_file", data.train_file)
         else:  # HF run_mlm's validation_split_percentage: the first share of the documents
             train_file = text_file("data.train_file", data.train_file)
-            documents = text.documents(train_file, options.text_column)
-            count = max(1, int(len(documents) * options.validation_fraction))
-            if count >= len(documents):
-                raise TpuplexError(f"{train_file.path} has {len(documents)} documents: too few to hold out "
+            if train_file.path.suffix in CORPUS_SUFFIXES:
+                total = document_count(str(train_file.path), encoder, options.text_column)
+            else:
+                total = len(text.documents(train_file, options.text_column))
+            if not total:
+                raise TpuplexError(f"{train_file.path} has no text (data.train_file): give a file with at least one "
+                                   "non-blank line")
+            count = max(1, int(total * options.validation_fraction))
+            if count >= total:
+                raise TpuplexError(f"{train_file.path} has {total} documents: too few to hold out "
                                    f"task.validation_fraction = {options.validation_fraction} and train on the rest")
-            evaluation["validation"] = packed("held-out", data.train_file, documents[:count])
-            train = packed("data.train_file", data.train_file, documents[count:])
+            evaluation["validation"] = packed("held-out", data.train_file, (0, count))
+            train = packed("data.train_file", data.train_file, (count, total))
         return MaskedLMData(data.dataset, train, evaluation, seed=config.train.seed,
                             probability=options.mask_probability, mask=mask,
                             vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
