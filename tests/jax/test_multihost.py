@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+import pytest
 from multihost_checks import MultiProcessSuite
 
 
 class TestJaxProcesses(MultiProcessSuite):
     backend, devices, single_devices = "jax", 2, 4
+
+    @pytest.mark.long  # the torch session runs this check in the fast tier
+    def test_preempted_then_killed_processes_resume_to_the_same_state(self, runs) -> None:
+        super().test_preempted_then_killed_processes_resume_to_the_same_state(runs)

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import hf_families as families
+import pytest
 from prepared_checks import check_prepared_equals_in_memory, flowers_config, masked_lm_config
 
 
+@pytest.mark.long  # 70-95 s on tf; the torch and jax sessions run it in the fast tier
 def test_a_prepared_corpus_trains_as_the_rows_in_memory(shared_text, tmp_path) -> None:
     checkpoint = families.write_checkpoint("bert", tmp_path / "bert")
     metrics = check_prepared_equals_in_memory(masked_lm_config(checkpoint, shared_text, tmp_path), "tf",

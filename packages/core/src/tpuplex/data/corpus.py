@@ -194,8 +194,6 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
     encoder.check()
     filesystem, paths = corpus_files(pattern)
     units = units_of(filesystem, paths, unit_bytes)
-    # More processes than units, or than cores, would only start interpreters that wait.
-    workers = max(1, min(workers, len(units), os.cpu_count() or 1))
     plan = {"format": WORK_FORMAT, "max_length": max_length, "text_column": text_column, "unit_bytes": unit_bytes,
             "encoder": encoder.record, "documents": documents,
             "files": [[path, filesystem.size(path), str(filesystem.modified(path))] for path in paths]}
@@ -208,6 +206,8 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
         work.mkdir(parents=True)
         (work / "plan.json").write_text(json.dumps(plan))
     pending = [index for index in range(len(units)) if not _unit_file(work, index).is_file()]
+    # More processes than units left, or than cores, would only start interpreters that wait.
+    workers = max(1, min(workers, len(pending), os.cpu_count() or 1))
     sizes = {path: filesystem.size(path) for path in paths}
     # Each unit's documents as global indices [first, first + count), clipped to `documents`.
     firsts = np.cumsum([0, *_unit_counts(filesystem, units, text_column, encoder)])[:-1] if documents else None
@@ -215,10 +215,14 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
                   encoder, text_column, None if documents is None else (documents[0] - int(firsts[index]),
                                                                         documents[1] - int(firsts[index])))
                  for index in pending]
-    context = multiprocessing.get_context("spawn")  # no inherited threads (tokenizers', a backend's)
-    with context.Pool(workers, initializer=_single_threaded) as pool:
-        for _ in pool.imap_unordered(_tokenize_unit, arguments):
-            pass
+    if workers == 1:  # nothing to share out: no interpreters to start
+        for unit_arguments in arguments:
+            _tokenize_unit(unit_arguments)
+    else:
+        context = multiprocessing.get_context("spawn")  # no inherited threads (tokenizers', a backend's)
+        with context.Pool(workers, initializer=_single_threaded) as pool:
+            for _ in pool.imap_unordered(_tokenize_unit, arguments):
+                pass
     tokens = sum(int(np.load(_unit_file(work, index), mmap_mode="r").shape[0]) for index in range(len(units)))
     if not tokens:
         raise TpuplexError(f"{pattern} has no text: give a file with at least one non-blank line")
