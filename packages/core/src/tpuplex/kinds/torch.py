@@ -54,8 +54,8 @@ def hf_model(spec: ModelSpec, head_config: Mapping[str, Any]) -> torch.nn.Module
     config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings, **head_config)
     if not spec.dropout:
         for key, value in config.to_dict().items():
-            # hidden_dropout_prob, classifier_dropout (None: falls back to hidden), GPT-2's resid_pdrop...
-            if ("dropout" in key or key.endswith("pdrop")) and (value is None or isinstance(value, float)):
+            # hidden_dropout_prob, classifier_dropout (None: falls back to hidden), ...
+            if "dropout" in key and (value is None or isinstance(value, float)):
                 setattr(config, key, 0.0)
     return getattr(transformers, spec.task.auto_class).from_config(config, dtype=torch.float32)
 

@@ -68,9 +68,10 @@ def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: i
         return drawn()
     shapes = family.hf_shapes(arch)
     prefix = family.hf_name("embeddings.word.weight").split(".", 1)[0]
+    tied = family.tied_names(arch)
     loaded = {}
     for name, array in load_weights(folder).items():
-        full = name if name in shapes or name in family.tied_names(arch) else f"{prefix}.{name}"
+        full = name if name in shapes or name in tied else f"{prefix}.{name}"
         if full in shapes:
             loaded[full] = array
     head = family.hf_name("lm_head.weight")

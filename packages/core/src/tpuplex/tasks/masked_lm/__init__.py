@@ -23,6 +23,7 @@ checkpoint to fine-tune on any other task.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,7 +35,7 @@ from tpuplex.data.corpus import SUFFIXES as CORPUS_SUFFIXES
 from tpuplex.data.corpus import cached_corpus, document_count
 from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens
 from tpuplex.data.shards import is_prepared
-from tpuplex.data.tables import text_file
+from tpuplex.data.tables import DataFile, text_file
 from tpuplex.data.tokenize import tokenizer_hash
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
@@ -119,33 +120,37 @@ class MaskedLM(Task):
         cache = Path(data.cache_dir).expanduser()
         encoder = text.CorpusEncoder(str(tokenizer_dir))
 
-        def packed(field: str, spec: str, documents: tuple[int, int] | None = None) -> PreparedTokens:
-            """A prepared corpus as it is; a .txt/.jsonl corpus (its documents [first, stop) when given) streamed
-            through `prepare`'s code into the cache; a table's documents read and packed through the cache."""
-            if is_prepared(spec):
-                return prepared_corpus(field, spec, tokenizer_dir, data.max_length)
-            file = text_file(field, spec)
+        fingerprint = functools.cache(lambda file: file.fingerprint())  # one pass over a file shared by two splits
+
+        def packed(file: DataFile, what: str, documents: tuple[int, int] | None = None,
+                   texts: list[str] | None = None) -> PreparedTokens:
+            """A .txt/.jsonl corpus (its documents [first, stop) when given) streamed through `prepare`'s code into
+            the cache; a table's documents (`texts`, read if not given) packed through the cache."""
             if file.path.suffix in CORPUS_SUFFIXES:
-                return cached_corpus(str(file.path), cache, f"masked_lm-{file.path.stem}", file.fingerprint(),
-                                     encoder, data.max_length, options.text_column, documents)
-            texts = text.documents(file, options.text_column)
+                return cached_corpus(str(file.path), cache, f"masked_lm-{file.path.stem}", fingerprint(file), encoder,
+                                     data.max_length, options.text_column, documents)
+            texts = text.documents(file, options.text_column) if texts is None else texts
             if documents is not None:
                 texts = texts[slice(*documents)]
-            return text.packed_cached(texts, tokenizer, tokenizer_dir, data.max_length, cache, f"{field} {spec}")
+            return text.packed_cached(texts, tokenizer, tokenizer_dir, data.max_length, cache, what)
+
+        def split(field: str, spec: str) -> PreparedTokens:
+            if is_prepared(spec):
+                return prepared_corpus(field, spec, tokenizer_dir, data.max_length)
+            return packed(text_file(field, spec), f"{field} {spec}")
 
         evaluation = {}
         for index, spec in enumerate(data.eval_files):
             field = f"data.eval_files[{index}]"
             name = Path(spec).name if is_prepared(spec) else text_file(field, spec).name
-            evaluation[name] = packed(field, spec)
+            evaluation[name] = split(field, spec)
         if evaluation or is_prepared(data.train_file):
-            train = packed("data.train_file", data.train_file)
+            train = split("data.train_file", data.train_file)
         else:  # HF run_mlm's validation_split_percentage: the first share of the documents
             train_file = text_file("data.train_file", data.train_file)
-            if train_file.path.suffix in CORPUS_SUFFIXES:
-                total = document_count(str(train_file.path), encoder, options.text_column)
-            else:
-                total = len(text.documents(train_file, options.text_column))
+            texts = None if train_file.path.suffix in CORPUS_SUFFIXES else text.documents(train_file,
+                                                                                        options.text_column)
+            total = document_count(str(train_file.path), encoder, options.text_column) if texts is None else len(texts)
             if not total:
                 raise TpuplexError(f"{train_file.path} has no text (data.train_file): give a file with at least one "
                                    "non-blank line")
@@ -153,8 +158,8 @@ class MaskedLM(Task):
             if count >= total:
                 raise TpuplexError(f"{train_file.path} has {total} documents: too few to hold out "
                                    f"task.validation_fraction = {options.validation_fraction} and train on the rest")
-            evaluation["validation"] = packed("held-out", data.train_file, (0, count))
-            train = packed("data.train_file", data.train_file, (count, total))
+            evaluation["validation"] = packed(train_file, f"held-out {data.train_file}", (0, count), texts)
+            train = packed(train_file, f"data.train_file {data.train_file}", (count, total), texts)
         return MaskedLMData(data.dataset, train, evaluation, seed=config.train.seed,
                             probability=options.mask_probability, mask=mask,
                             vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
