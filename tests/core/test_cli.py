@@ -41,6 +41,10 @@ def test_a_whole_run_writes_results_logs_tensorboard_and_checkpoints(write_confi
     assert results["eval"]["examples"] == 37 * 3  # the dev split, once at the end of each epoch
     assert results["train"]["examples_per_s"] > 0 and results["eval"]["tokens_per_s"] > 0
     assert 0 <= results["train"]["input_wait_share"] < 1 and results["train"]["input_wait_seconds"] >= 0
+    # The model's FLOPs over the training seconds, and their share of this CPU's measured peak.
+    train, peak = results["train"], results["peak"]
+    assert "measured" in peak["source"] and train["model_tflops_per_s"] > 0 and results["eval"]["mfu"] is None
+    assert train["mfu"] == pytest.approx(train["model_tflops_per_s"] / peak["tflops_per_s"], rel=2e-3)
     assert 0 < results["padding_efficiency"]["train"] <= 1 and 0 < results["padding_efficiency"]["dev"] <= 1
     # Train and predict programs, each for at most every bucket length (16, 24 and max_length 32).
     assert 1 <= results["compile_count"] <= 2 * 3
@@ -193,5 +197,6 @@ def test_a_run_logged_to_a_file_prints_a_plain_progress_line_every_log_every_ste
     progress = [line for line in done.stderr.splitlines() if line.startswith("step ") and " ex/s" in line]
     steps = json.loads((tmp_path / "run" / "results.json").read_text())["total_steps"]
     assert [line.split()[1] for line in progress] == [f"{step}/{steps}" for step in range(2, steps + 1, 2)]
-    assert all(re.search(r"\(\d+%\) loss \d+\.\d{4} lr \d\.\d\de[-+]\d\d \d+\.\d ex/s", line) for line in progress)
+    assert all(re.search(r"\(\d+%\) loss \d+\.\d{4} lr \d\.\d\de[-+]\d\d \d+\.\d ex/s [\d.e-]+ TFLOP/s MFU \d+\.\d%",
+                         line) for line in progress)
     assert "eta 0:00:00" in progress[-1]

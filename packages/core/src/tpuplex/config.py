@@ -133,6 +133,9 @@ class RuntimeConfig:
     prefetch: int = 2
     """Training batches prepared ahead of the step in a background thread (read, gathered, augmented); 0 prepares
     each in the training loop."""
+    peak_tflops: float = 0.0
+    """Dense TFLOP/s of one device, for the MFU in progress lines and results.json; 0 takes the chip's from
+    `tpuplex.flops.CHIP_PEAKS` (on a CPU, a measured matrix rate)."""
     cpu_devices: int = 0
     """On CPU, split the host into this many devices to exercise data parallelism (JAX: forced host platform
     device count; TF: logical devices; torch_xla: CPU_NUM_DEVICES); 0 keeps the framework's default."""
@@ -170,7 +173,7 @@ _UNSET = object()  # a task option has no default in Config(): any value given c
 OUTPUT_FIELDS = (("data", "cache_dir"), ("runtime", "output_dir"), ("runtime", "eval_every"),
                  ("runtime", "checkpoint_every"), ("runtime", "keep_checkpoints"), ("runtime", "log_every"),
                  ("runtime", "profile_steps"), ("runtime", "on_preempt"), ("runtime", "host_timeout"),
-                 ("runtime", "prefetch"))
+                 ("runtime", "prefetch"), ("runtime", "peak_tflops"))
 """Fields that change where results go, when they are written, how long processes wait for each other or how far
 ahead batches are prepared, never the parameters or metrics computed."""
 
@@ -189,7 +192,7 @@ _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_
 _NON_NEGATIVE = {("train", "weight_decay"), ("train", "min_learning_rate"), ("train", "epochs"), ("train", "max_steps"),
                  ("train", "eval_batch"), ("train", "clip_norm"), ("train", "adam_epsilon"), ("runtime", "eval_every"),
                  ("data", "bucket_count"), ("runtime", "checkpoint_every"), ("runtime", "cpu_devices"),
-                 ("runtime", "prefetch")}
+                 ("runtime", "prefetch"), ("runtime", "peak_tflops")}
 _UNIT_INTERVAL = {("train", "warmup_ratio"), ("train", "adam_beta1"), ("train", "adam_beta2"), ("train", "momentum")}
 _LABEL_LISTS = {("task", "labels")}
 MOVED_TO_TASK = ("text_columns", "label_column", "labels", "regression", "metrics")

@@ -35,6 +35,8 @@ class Topology:
     process_index: this process's index among them.
     source: how the devices were found, e.g. "env TPU_NAME", "nvidia-smi", "jax.devices()".
     detail: backend-specific mode, e.g. "MirroredStrategy", "torch_xla SPMD", "pmap".
+    chip: the devices' name as the framework gives it ("NVIDIA H100 80GB HBM3", "TPU v4"; "" when it gives none),
+        for the peak FLOP/s (`tpuplex.flops`).
     """
 
     kind: DeviceKind
@@ -43,6 +45,7 @@ class Topology:
     process_index: int = 0
     source: str = ""
     detail: str = ""
+    chip: str = ""
 
     def report(self) -> str:
         """One line for logs: `tpu x8 (1 host, process 0) via env TPU_NAME [TPUStrategy]`."""

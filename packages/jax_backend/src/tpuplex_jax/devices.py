@@ -37,7 +37,8 @@ def select_devices(runtime: RuntimeConfig) -> tuple[list[jax.Device], Topology]:
     devices = _cpu_devices(runtime.cpu_devices) if on_cpu else _platform_devices(found, explicit=requested != "auto")
     kind = platform_kind(devices[0])
     topology = Topology(kind=kind, device_count=len(devices), host_count=jax.process_count(),
-                        process_index=jax.process_index(), source=f"jax.devices({kind!r})", detail=DETAIL)
+                        process_index=jax.process_index(), source=f"jax.devices({kind!r})", detail=DETAIL,
+                        chip=devices[0].device_kind)
     return devices, topology
 
 

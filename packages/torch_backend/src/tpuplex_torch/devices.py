@@ -176,7 +176,8 @@ class EagerPlacement(Placement):
             kind="gpu" if self.device.type == "cuda" else "cpu", device_count=self.row_processes,
             host_count=self.row_processes, process_index=state.process_index,
             source=f"accelerate ({state.distributed_type.value})",
-            detail=f"torch eager{' + torch.compile' if runtime.torch_mode == 'compile' else ''}; {why}")
+            detail=f"torch eager{' + torch.compile' if runtime.torch_mode == 'compile' else ''}; {why}",
+            chip=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "")
         self._profiler: torch.profiler.profile | None = None
         self._compiles = runtime.torch_mode == "compile"
         self._graphs_before = _compiled_graphs() if self._compiles else 0

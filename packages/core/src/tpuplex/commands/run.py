@@ -90,8 +90,8 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
 
     data = task.prepare(config, options, kind.checkpoint_dir)
     kind.check_data(data)
-    trainer = Trainer(backend, config, data, output_dir)
     model = kind.spec(config, task, data)
+    trainer = Trainer(backend, config, data, output_dir, model)
     with trainer.hosts.watchdog.watch("building the model"):
         state = backend.init(model, optimizer_spec(config))
     return Experiment(config, task, data, backend_name, backend, topology, discovered, trainer, state, output_dir,
@@ -123,7 +123,8 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
             "step": result.step,
             "total_steps": trainer.total_steps,
             "steps_per_epoch": trainer.steps_per_epoch,
-            "train": result.train.summary(),
+            "train": result.train.summary(trainer.peak.flops_per_s),
+            "peak": {"tflops_per_s": float(f"{trainer.peak.flops_per_s / 1e12:.4g}"), "source": trainer.peak.source},
             "eval": result.eval.summary(),
             "data": run.data.report(),
             "buckets": list(trainer.train_batcher.lengths),

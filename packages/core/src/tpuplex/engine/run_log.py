@@ -72,7 +72,7 @@ class Reporter:
             self._tensorboard = SummaryWriter(str(self.output_dir / TENSORBOARD_DIR))
         self._progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} ex/s"), TimeRemainingColumn(),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
             console=self.console, disable=not (write and self.console.is_terminal),
         )
         self._bar = None
@@ -118,14 +118,17 @@ class Reporter:
         if "learning_rate" in fields:
             line += f" lr {fields['learning_rate']:.2e}"
         line += f" {fields.get('examples_per_s', 0.0):.1f} ex/s"
+        if fields.get("mfu") is not None:
+            line += f" {fields['model_tflops_per_s']:.3g} TFLOP/s MFU {100 * fields['mfu']:.1f}%"
         if step > self._first:
             left = (time.perf_counter() - self._since) / (step - self._first) * (self._total - step)
             line += f" eta {datetime.timedelta(seconds=round(left))}"
         return line
 
-    def advance(self, step: int, loss: float, examples_per_s: float) -> None:
+    def advance(self, step: int, loss: float, examples_per_s: float, mfu: float | None = None) -> None:
         if self._bar is not None:
-            self._progress.update(self._bar, completed=step, loss=f"{loss:.4f}", rate=f"{examples_per_s:.1f}")
+            rate = f"{examples_per_s:.1f} ex/s" + (f" MFU {100 * mfu:.1f}%" if mfu is not None else "")
+            self._progress.update(self._bar, completed=step, loss=f"{loss:.4f}", rate=rate)
 
     def close(self) -> None:
         self._progress.stop()

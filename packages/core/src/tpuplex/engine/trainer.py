@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tpuplex import flops
 from tpuplex.config import Config
 from tpuplex.data.batching import Batcher, Encoded, fit_buckets
 from tpuplex.engine import checkpoint
@@ -53,7 +54,7 @@ from tpuplex.engine.run_log import Reporter, headline
 from tpuplex.engine.schedule import SCHEDULES, warmup_steps
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import Hosts
-from tpuplex.protocol import Backend, Batch, PortableState
+from tpuplex.protocol import Backend, Batch, ModelSpec, PortableState
 from tpuplex.tasks.base import TaskData
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -62,32 +63,41 @@ PROFILE_DIR = "profile"
 @dataclasses.dataclass(frozen=True)
 class Throughput:
     """Work done in one phase of this process: examples (rows with some weight), tokens (their real, unpadded
-    tokens; 0 for batches without tokens), seconds, and the part of those seconds spent waiting for input."""
+    tokens; 0 for batches without tokens), seconds, the part of those seconds spent waiting for input, and the
+    model FLOPs of the batches (`tpuplex.flops`; None once a batch was not counted, as evaluation's are not)."""
 
     examples: int = 0
     tokens: int = 0
     seconds: float = 0.0
     input_wait: float = 0.0
+    flops: float | None = 0.0
 
-    def add(self, batch: Batch, seconds: float = 0.0) -> Throughput:
+    def add(self, batch: Batch, flops: float | None = None) -> Throughput:
         real = batch["weight"].reshape(len(batch["weight"]), -1).max(axis=1) > 0
         tokens = int(batch["attention_mask"][real].sum()) if "attention_mask" in batch else 0
-        return Throughput(self.examples + int(real.sum()), self.tokens + tokens, self.seconds + seconds,
-                          self.input_wait)
+        return Throughput(self.examples + int(real.sum()), self.tokens + tokens, self.seconds, self.input_wait,
+                          _add_flops(self.flops, flops))
 
     def __add__(self, other: Throughput) -> Throughput:
         return Throughput(self.examples + other.examples, self.tokens + other.tokens, self.seconds + other.seconds,
-                          self.input_wait + other.input_wait)
+                          self.input_wait + other.input_wait, _add_flops(self.flops, other.flops))
 
     def timed(self, seconds: float, input_wait: float = 0.0) -> Throughput:
         return dataclasses.replace(self, seconds=self.seconds + seconds, input_wait=self.input_wait + input_wait)
 
-    def summary(self) -> dict[str, float]:
+    def summary(self, peak_flops_per_s: float = 0.0) -> dict[str, float | None]:
+        """The figures of results.json; model_tflops_per_s and mfu (against `peak_flops_per_s`) are None where the
+        FLOPs or the peak are not known."""
         rate = 1.0 / self.seconds if self.seconds > 0 else 0.0
         return {"examples": self.examples, "tokens": self.tokens, "seconds": round(self.seconds, 3),
                 "examples_per_s": round(self.examples * rate, 2), "tokens_per_s": round(self.tokens * rate, 1),
                 "input_wait_seconds": round(self.input_wait, 3),
-                "input_wait_share": round(self.input_wait * rate, 4)}
+                "input_wait_share": round(self.input_wait * rate, 4),
+                **flops.rates(self.flops, self.seconds, peak_flops_per_s)}
+
+
+def _add_flops(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,10 +147,14 @@ class Trainer:
         config: the whole run configuration (its hash guards resuming with another config).
         data: the task's data (`tpuplex.tasks.TaskData`): the encoded splits, the task's batches and metrics.
         output_dir: where checkpoints (and, through the Reporter, logs) go.
+        model: the model being trained, whose FLOPs give the MFU of the progress lines and results (`tpuplex.flops`);
+            without it they are not reported.
     """
 
-    def __init__(self, backend: Backend, config: Config, data: TaskData, output_dir: Path):
+    def __init__(self, backend: Backend, config: Config, data: TaskData, output_dir: Path,
+                 model: ModelSpec | None = None):
         self.backend = backend
+        self.model = model
         self.config = config
         self.data = data
         train_data = data.train
@@ -164,7 +178,12 @@ class Trainer:
         self.warmup = warmup_steps(self.total_steps, train.warmup_ratio)
         self.profile = tuple(runtime.profile_steps)
         self.hosts = Hosts(backend, runtime.host_timeout)
+        self.peak = flops.peak(topology, runtime.peak_tflops)
         self._processes_agree = False
+
+    def train_flops(self, batch: Batch) -> float | None:
+        """Model FLOPs of a training step on `batch` (`tpuplex.flops`); None without a model spec or a count."""
+        return None if self.model is None else flops.train_flops(self.model, batch)
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of update `step` (1-based)."""
@@ -345,17 +364,20 @@ class _LossLog:
         self.every = trainer.config.runtime.log_every
         self._losses: list[float] = []
         self._examples = 0
+        self._flops: float | None = 0.0
         self.restart_clock()
 
-    def add(self, step: int, loss: float, epoch: int) -> None:
+    def add(self, step: int, loss: float, epoch: int, step_flops: float | None) -> None:
         self._losses.append(loss)
         self._examples += self.trainer.config.train.global_batch
+        self._flops = _add_flops(self._flops, step_flops)
         if step % self.every == 0:
             elapsed = time.perf_counter() - self._started
             self.reporter.record("train", step, epoch=epoch, loss=float(np.mean(self._losses)),
                                  learning_rate=self.trainer.learning_rate(step),
-                                 examples_per_s=round(self._examples / elapsed, 2) if elapsed > 0 else 0.0)
-            self._losses, self._examples = [], 0
+                                 examples_per_s=round(self._examples / elapsed, 2) if elapsed > 0 else 0.0,
+                                 **flops.rates(self._flops, elapsed, self.trainer.peak.flops_per_s))
+            self._losses, self._examples, self._flops = [], 0, 0.0
             self.restart_clock()
 
     def restart_clock(self) -> None:
@@ -430,10 +452,11 @@ class _Run:
                 self.profiler.before_step(at.step + 1)
                 losses = self._run_group(group)
                 elapsed = time.perf_counter() - started
-                for batch in group:
-                    self.train_throughput = self.train_throughput.add(batch)
+                step_flops = [trainer.train_flops(batch) for batch in group]
+                for batch, batch_flops in zip(group, step_flops, strict=True):
+                    self.train_throughput = self.train_throughput.add(batch, batch_flops)
                 self.train_throughput = self.train_throughput.timed(elapsed, prefetcher.waited - waited)
-                self._after_steps(losses)
+                self._after_steps(losses, step_flops)
                 self._stop_if_signalled()
         finally:
             prefetcher.close()
@@ -473,18 +496,19 @@ class _Run:
                 losses.append(float(loss))
             return losses
 
-    def _after_steps(self, losses: list[float]) -> None:
+    def _after_steps(self, losses: list[float], step_flops: list[float | None]) -> None:
         """Account for the steps just run: loss check, log records, progress, then the step-cadence events."""
         at = self.at
-        for offset, loss in enumerate(losses):
+        for offset, (loss, loss_flops) in enumerate(zip(losses, step_flops, strict=True)):
             step = at.step + offset + 1
             if not math.isfinite(loss):
                 self._stop(step, f"loss became {loss}")
-            self.log.add(step, loss, at.epoch)
+            self.log.add(step, loss, at.epoch, loss_flops)
         at.step += len(losses)
         at.position += len(losses)
         self.losses.extend(losses)
-        self.reporter.advance(at.step, losses[-1], self.train_throughput.summary()["examples_per_s"])
+        so_far = self.train_throughput.summary(self.trainer.peak.flops_per_s)
+        self.reporter.advance(at.step, losses[-1], so_far["examples_per_s"], so_far["mfu"])
         self.profiler.after_step(at.step)
         # The last step always evaluates here, before any save, so its checkpoint holds the final metrics.
         if self.cadence.evaluates_after(at.step):

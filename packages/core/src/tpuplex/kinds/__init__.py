@@ -70,6 +70,11 @@ class ModelKind:
         class needs more (a bias-free GPT-2's zero biases)."""
         return weights
 
+    def forward_flops(self, spec: ModelSpec, batch: Mapping[str, np.ndarray]) -> float | None:
+        """Forward FLOPs of the kind's network on `batch` (`tpuplex.flops`: the task's head is the task's to
+        count); None where they are not counted (a model of your own)."""
+        return None
+
     def spec(self, config: Any, task: Any, data: Any) -> ModelSpec:
         """The model to build for `task` on `data`: the head, the initial state, and what the backends need."""
         head = task.head(self.family, self.arch, self.hf_config, data)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from tpuplex import flops
+
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "tanh")
 """Activation names (HF's spelling) every backend implements; "gelu" is the exact erf form."""
 
@@ -67,6 +69,14 @@ class Architecture:
     def max_length(self) -> int:
         """The longest sequence the position table covers."""
         return self.max_positions - self.position_offset
+
+    def forward_flops(self, rows: int, length: int) -> float:
+        """Forward FLOPs of the encoder over [rows, length] tokens (`tpuplex.flops`): the embedding projection and
+        every applied layer (a shared ALBERT block counts each time it is applied)."""
+        hidden = self.hidden_size
+        layer = flops.transformer_layer_flops(rows, length, hidden, 4 * hidden**2 + 2 * hidden * self.intermediate_size)
+        projection = 2.0 * rows * length * self.embedding_size * hidden if self.embedding_projection else 0.0
+        return projection + len(self.block_schedule) * layer
 
     def without_dropout(self) -> Architecture:
         """The same network with every dropout rate 0."""

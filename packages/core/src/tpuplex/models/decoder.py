@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from tpuplex import flops
 from tpuplex.errors import TpuplexError
 from tpuplex.models.family import ConfigReader
 
@@ -75,6 +76,14 @@ class DecoderArch:
     def max_length(self) -> int:
         """The longest sequence the model takes (its position table, or the configured context for rotary)."""
         return self.max_positions
+
+    def forward_flops(self, rows: int, length: int) -> float:
+        """Forward FLOPs over [rows, length] tokens (`tpuplex.flops`): every layer's projections (grouped keys and
+        values at their own width) and attention, and the LM head over the vocabulary."""
+        hidden, heads, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        mlp = (3 if self.gated_mlp else 2) * hidden * self.intermediate_size
+        layer = flops.transformer_layer_flops(rows, length, heads, 2 * hidden * heads + 2 * hidden * kv + mlp)
+        return self.num_layers * layer + 2.0 * rows * length * hidden * self.vocab_size
 
     def without_dropout(self) -> DecoderArch:
         return dataclasses.replace(self, embedding_dropout=0.0, attention_dropout=0.0, residual_dropout=0.0)

@@ -114,6 +114,21 @@ class ResNet:
         return (self.stem, *(conv for residual in self.residuals()
                              for conv in (*residual.convs, *((residual.shortcut,) if residual.shortcut else ()))))
 
+    def forward_flops(self, rows: int, height: int, width: int, num_labels: int) -> float:
+        """Forward FLOPs of `rows` images of height x width (`tpuplex.flops`): each convolution 2 k^2 C_in C_out
+        per output pixel, and the classifier."""
+        size = np.array([height, width])
+        total, size = _conv_flops(self.stem, size)
+        if self.embedding_pooling:  # HF's MaxPool2d(3, stride 2, padding 1)
+            size = (size - 1) // 2 + 1
+        for residual in self.residuals():
+            if residual.shortcut:
+                total += _conv_flops(residual.shortcut, size)[0]
+            for conv in residual.convs:
+                conv_flops, size = _conv_flops(conv, size)
+                total += conv_flops
+        return rows * (total + 2.0 * self.features * num_labels)
+
     def parameter_shapes(self, num_labels: int) -> dict[str, tuple[int, ...]]:
         """HF name -> torch-layout shape of every parameter (convolutions OIHW, Linear [out, in])."""
         shapes: dict[str, tuple[int, ...]] = {}
@@ -188,3 +203,10 @@ def _positive_list(config: ConfigReader, key: str, default: list[int]) -> tuple[
         raise TpuplexError(f"{key} = {values!r} in {config.path} must be a non-empty list of positive integers: "
                            "fix the checkpoint's config.json")
     return tuple(values)
+
+
+def _conv_flops(conv: Conv, size: np.ndarray) -> tuple[float, np.ndarray]:
+    """Forward FLOPs of `conv` on a [C_in, *size] input, and its output's size (padding kernel // 2 leaves
+    size / stride, rounded up)."""
+    out = (size - 1) // conv.stride + 1
+    return 2.0 * conv.kernel**2 * conv.in_channels * conv.out_channels * float(np.prod(out)), out

@@ -14,6 +14,7 @@ import dataclasses
 
 import numpy as np
 
+from tpuplex import flops
 from tpuplex.errors import TpuplexError
 from tpuplex.models.family import ConfigReader
 
@@ -47,6 +48,14 @@ class ViT:
 
     def without_dropout(self) -> ViT:
         return dataclasses.replace(self, hidden_dropout=0.0, attention_dropout=0.0)
+
+    def forward_flops(self, rows: int, height: int, width: int, num_labels: int) -> float:
+        """Forward FLOPs of `rows` images (`tpuplex.flops`; a ViT takes images of `image_size` only): the patch
+        projection, every layer over the patches and the class token, and the classifier."""
+        hidden, tokens = self.hidden_size, self.num_patches + 1
+        patch = 2.0 * self.num_patches * self.num_channels * self.patch_size[0] * self.patch_size[1] * hidden
+        layer = flops.transformer_layer_flops(1, tokens, hidden, 4 * hidden**2 + 2 * hidden * self.intermediate_size)
+        return rows * (patch + self.num_layers * layer + 2.0 * hidden * num_labels)
 
     def parameter_shapes(self, num_labels: int) -> dict[str, tuple[int, ...]]:
         """HF name -> torch-layout shape of every parameter (the patch convolution OIHW, Linear [out, in])."""

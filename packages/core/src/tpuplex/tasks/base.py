@@ -60,6 +60,11 @@ class Head:
         return self
 
 
+def matmul_weights(shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """Weights of a head's Linear layers (its 2-D parameters): the multiply-adds it does per position."""
+    return sum(int(np.prod(shape)) for shape in shapes.values() if len(shape) == 2)
+
+
 class TaskData:
     """A task's data for one run, as the Trainer uses it: encoded splits, and the task's hooks on host batches.
 
@@ -145,6 +150,11 @@ class Task:
     def head(self, family: Family, arch: Architecture, hf_config: Mapping[str, Any], data: TaskData) -> Head:
         """The head `family` gets for `data` (its sizes may depend on the data: classes, tags)."""
         raise NotImplementedError
+
+    def head_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float | None:
+        """Forward FLOPs of the head on `batch` (`tpuplex.flops`; 0 where the kind's network ends in it); None
+        where they are not counted (a task of your own)."""
+        return None
 
     def model_arguments(self, data: TaskData, head: Head, vocab_size: int) -> dict[str, Any]:
         """The keyword arguments a model of your own (`model.architecture`) is built with."""

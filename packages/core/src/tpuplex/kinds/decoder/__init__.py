@@ -12,6 +12,7 @@ same seed gives the same tokens on every backend.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,6 +48,10 @@ class Decoders(ModelKind):
 
     def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         return initial_decoder_params(self.checkpoint_dir, self.family, self.arch, seed), {}
+
+    def forward_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
+        """The decoder with its LM head: the causal-LM task has no head of its own."""
+        return self.arch.forward_flops(*np.shape(batch["input_ids"]))
 
     def hf_class(self, config: Any, task: Any) -> str:
         return self.family.hf_class

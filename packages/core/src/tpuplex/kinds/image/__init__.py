@@ -28,6 +28,11 @@ class ImageFamilies(ModelKind):
     def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         return initial_image_state(self.checkpoint_dir, self.hf_config, head.num_labels, seed)
 
+    def forward_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
+        """The network with its classifier (part of the family's plan): the image task has no head of its own."""
+        rows, height, width, _ = np.shape(batch["images"])
+        return self.arch.forward_flops(rows, height, width, spec.head.num_labels)
+
 
 def example_image_shape(arch: Any) -> tuple[int, int, int]:
     """(H, W, C) of an image the model takes, to build its variables: a ViT's own size, any size for a ResNet."""

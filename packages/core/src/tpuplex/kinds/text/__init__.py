@@ -44,6 +44,9 @@ class TextEncoders(ModelKind):
     def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         return initial_params(self.checkpoint_dir, self.hf_config, head, seed), {}
 
+    def forward_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
+        return self.arch.forward_flops(*np.shape(batch["input_ids"]))
+
 
 def expected_shapes(hf_config: Mapping[str, Any], head: Head) -> dict[str, tuple[int, ...]]:
     """HF name -> torch-layout shape of every parameter of the family's encoder with the task's `head`."""

@@ -155,6 +155,10 @@ class CausalLM(Task):
     def example_batch(self, data: TaskData | None) -> dict[str, np.ndarray]:
         return {"input_ids": np.zeros((2, 8), np.int32), "labels": np.zeros((2, 8), np.int32)}
 
+    def head_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
+        """0: the LM head is the decoder's (`DecoderArch.forward_flops`)."""
+        return 0.0
+
     def head(self, family: Family | None, arch: Architecture | None, hf_config: Mapping[str, Any],
              data: CausalLMData) -> Head:
         """None beyond the family's own LM head (`tpuplex.kinds.decoder`)."""

@@ -161,6 +161,10 @@ class ImageClassification(Task):
     def model_arguments(self, data: ImageData, head: ClassifierHead, vocab_size: int) -> dict[str, Any]:
         return {"num_labels": len(data.classes), "image_shape": data.image_shape}
 
+    def head_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
+        """0: the classifier is part of the family's network (`ImageFamilies.forward_flops`)."""
+        return 0.0
+
     def hf_class(self, family: ImageFamily, model_type: str) -> str:
         return family.hf_class
 

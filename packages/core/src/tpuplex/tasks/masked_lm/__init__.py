@@ -40,7 +40,7 @@ from tpuplex.data.tokenize import tokenizer_hash
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, check_held_out, framework_modules, token_metrics
+from tpuplex.tasks.base import Task, TaskData, check_held_out, framework_modules, matmul_weights, token_metrics
 from tpuplex.tasks.masked_lm import data as text
 from tpuplex.tasks.masked_lm.heads import FAMILY_HEADS, MaskedLMHead, masked_lm_head
 
@@ -168,6 +168,12 @@ class MaskedLM(Task):
     def head(self, family: Family | None, arch: Architecture | None, hf_config: Mapping[str, Any],
              data: MaskedLMData) -> MaskedLMHead:
         return masked_lm_head(family, arch)
+
+    def head_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
+        """The transform and the (tied) decoder over the vocabulary, at the masked positions only."""
+        head = spec.head
+        return 2.0 * np.size(batch["masked_positions"]) * (matmul_weights(head.shapes)
+                                                          + head.embedding_size * head.vocab_size)
 
     def hf_class(self, family: Family, model_type: str) -> str:
         return FAMILY_HEADS[family.name].hf_classes[family.model_types.index(model_type)]

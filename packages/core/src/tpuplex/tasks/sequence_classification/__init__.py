@@ -20,7 +20,7 @@ import numpy as np
 from tpuplex.data.batching import Encoded
 from tpuplex.metrics import compute, cross_entropy
 from tpuplex.models import Architecture, Family
-from tpuplex.tasks.base import Task, TaskData, framework_modules
+from tpuplex.tasks.base import Task, TaskData, framework_modules, matmul_weights
 from tpuplex.tasks.sequence_classification.custom import CustomData, LabelledTable, dataset_sources
 from tpuplex.tasks.sequence_classification.features import encode_cached
 from tpuplex.tasks.sequence_classification.glue import Dataset, GlueData, Source
@@ -74,6 +74,10 @@ class SequenceClassification(Task):
     def head(self, family: Family, arch: Architecture, hf_config: Mapping[str, Any],
              data: ClassificationData) -> ClassifierHead:
         return classifier_head(family, arch, hf_config, data.num_labels)
+
+    def head_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
+        """The dense layer and the classifier, once per row."""
+        return 2.0 * len(batch["input_ids"]) * matmul_weights(spec.head.shapes)
 
     def hf_class(self, family: Family, model_type: str) -> str:
         return FAMILY_HEADS[family.name].hf_classes[family.model_types.index(model_type)]

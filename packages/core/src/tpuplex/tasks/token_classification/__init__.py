@@ -39,7 +39,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, framework_modules
+from tpuplex.tasks.base import Task, TaskData, framework_modules, matmul_weights
 from tpuplex.tasks.token_classification import data as tagged
 from tpuplex.tasks.token_classification.entities import check_scheme, scores
 from tpuplex.tasks.token_classification.heads import FAMILY_HEADS, TokenClassifierHead, token_classifier_head
@@ -147,6 +147,10 @@ class TokenClassification(Task):
     def head(self, family: Family | None, arch: Architecture | None, hf_config: Mapping[str, Any],
              data: TokenData) -> TokenClassifierHead:
         return token_classifier_head(family, arch, hf_config, len(data.tags))
+
+    def head_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
+        """The classifier at every position."""
+        return 2.0 * np.size(batch["input_ids"]) * matmul_weights(spec.head.shapes)
 
     def hf_class(self, family: Family, model_type: str) -> str:
         return FAMILY_HEADS[family.name].hf_classes[family.model_types.index(model_type)]
