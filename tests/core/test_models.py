@@ -105,6 +105,20 @@ def test_initial_params_add_the_prefix_drop_pretraining_heads_and_draw_the_head(
     assert not params[head.hf_name("head.out.bias")].any()
 
 
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+def test_a_folder_with_config_json_alone_draws_the_encoder_as_hf_does(tmp_path, model_type):
+    (tmp_path / "config.json").write_text(json.dumps(CONFIGS[model_type]))
+    head = classifier(CONFIGS[model_type], 3)
+    params = initial_params(tmp_path, CONFIGS[model_type], head, seed=5)
+    assert {name: array.shape for name, array in params.items()} == expected_shapes(CONFIGS[model_type], head)
+    family, arch = models.architecture_of(CONFIGS[model_type])
+    query, norm, bias = (params[family.hf_name(name, arch)] for name in
+                         ("block.0.query.weight", "block.0.output_norm.weight", "block.0.query.bias"))
+    assert abs(query.std() - 0.02) < 0.005 and (norm == 1).all() and not bias.any()
+    again = initial_params(tmp_path, CONFIGS[model_type], head, seed=5)
+    assert all(np.array_equal(params[name], again[name]) for name in params)
+
+
 def test_a_missing_encoder_weight_is_named(tmp_path):
     folder = write_base_checkpoint(tmp_path, "roberta")
     weights = load_file(folder / "model.safetensors")

@@ -87,13 +87,22 @@ class JaxBackend(BackendBase):
         return self._place(step.TrainState(built.params, tx.init(built.params), built.model_state))
 
     def train_step(self, state: step.TrainState, batch: Batch, learning_rate: float) -> tuple[step.TrainState, float]:
+        state, losses = self.train_steps(state, [batch], [learning_rate])
+        return state, losses[0]
+
+    def train_steps(self, state: step.TrainState, batches, learning_rates) -> tuple[step.TrainState, list[float]]:
+        """The steps are dispatched one after the other and their losses read back after the last, so the device
+        runs them back to back (each batch's copy to it queued behind the step before)."""
         programs = self._require_init()
-        rows = self._local_rows(batch, programs, per_replica_split=programs.grad_accum,
-                                keys=_keys(batch, programs.inputs))
-        rows.setdefault("weight", np.ones(rows["labels"].shape, np.float32))
-        with self._compiles.watching():
-            state, loss = programs.train(state, rows, np.float32(learning_rate))
-        return state, float(np.asarray(loss.addressable_shards[0].data))
+        losses = []
+        for batch, learning_rate in zip(batches, learning_rates, strict=True):
+            rows = self._local_rows(batch, programs, per_replica_split=programs.grad_accum,
+                                    keys=_keys(batch, programs.inputs))
+            rows.setdefault("weight", np.ones(rows["labels"].shape, np.float32))
+            with self._compiles.watching():
+                state, loss = programs.train(state, rows, np.float32(learning_rate))
+            losses.append(loss.addressable_shards[0].data)
+        return state, [float(np.asarray(loss)) for loss in losses]
 
     def predict(self, state: step.TrainState, batch: Batch) -> np.ndarray:
         programs = self._require_init()

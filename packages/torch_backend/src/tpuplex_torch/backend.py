@@ -54,7 +54,10 @@ class TorchBackend(BackendBase):
         return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
 
     def train_step(self, state: TorchState, batch: Batch, learning_rate: float) -> tuple[TorchState, float]:
-        return state, step.train_step(state, self.placement, batch, learning_rate)
+        return state, step.train_steps(state, self.placement, [batch], [learning_rate])[0]
+
+    def train_steps(self, state: TorchState, batches, learning_rates) -> tuple[TorchState, list[float]]:
+        return state, step.train_steps(state, self.placement, batches, learning_rates)
 
     def predict(self, state: TorchState, batch: Batch) -> np.ndarray:
         return step.predict(state, self.placement, batch)

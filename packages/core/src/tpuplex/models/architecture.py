@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from tpuplex import flops
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "tanh")
@@ -103,6 +105,21 @@ def canonical_shapes(arch: Architecture) -> dict[str, tuple[int, ...]]:
         for module in BLOCK_MODULES:
             shapes |= _linear(f"block.{block}.{module}", *block_shapes[module])
     return shapes
+
+
+def initial_params(arch: Architecture, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Every encoder parameter drawn as HF's `_init_weights` draws a BERT-style encoder, in `canonical_shapes`
+    order, float32: Linear weights and embeddings from N(0, initializer_range), biases 0, norms 1."""
+    params = {}
+    for name, shape in canonical_shapes(arch).items():
+        module, leaf = name.rsplit(".", 1)
+        if leaf == "bias":
+            params[name] = np.zeros(shape, np.float32)
+        elif module.endswith("norm"):
+            params[name] = np.ones(shape, np.float32)
+        else:
+            params[name] = (rng.standard_normal(shape) * arch.initializer_range).astype(np.float32)
+    return params
 
 
 def _linear(module: str, out: int, into: int | None = None) -> dict[str, tuple[int, ...]]:

@@ -16,7 +16,8 @@ import numpy as np
 from tpuplex import models
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds import ModelKind
-from tpuplex.models.weights import load_weights
+from tpuplex.models import architecture
+from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
 from tpuplex.params import check_names
 from tpuplex.tasks.base import Head
 
@@ -61,20 +62,26 @@ def initial_params(checkpoint_dir: Path, hf_config: Mapping[str, Any], head: Hea
     """Every parameter of the family's encoder and the task's `head`, float32, HF names and torch layout.
 
     Weights come from the checkpoint (`model.safetensors` or `pytorch_model.bin`; base-model names get the
-    family's prefix, other heads are dropped as `from_pretrained` drops them). The head's missing parts
+    family's prefix, other heads are dropped as `from_pretrained` drops them); a folder with config.json alone
+    is pre-training from scratch: the encoder is drawn (`tpuplex.models.architecture.initial_params`, from
+    `numpy.random.default_rng(seed)` before the head's draws). The head's missing parts
     (`head.drawn`, in order; a linear layer also when its shape differs, e.g. another num_labels) are drawn by
     `numpy.random.default_rng(seed)`: linear weights from N(0, initializer_range) with zero biases, norms as
     weight 1 and bias 0, as HF initialises them, so the draw is the same on every machine and backend.
     """
     family, arch = models.architecture_of(hf_config, Path(checkpoint_dir) / "config.json")
     shapes = expected_shapes(hf_config, head)
-    loaded = load_weights(Path(checkpoint_dir))
+    rng = np.random.default_rng(seed)
+    folder = Path(checkpoint_dir)
+    if any((folder / name).is_file() for name in (SAFETENSORS, PICKLE)):
+        loaded = load_weights(folder)
+    else:
+        loaded = {family.hf_name(name, arch): array for name, array in architecture.initial_params(arch, rng).items()}
     params = {}
     for name, array in loaded.items():
         full = name if name in shapes else f"{family.prefix}.{name}"
         if full in shapes:
             params[full] = array
-    rng = np.random.default_rng(seed)
     for module, kind in head.drawn:
         names = {leaf: head.hf_name(f"{module}.{leaf}") for leaf in ("weight", "bias")}
         first = names["bias" if kind == "bias" else "weight"]
