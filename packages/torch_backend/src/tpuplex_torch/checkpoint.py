@@ -67,13 +67,15 @@ def restore(state: TorchState, portable: PortableState, placement: Placement) ->
     check_names(expected, portable.exp_avg, "the checkpoint's exp_avg moments")
     check_names(expected, portable.exp_avg_sq, "the checkpoint's exp_avg_sq moments")
     sgd = isinstance(state.optimizer, torch.optim.SGD)
+    # AdamW keeps its step count on the CPU, the fused kernel on the parameters' device.
+    step_device = placement.device if state.optimizer.defaults.get("fused") else "cpu"
     for name, parameter in named.items():
         parameter.data = _like(placement.upload(portable.params[name]), parameter.data)
         if sgd:  # a zero buffer makes the first update's buffer the gradient itself, as torch's first step does
             state.optimizer.state[parameter] = {"momentum_buffer": placement.upload(portable.exp_avg[name])}
             continue
         state.optimizer.state[parameter] = {
-            "step": torch.tensor(float(portable.step), dtype=torch.float32),  # AdamW keeps it on the CPU
+            "step": torch.tensor(float(portable.step), dtype=torch.float32, device=step_device),
             "exp_avg": placement.upload(portable.exp_avg[name]),
             "exp_avg_sq": placement.upload(portable.exp_avg_sq[name]),
         }
