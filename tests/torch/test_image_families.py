@@ -14,6 +14,7 @@ import torch
 from tpuplex.config import RuntimeConfig
 from tpuplex.errors import TpuplexError
 from tpuplex.testing.specs import image_family_spec
+from tpuplex_torch import step
 from tpuplex_torch.backend import TorchBackend
 
 
@@ -114,3 +115,24 @@ def test_an_hf_checkpoint_folder_starts_from_its_weights(tmp_path):
     assert five.params["classifier.1.weight"].shape == (5, 16)
     backbone = [name for name in spec.params if not name.startswith("classifier.")]
     assert all(np.array_equal(five.params[name], spec.params[name]) for name in backbone)
+
+
+def test_a_fused_update_restores_and_trains_channels_last_kernels(tmp_path, monkeypatch):
+    """On a GPU AdamW is fused, and its kernel takes every tensor of a parameter in one layout (CUDA refuses
+    others): restored moments have their parameter's strides (channels-last convolution kernels). torch's CPU fused
+    kernel does not check the layout, so the strides are checked here, and the losses against the foreach update,
+    through a resume."""
+    spec = image_family_spec(checks.write_config(tmp_path / "resnet", checks.TRAINING["resnet-cifar"]),
+                             checks.NUM_LABELS, dropout=False)
+    foreach, _ = checks.train(TorchBackend(RuntimeConfig(device="cpu")), spec, steps=4, resume_at=2)
+    monkeypatch.setattr(step, "fused_update", lambda model: True)
+    backend = TorchBackend(RuntimeConfig(device="cpu"))
+    fused, _ = checks.train(backend, spec, steps=4, resume_at=2)
+    np.testing.assert_allclose(fused, foreach, rtol=1e-5)
+    state = backend.init(spec, checks.OPTIMIZER)
+    assert state.optimizer.defaults["fused"]
+    kernels = [p for p in state.model.parameters() if p.dim() == 4]
+    assert kernels and all(p.is_contiguous(memory_format=torch.channels_last) for p in kernels)
+    for parameter in state.model.parameters():
+        moments = state.optimizer.state[parameter]
+        assert moments["exp_avg"].stride() == moments["exp_avg_sq"].stride() == parameter.stride()

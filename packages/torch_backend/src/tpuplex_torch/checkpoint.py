@@ -72,12 +72,14 @@ def restore(state: TorchState, portable: PortableState, placement: Placement) ->
     for name, parameter in named.items():
         parameter.data = _like(placement.upload(portable.params[name]), parameter.data)
         if sgd:  # a zero buffer makes the first update's buffer the gradient itself, as torch's first step does
-            state.optimizer.state[parameter] = {"momentum_buffer": placement.upload(portable.exp_avg[name])}
+            state.optimizer.state[parameter] = {
+                "momentum_buffer": _like(placement.upload(portable.exp_avg[name]), parameter.data)}
             continue
         state.optimizer.state[parameter] = {
             "step": torch.tensor(float(portable.step), dtype=torch.float32, device=step_device),
-            "exp_avg": placement.upload(portable.exp_avg[name]),
-            "exp_avg_sq": placement.upload(portable.exp_avg_sq[name]),
+            # The moments in the parameter's memory format: the fused update takes tensors of one layout.
+            "exp_avg": _like(placement.upload(portable.exp_avg[name]), parameter.data),
+            "exp_avg_sq": _like(placement.upload(portable.exp_avg_sq[name]), parameter.data),
         }
     buffers = _buffers(state)
     check_names({name: tuple(b.shape) for name, b in buffers.items()}, portable.buffers,

@@ -53,11 +53,15 @@ def make_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.O
     named = list(model.named_parameters())
     groups = [{"params": [p for name, p in named if decays(name)], "weight_decay": spec.weight_decay},
               {"params": [p for name, p in named if not decays(name)], "weight_decay": 0.0}]
-    on_gpu = named[0][1].is_cuda
-    kernels = {"fused": True} if on_gpu else {"foreach": True}
+    kernels = {"fused": True} if fused_update(model) else {"foreach": True}
     if spec.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=0.0, momentum=spec.momentum, nesterov=spec.nesterov, **kernels)
     return torch.optim.AdamW(groups, lr=0.0, betas=(spec.beta1, spec.beta2), eps=spec.epsilon, **kernels)
+
+
+def fused_update(model: torch.nn.Module) -> bool:
+    """Whether the optimizer updates every parameter in one fused kernel: on a GPU."""
+    return next(model.parameters()).is_cuda
 
 
 def dropout_seed(seed: int, step: int) -> int:
