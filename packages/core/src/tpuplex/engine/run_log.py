@@ -57,7 +57,7 @@ TENSORBOARD_DIR = "tensorboard"
 class Reporter:
     """Writes every record to the JSONL log and its numbers to TensorBoard; drives the progress bar, or, when
     stderr is not a terminal (a batch job's log file, nohup, a cluster's log), prints each "train" record as one
-    plain line: `step 200/2000 (10%) loss 1.2345 lr 1.00e-03 512.3 ex/s eta 0:05:12`.
+    plain line: `step 200/2000 (10%) loss 1.2345 lr 1.00e-03 512.3 ex/s 98.2 TFLOP/s MFU 9.9% eta 0:05:12`.
 
     Use as a context manager so files are flushed and closed even when training stops with an error.
     """
