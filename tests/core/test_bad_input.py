@@ -214,7 +214,6 @@ MODEL = {
     "hidden_size a string": Case(in_model(hf_config(hidden_size="32")), "hidden_size"),
     "negative layers": Case(in_model(hf_config(num_hidden_layers=-1)), "num_hidden_layers"),
     "unknown activation": Case(in_model(hf_config(hidden_act="swish2")), "hidden_act"),
-    "no weights": Case(in_model(remove("model.safetensors")), "model.safetensors"),
     "weights empty": Case(in_model(write_file("model.safetensors", b"")), "model.safetensors"),
     "weights truncated": Case(in_model(lambda m: (m / "model.safetensors").write_bytes(
         (m / "model.safetensors").read_bytes()[:1000])), "model.safetensors"),
