@@ -14,6 +14,7 @@ their modules under canonical names and never spell an HF name themselves.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -109,16 +110,23 @@ def canonical_shapes(arch: Architecture) -> dict[str, tuple[int, ...]]:
 
 def initial_params(arch: Architecture, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Every encoder parameter drawn as HF's `_init_weights` draws a BERT-style encoder, in `canonical_shapes`
-    order, float32: Linear weights and embeddings from N(0, initializer_range), biases 0, norms 1."""
+    order: Linear weights and embeddings from N(0, initializer_range), biases 0, norms 1."""
+    return drawn_as_hf(canonical_shapes(arch), rng, lambda module: arch.initializer_range)
+
+
+def drawn_as_hf(shapes: Mapping[str, tuple[int, ...]], rng: np.random.Generator,
+                std: Callable[[str], float]) -> dict[str, np.ndarray]:
+    """Canonical name -> float32 array, drawn in `shapes`' order as HF initialises transformers: biases 0, a
+    norm's (module `...norm`) weight 1, every other weight N(0, std(module))."""
     params = {}
-    for name, shape in canonical_shapes(arch).items():
+    for name, shape in shapes.items():
         module, leaf = name.rsplit(".", 1)
         if leaf == "bias":
             params[name] = np.zeros(shape, np.float32)
         elif module.endswith("norm"):
             params[name] = np.ones(shape, np.float32)
         else:
-            params[name] = (rng.standard_normal(shape) * arch.initializer_range).astype(np.float32)
+            params[name] = (rng.standard_normal(shape) * std(module)).astype(np.float32)
     return params
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from tpuplex import flops
 from tpuplex.errors import TpuplexError
+from tpuplex.models.architecture import drawn_as_hf
 from tpuplex.models.family import ConfigReader
 
 DECODER_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
@@ -133,19 +134,13 @@ def initial_params(arch: DecoderArch, rng: np.random.Generator) -> dict[str, np.
     """Every parameter drawn as HF initialises the family, in `canonical_shapes` order, float32: weights and
     embeddings from N(0, initializer_range) (residual projections / sqrt(2 * layers) under `scaled_output_init`),
     biases 0, norms 1."""
-    params = {}
     residual_std = arch.initializer_range / math.sqrt(2 * arch.num_layers)
-    for name, shape in canonical_shapes(arch).items():
-        module, leaf = name.rsplit(".", 1)
-        if leaf == "bias":
-            params[name] = np.zeros(shape, np.float32)
-        elif module.endswith("norm"):
-            params[name] = np.ones(shape, np.float32)
-        else:
-            scaled = arch.scaled_output_init and module.rsplit(".", 1)[-1] in RESIDUAL_OUTPUTS
-            std = residual_std if scaled else arch.initializer_range
-            params[name] = (rng.standard_normal(shape) * std).astype(np.float32)
-    return params
+
+    def std(module: str) -> float:
+        scaled = arch.scaled_output_init and module.rsplit(".", 1)[-1] in RESIDUAL_OUTPUTS
+        return residual_std if scaled else arch.initializer_range
+
+    return drawn_as_hf(canonical_shapes(arch), rng, std)
 
 
 @dataclasses.dataclass(frozen=True)
