@@ -42,12 +42,17 @@ def generated(run: Path, backend: str, *extra: str, tokens: int = TOKENS) -> str
     return tpuplex("generate", str(run), "--backend", backend, "--prompt", PROMPT, "--tokens", str(tokens), *extra)
 
 
-def test_greedy_text_is_the_same_on_every_backend_and_without_the_cache(trained):
+def test_greedy_text_is_the_same_on_torch_and_jax_and_without_the_cache(trained):
     expected = generated(trained, "torch")
     assert expected.startswith(PROMPT) and len(expected) > len(PROMPT) + TOKENS // 2
-    for backend in ("jax", "tf"):
-        assert generated(trained, backend) == expected, backend
+    assert generated(trained, "jax") == expected
     assert generated(trained, "torch", "--no-cache") == expected
+
+
+# tf's generate takes most of a minute here; its greedy tokens equal transformers' in tests/tf/test_decoders.py.
+@pytest.mark.long
+def test_greedy_text_on_tf_and_sampled_text_on_jax_are_torch_s(trained):
+    assert generated(trained, "tf") == generated(trained, "torch")
     sampled = [generated(trained, backend, "--temperature", "0.8", "--top-k", "10", "--seed", "3")
                for backend in ("torch", "jax")]
     assert sampled[0] == sampled[1]

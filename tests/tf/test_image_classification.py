@@ -28,6 +28,6 @@ def test_twenty_dropout_off_steps_follow_the_torch_backend(flowers_data, tmp_pat
     checks.check_follows_torch(lambda: backend(1), "tf", flowers_data)
 
 
-@pytest.mark.parametrize("kills", [2, pytest.param(10, marks=pytest.mark.long)])
-def test_the_flowers_example_killed_and_resumed_ends_as_an_uninterrupted_run(kills, shared_images, tmp_path):
-    checks.check_killed_and_resumed("tf", "tpuplex_tf.backend:TfBackend", shared_images, tmp_path, kills=kills)
+@pytest.mark.long  # the fast tier kills the torch run (3 kills) and the numpy backend's (10): docs/testing.md
+def test_the_flowers_example_killed_and_resumed_ends_as_an_uninterrupted_run(shared_images, tmp_path):
+    checks.check_killed_and_resumed("tf", "tpuplex_tf.backend:TfBackend", shared_images, tmp_path, kills=10)

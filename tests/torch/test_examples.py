@@ -50,8 +50,11 @@ def subset_root(tmp_path_factory) -> Path:
 
 
 RUNNABLE = [p for p in EXAMPLES if runnable(p)]
-LONG_EVEN_AS_SUBSET = {REPO / "examples" / "shakespeare_char" / "gpu.toml"}
-"""Its two steps of 64 x 256 tokens on a 10.7M-parameter GPT take 30-40 s on 2 cores (cpu.toml covers the code)."""
+LONG_EVEN_AS_SUBSET = {REPO / "examples" / "shakespeare_char" / "gpu.toml",
+                       *(REPO / "examples" / "glue" / "configs" / f"{name}.toml" for name in ("sst2", "rte"))}
+"""gpu.toml: two steps of 64 x 256 tokens on a 10.7M-parameter GPT take 30-40 s on 2 cores (cpu.toml covers the
+code). SST-2 and RTE: 30-46 s each, the same code and settings as the MRPC and WNLI configs but their files
+(tests/core/test_example_paths.py loads them)."""
 CASES = [pytest.param(path, scale, id=f"{path.relative_to(REPO)}-{scale}",
                       marks=pytest.mark.long if scale == "all" or path in LONG_EVEN_AS_SUBSET else ())
          for path in RUNNABLE for scale in ("subset", "all")]
