@@ -11,7 +11,10 @@ from kill_campaign import run_campaign
 from tiny_glue import write_run_config, write_tiny_model, write_tiny_mrpc
 
 
-@pytest.mark.parametrize("kills", [3, pytest.param(10, marks=pytest.mark.long)])
+# Long only: the fast tier kills the torch flowers run (tests/torch/test_image_classification.py, 3 kills) and the
+# numpy backend's (tests/core/test_kill_campaign.py, 10).
+@pytest.mark.long
+@pytest.mark.parametrize("kills", [10])
 def test_kills_then_resume_equal_an_uninterrupted_run(kills, tmp_path) -> None:
     model, mrpc = write_tiny_model(tmp_path / "model"), write_tiny_mrpc(tmp_path / "MRPC")
     path = write_run_config(tmp_path, model, mrpc, train__epochs=6, runtime__checkpoint_every=1,
