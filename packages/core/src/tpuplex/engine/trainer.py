@@ -35,6 +35,7 @@ watched, so a lost process ends the others after `runtime.host_timeout` seconds 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -178,12 +179,24 @@ class Trainer:
         self.warmup = warmup_steps(self.total_steps, train.warmup_ratio)
         self.profile = tuple(runtime.profile_steps)
         self.hosts = Hosts(backend, runtime.host_timeout)
-        self.peak = flops.peak(topology, runtime.peak_tflops)
         self._processes_agree = False
+        self._flops_by_shapes: dict[tuple, float | None] = {}
+
+    @functools.cached_property
+    def peak(self) -> flops.Peak:
+        """The devices' peak FLOP/s, found when first asked (a CPU's is measured; eval and predict never ask)."""
+        return flops.peak(self.backend.topology(), self.config.runtime.peak_tflops)
 
     def train_flops(self, batch: Batch) -> float | None:
-        """Model FLOPs of a training step on `batch` (`tpuplex.flops`); None without a model spec or a count."""
-        return None if self.model is None else flops.train_flops(self.model, batch)
+        """Model FLOPs of a training step on `batch` (`tpuplex.flops`); None without a model spec or a count.
+        They depend on the batch's shapes alone, so each shape is counted once (a handful of buckets), off the
+        step-to-step path."""
+        if self.model is None:
+            return None
+        shapes = tuple((name, np.shape(value)) for name, value in batch.items())
+        if shapes not in self._flops_by_shapes:
+            self._flops_by_shapes[shapes] = flops.train_flops(self.model, batch)
+        return self._flops_by_shapes[shapes]
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of update `step` (1-based)."""

@@ -72,7 +72,7 @@ class ModelKind:
 
     def forward_flops(self, spec: ModelSpec, batch: Mapping[str, np.ndarray]) -> float | None:
         """Forward FLOPs of the kind's network on `batch` (`tpuplex.flops`: the task's head is the task's to
-        count); None where they are not counted (a model of your own)."""
+        count), a function of the batch's shapes alone; None where they are not counted (a model of your own)."""
         return None
 
     def spec(self, config: Any, task: Any, data: Any) -> ModelSpec:

@@ -152,8 +152,8 @@ class Task:
         raise NotImplementedError
 
     def head_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float | None:
-        """Forward FLOPs of the head on `batch` (`tpuplex.flops`; 0 where the kind's network ends in it); None
-        where they are not counted (a task of your own)."""
+        """Forward FLOPs of the head on `batch` (`tpuplex.flops`; 0 where the kind's network ends in it), a
+        function of the batch's shapes alone; None where they are not counted (a task of your own)."""
         return None
 
     def model_arguments(self, data: TaskData, head: Head, vocab_size: int) -> dict[str, Any]:
