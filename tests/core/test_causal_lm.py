@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import json
+
 import numpy as np
 import pytest
 
@@ -13,7 +16,14 @@ from tpuplex.errors import TpuplexError
 from tpuplex.models.decoder import initial_params
 from tpuplex.protocol import decays
 from tpuplex.tasks.causal_lm import TASK, Options
-from tpuplex.tasks.causal_lm.data import Characters, NextTokenRows, next_token_rows, next_token_stream, random_windows
+from tpuplex.tasks.causal_lm.data import (
+    Characters,
+    NextTokenRows,
+    next_token_rows,
+    next_token_stream,
+    random_windows,
+    stream,
+)
 
 
 def test_packed_rows_predict_every_token_but_the_first_once():
@@ -27,16 +37,19 @@ def test_packed_rows_predict_every_token_but_the_first_once():
     np.testing.assert_array_equal(rows["input_ids"][rows["weight"] > 0], ids[:-1])
 
 
-def test_a_row_range_is_its_own_stream():
-    """The prepared path's held-out split: rows [first, stop) of the packed source, no token read past stop."""
+def test_a_token_range_is_its_own_stream():
+    """A held-out split: tokens [first, stop) of the packed source, cut inside a row, no token read past stop."""
     ids = np.arange(1, 204, dtype=np.int32)
     source = next_token_stream(ids, 16, "text").source
-    head, tail = NextTokenRows(source, 0, 10), NextTokenRows(source, 10)
-    for view, stream in ((head, ids[:160]), (tail, ids[160:])):
+    head, tail = NextTokenRows(source, 0, 182), NextTokenRows(source, 182)
+    for view, tokens in ((head, ids[:182]), (tail, ids[182:])):
         rows = next_token_rows({**view.rows(np.arange(len(view)), 17), "weight": np.ones(len(view), np.float32)})
-        np.testing.assert_array_equal(rows["labels"][rows["weight"] > 0], stream[1:])
-    starts = np.array([0, 5, 15, 16, 142])
+        np.testing.assert_array_equal(rows["labels"][rows["weight"] > 0], tokens[1:])
+        np.testing.assert_array_equal(rows["input_ids"][rows["weight"] > 0], tokens[:-1])
+    starts = np.array([0, 5, 15, 16, 165])
     np.testing.assert_array_equal(head.windows(starts, 17), ids[starts[:, None] + np.arange(17)])
+    np.testing.assert_array_equal(tail.windows(np.array([0, 4]), 17), ids[182 + np.array([0, 4])[:, None]
+                                                                          + np.arange(17)])
 
 
 def test_the_character_vocabulary_is_nanogpts_sorted_set():
@@ -64,13 +77,45 @@ def test_the_last_tenth_is_held_out_and_the_vocabulary_pinned(tmp_path):
     text = "".join(chr(ord("a") + i % 26) for i in range(1000))
     (tmp_path / "input.txt").write_text(text)
     config = from_dict({"task": {"name": "causal_lm", "tokenizer": "characters"},
-                        "data": {"train_file": str(tmp_path / "input.txt"), "max_length": 10}})
+                        "data": {"train_file": str(tmp_path / "input.txt"), "max_length": 10,
+                                 "cache_dir": str(tmp_path / "cache")}})
     options = Options(tokenizer="characters")
     TASK.check(config, options)
     data = TASK.prepare(config, options, tmp_path)
     assert data.pinned_options() == {"characters": "abcdefghijklmnopqrstuvwxyz"}
     held_out = data.eval["validation"]
     assert held_out.token_count == 100 and data.train.token_count == 900
+
+
+@pytest.mark.parametrize("documents", [1, 3])
+def test_a_streamed_text_file_gives_the_bytes_of_a_table_read_in_memory(tmp_path, documents):
+    """A .txt (one document) or .jsonl (several: end-of-text after each) file goes through prepare's code into the
+    cache; the same documents in a .csv are read in memory. Both splits give the same rows, byte for byte."""
+    texts = [f"Doc {n}: " + "".join(chr(ord("a") + (n + i * 7) % 26) for i in range(300)) + "\nend.\n"
+             for n in range(documents)]
+    streamed = tmp_path / ("corpus.txt" if documents == 1 else "corpus.jsonl")
+    streamed.write_text(texts[0] if documents == 1 else "".join(json.dumps({"text": t}) + "\n" for t in texts))
+    with (tmp_path / "corpus.csv").open("w", newline="") as handle:
+        csv.writer(handle).writerows([["text"], *([t] for t in texts)])
+    rows = {}
+    for file in (streamed, tmp_path / "corpus.csv"):
+        config = from_dict({"task": {"name": "causal_lm", "tokenizer": "characters"},
+                            "data": {"train_file": str(file), "max_length": 16, "cache_dir": str(tmp_path / "c")}})
+        data = TASK.prepare(config, Options(tokenizer="characters"), tmp_path)
+        rows[file.suffix] = [split.rows(np.arange(len(split)), 17) for split in (data.train, data.eval["validation"])]
+        vocabulary = data.vocabulary
+    assert (tmp_path / "c").is_dir() and vocabulary.end_of_text == len(vocabulary.characters)
+    (train, held_out), (train_csv, held_out_csv) = rows[streamed.suffix], rows[".csv"]
+    for got, want in ((train, train_csv), (held_out, held_out_csv)):
+        assert got.keys() == want.keys() and all(np.array_equal(got[key], want[key]) for key in got)
+
+    def tokens(split: dict[str, np.ndarray]) -> np.ndarray:
+        predicted = next_token_rows({**split, "weight": np.ones(len(split["input_ids"]), np.float32)})
+        return np.concatenate([split["input_ids"][:1, 0], predicted["labels"][predicted["weight"] > 0]])
+
+    # `stream`: the documents' ids, each followed by end-of-text when there are several
+    np.testing.assert_array_equal(np.concatenate([tokens(train), tokens(held_out)]),
+                                  stream(texts, vocabulary, "the corpus"))
 
 
 def test_a_prompt_window_is_a_power_of_two_bucket_left_padded():

@@ -2,6 +2,7 @@
 and what only the torch session can check: checkpoints transformers saved, a non-decoder's refusal to generate,
 and a causal-LM run killed and resumed."""
 
+import csv
 import json
 
 import numpy as np
@@ -90,8 +91,8 @@ def test_a_causal_lm_run_killed_twice_resumes_bit_for_bit(shared_text, tmp_path)
 
 def test_a_prepared_causal_corpus_trains_as_the_text_in_memory(shared_text, tmp_path):
     """`tpuplex prepare --task causal_lm` (in several units and worker processes), then trained on: the losses and
-    validation metrics of the same .jsonl documents read in memory, bit for bit (each document followed by the
-    tokenizer's end-of-text)."""
+    validation metrics of the same documents in a .csv table read in memory, bit for bit (each document followed by
+    the tokenizer's end-of-text)."""
     from tokenizers import ByteLevelBPETokenizer
 
     lines = (shared_text / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8").split("\n\n")[:300]
@@ -102,13 +103,15 @@ def test_a_prepared_causal_corpus_trains_as_the_text_in_memory(shared_text, tmp_
     (tmp_path / "model" / "config.json").write_text(json.dumps({**CONFIGS["gpt2"], "vocab_size": 300}))
     for name, documents in (("train", lines[:250]), ("held-out", lines[250:])):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
+        with (tmp_path / f"{name}.csv").open("w", newline="") as handle:
+            csv.writer(handle).writerows([["text"], *([d] for d in documents)])
     report = prepare_corpus(str(tmp_path / "train.jsonl"), tmp_path / "train-prepared",
                             TASK.corpus_encoder(tmp_path / "model"), 16, workers=2, unit_bytes=5_000)
     assert report.units > 4 and report.workers == 2
     assert cli.main(["prepare", str(tmp_path / "held-out.jsonl"), "--out", str(tmp_path / "held-out-prepared"),
                      "--task", "causal_lm", "--tokenizer", str(tmp_path / "model"), "--max-length", "16"]) == 0
     results = {}
-    for form, train, held_out in (("jsonl", "train.jsonl", "held-out.jsonl"),
+    for form, train, held_out in (("csv", "train.csv", "held-out.csv"),
                                   ("prepared", "train-prepared", "held-out-prepared")):
         (tmp_path / f"{form}.toml").write_text(
             f'[task]\nname = "causal_lm"\n[model]\ncheckpoint = {json.dumps(str(tmp_path / "model"))}\n'
@@ -118,5 +121,5 @@ def test_a_prepared_causal_corpus_trains_as_the_text_in_memory(shared_text, tmp_
             f'[runtime]\noutput_dir = {json.dumps(str(tmp_path / form))}\nlog_every = 1\n')
         assert cli.main(["train", str(tmp_path / f"{form}.toml"), "--backend", "torch"]) == 0
         results[form] = json.loads((tmp_path / form / "results.json").read_text())
-    assert results["prepared"]["losses"] == results["jsonl"]["losses"]
-    assert list(results["prepared"]["metrics"].values()) == list(results["jsonl"]["metrics"].values())
+    assert results["prepared"]["losses"] == results["csv"]["losses"]
+    assert list(results["prepared"]["metrics"].values()) == list(results["csv"]["metrics"].values())

@@ -17,20 +17,25 @@ every token once per epoch (`sampling = "epochs"`), or, as nanoGPT's `get_batch`
 uniformly random offsets of the training stream each step (`"random_windows"`, drawn from (seed, step), so every
 backend and a resumed run see the same windows). Evaluation predicts every held-out token once: a split's `loss`
 (mean cross-entropy per token), `perplexity` (its exp) and `accuracy` (the most likely token right) count each of
-its tokens exactly once. A prepared training corpus without `data.eval_files` holds out its last rows
-(`validation_fraction` of them). The character vocabulary a run builds is recorded in run.json (`characters`), so eval,
-generate and export read text as the run did. `tpuplex generate RUN --prompt TEXT` continues a prompt.
+its tokens exactly once. Without `data.eval_files`, the last `validation_fraction` of the training stream's tokens
+is held out, whatever the file's form. A .txt or .jsonl file streams through `tpuplex prepare`'s code into
+`data.cache_dir` (a run's memory does not grow with its corpus). The character vocabulary a run builds is recorded
+in run.json (`characters`), so eval, generate and export read text as the run did. `tpuplex generate RUN --prompt
+TEXT` continues a prompt.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from tpuplex.data.corpus import SUFFIXES as CORPUS_SUFFIXES
+from tpuplex.data.corpus import pack_stream
 from tpuplex.data.shards import is_prepared
 from tpuplex.data.tables import text_file
 from tpuplex.errors import TpuplexError
@@ -108,44 +113,43 @@ class CausalLM(Task):
                 raise TpuplexError(f"{field} = {spec!r} is a prepared corpus, tokenized with a checkpoint's "
                                    'tokenizer: set task.tokenizer = "checkpoint"')
 
-    def vocabulary(self, options: Options, train_texts: list[str], tokenizer_dir: Path) -> Vocabulary:
-        if options.tokenizer == "checkpoint":
-            return CheckpointTokenizer(tokenizer_dir)
-        return Characters(options.characters) if options.characters else Characters.of(train_texts)
-
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData:
         data, length = config.data, config.data.max_length
-        if is_prepared(data.train_file):
-            vocabulary = CheckpointTokenizer(tokenizer_dir)
-            source = text.prepared_corpus("data.train_file", data.train_file, tokenizer_dir, length)
-            train, train_ids, what = text.NextTokenRows(source), None, data.train_file
-        else:
-            train_file = text_file("data.train_file", data.train_file)
-            train_texts = text.documents(train_file, options.text_column)
-            vocabulary = self.vocabulary(options, train_texts, tokenizer_dir)
-            train_ids, what = text.stream(train_texts, vocabulary, str(train_file.path)), str(train_file.path)
+        fingerprint = functools.cache(lambda file: file.fingerprint())  # one pass over a file read twice
+        census = functools.cache(lambda file: text.census(file, options.text_column))
+
+        def read(field: str, spec: str, vocabulary: Vocabulary | None) -> tuple[NextTokenRows, Vocabulary]:
+            """A split's whole stream, and the vocabulary (the one given, else the checkpoint's or built from it)."""
+            if is_prepared(spec):
+                prepared = text.prepared_corpus(field, spec, tokenizer_dir, length)
+                return NextTokenRows(prepared), vocabulary or CheckpointTokenizer(tokenizer_dir)
+            file = text_file(field, spec)
+            streamed = file.path.suffix in CORPUS_SUFFIXES
+            texts = None if streamed else text.documents(file, options.text_column)
+            if vocabulary is None and options.tokenizer == "checkpoint":
+                vocabulary = CheckpointTokenizer(tokenizer_dir)
+            elif vocabulary is None:
+                vocabulary = Characters(options.characters or (census(file)[1] if streamed else
+                                                               Characters.of(texts).characters))
+            if not streamed:
+                return NextTokenRows(pack_stream(text.stream(texts, vocabulary, str(file.path)), length)), vocabulary
+            documents = 1 if file.path.suffix == ".txt" else census(file)[0]
+            return NextTokenRows(text.cached_stream(file, vocabulary, documents, tokenizer_dir, length,
+                                                    Path(data.cache_dir).expanduser(), options.text_column,
+                                                    fingerprint(file))), vocabulary
+
+        train, vocabulary = read("data.train_file", data.train_file, None)
         evaluation = {}
         for index, spec in enumerate(data.eval_files):
             field = f"data.eval_files[{index}]"
-            if is_prepared(spec):
-                evaluation[Path(spec).name] = NextTokenRows(text.prepared_corpus(field, spec, tokenizer_dir, length))
-            else:
-                file = text_file(field, spec)
-                ids = text.stream(text.documents(file, options.text_column), vocabulary, str(file.path))
-                evaluation[file.name] = text.next_token_stream(ids, length, str(file.path))
-        held_out = f"the held-out last {options.validation_fraction:.0%} of {what}"
-        if not evaluation and train_ids is not None:  # nanoGPT's split: the first share trains, the rest is held out
-            cut = int(len(train_ids) * (1 - options.validation_fraction))
-            evaluation["validation"] = text.next_token_stream(train_ids[cut:], length, held_out)
-            train_ids = train_ids[:cut]
-        elif not evaluation:  # a prepared corpus: its last rows
-            cut = int(len(train.source) * (1 - options.validation_fraction))
-            if not 0 < cut < len(train.source):
-                raise TpuplexError(f"{what} has {len(train.source)} rows: too few to hold out "
-                                   f"task.validation_fraction = {options.validation_fraction} and train on the rest")
-            train, evaluation["validation"] = NextTokenRows(train.source, 0, cut), NextTokenRows(train.source, cut)
-        if train_ids is not None:
-            train = text.next_token_stream(train_ids, length, what)
+            name = Path(spec).name if is_prepared(spec) else text_file(field, spec).name
+            evaluation[name] = read(field, spec, vocabulary)[0].check(f"{field} {spec}")
+        if not evaluation:  # nanoGPT's split: the first share of the tokens trains, the rest is held out
+            cut = int(train.token_count * (1 - options.validation_fraction))
+            what = f"the held-out last {options.validation_fraction:.0%} of {data.train_file}"
+            evaluation["validation"] = NextTokenRows(train.source, cut).check(what)
+            train = NextTokenRows(train.source, 0, cut)
+        train.check(f"data.train_file {data.train_file}")
         windows = train if options.sampling == "random_windows" else None
         return CausalLMData(data.dataset, train, evaluation, vocabulary, windows, config.train.seed)
 

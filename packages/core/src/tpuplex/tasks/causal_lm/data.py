@@ -8,11 +8,14 @@ Tokenizers: the checkpoint's (`tokenizer.json`: GPT-2's byte-level BPE, Llama's,
 a `Characters` vocabulary built as nanoGPT's `data/shakespeare_char/prepare.py` builds it: the sorted set of the
 training text's characters (plus an end-of-text id when the data has several documents).
 
-Packing: the stream is cut into rows of L = `max_length` tokens (`tpuplex.data.corpus.pack_stream`: in memory, or
-`tpuplex prepare --task causal_lm` for a corpus of any size), and read (`NextTokenRows`) as rows of L + 1 tokens
+Reading: a .txt or .jsonl file streams through `tpuplex prepare`'s code (`CorpusEncoder`, units, worker processes)
+into the token cache, so a run's memory does not grow with its corpus; a table is read whole and packed in memory
+(`pack_stream`), the same bytes as the cache holds for the same documents.
+
+Packing: the stream is cut into rows of L = `max_length` tokens and read (`NextTokenRows`) as rows of L + 1 tokens
 that overlap by one: row i is tokens [i L, i L + L + 1), so a row's inputs are its first L tokens and its targets
 its last L, and every token of the stream but the first is predicted exactly once. The last row is shorter (padded,
-its padding weighted 0).
+its padding weighted 0). A split is a range of the stream's tokens (nanoGPT's: the first 90% train).
 """
 
 from __future__ import annotations
@@ -27,12 +30,11 @@ from typing import Any
 import numpy as np
 
 from tpuplex.data.batching import Encoded, token_rows
-from tpuplex.data.corpus import pack_stream
+from tpuplex.data.corpus import UNIT_BYTES, cached_corpus, corpus_files, pack_stream, unit_documents, units_of
 from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens
 from tpuplex.data.tables import DataFile, read_table
 from tpuplex.data.tokenize import load_tokenizer, tokenizer_hash
 from tpuplex.errors import TpuplexError
-from tpuplex.text_files import read_utf8
 
 TASK = "causal_lm"
 
@@ -41,16 +43,30 @@ END_OF_TEXT = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 
 
 def documents(file: DataFile, text_column: str) -> list[str]:
-    """The file's documents: a .txt file whole, or the non-blank values of its text column."""
+    """A table's documents: the non-blank values of its text column."""
+    table = read_table(file, [text_column])
+    return _found(file, [text for text in ("" if value is None else str(value)
+                                           for value in table.columns[text_column]) if text.strip()])
+
+
+def census(file: DataFile, text_column: str) -> tuple[int, str]:
+    """(documents, their sorted set of characters) of a .txt or .jsonl file, read unit by unit in one pass."""
+    filesystem, _ = corpus_files(str(file.path))
+    count, characters = 0, set()
+    for unit in units_of(filesystem, [str(file.path)], UNIT_BYTES):
+        texts = unit_documents(filesystem, unit, text_column, whole_files=True)
+        count += len(texts) if file.path.suffix == ".jsonl" else 0
+        characters.update(*texts)
     if file.path.suffix == ".txt":
-        texts = [read_utf8(file.path)]
-    else:
-        table = read_table(file, [text_column])
-        texts = ["" if value is None else str(value) for value in table.columns[text_column]]
-    found = [text for text in texts if text.strip()]
-    if not found:
+        count = int(bool("".join(characters).strip()))
+    _found(file, [""] * count)
+    return count, "".join(sorted(characters))
+
+
+def _found(file: DataFile, texts: list[str]) -> list[str]:
+    if not texts:
         raise TpuplexError(f"{file.path} has no text ({file.field}): give a file with some text in it")
-    return found
+    return texts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,37 +138,55 @@ def stream(texts: list[str], vocabulary: Vocabulary, what: str) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class CorpusEncoder:
-    """`tpuplex prepare --task causal_lm`'s `tpuplex.data.corpus.DocumentEncoder`: a .txt file is one document (its
-    lines as they are), a .jsonl line's text one; each document is followed by the tokenizer's end-of-text. A .txt
-    file is tokenized unit by unit (units end at line ends), so no token spans two units."""
+    """The causal-LM `tpuplex.data.corpus.DocumentEncoder` (of `tpuplex prepare --task causal_lm` and of a run's
+    .txt/.jsonl files): a .txt file is one document (its lines as they are), a .jsonl line's text one, each followed
+    by end-of-text unless `end_of_text` is False (a run's file of one document, as `stream` reads it). The tokenizer
+    is the checkpoint's in `tokenizer_dir`, or the `characters` vocabulary when given. A .txt file is tokenized unit
+    by unit (units end at line ends), so no token spans two units. `source` names the text in errors."""
 
     tokenizer_dir: str
+    characters: str = ""
+    end_of_text: bool = True
+    source: str = "the corpus"
     whole_files: bool = True
 
     @property
     def record(self) -> dict[str, Any]:
-        return {"task": TASK, "tokenizer": tokenizer_hash(Path(self.tokenizer_dir)),
-                "end_of_text": self._tokenizer().end_of_text}
+        tokenizer = {"characters": self.characters} if self.characters else tokenizer_hash(Path(self.tokenizer_dir))
+        return {"task": TASK, "tokenizer": tokenizer,
+                "end_of_text": self.vocabulary().end_of_text if self.end_of_text else None}
+
+    def vocabulary(self) -> Vocabulary:
+        return Characters(self.characters) if self.characters else _checkpoint_tokenizer(self.tokenizer_dir)
 
     def check(self) -> None:
-        if self._tokenizer().end_of_text is None:
-            raise TpuplexError(f"the tokenizer in {self.tokenizer_dir} has no end-of-text token to mark where a "
-                               f"document ends ({', '.join(END_OF_TEXT)}): prepare with a tokenizer that has one")
+        if self.end_of_text and self.vocabulary().end_of_text is None:
+            raise TpuplexError(f"{self.source} has several documents, but the tokenizer in {self.tokenizer_dir} has "
+                               f"no end-of-text token to mark where one ends ({', '.join(END_OF_TEXT)}): use a "
+                               "tokenizer that has one, or train on one .txt file")
 
     def encode(self, documents: list[str], ends: list[bool]) -> np.ndarray:
-        tokenizer = self._tokenizer()
-        end = np.array([tokenizer.end_of_text], np.int32)
-        pieces = [np.concatenate([tokenizer.encode(text, ""), end]) if closes else tokenizer.encode(text, "")
-                  for text, closes in zip(documents, ends, strict=True)]
+        vocabulary, pieces = self.vocabulary(), []
+        for text, closes in zip(documents, ends, strict=True):
+            pieces.append(vocabulary.encode(text, self.source))
+            if closes and self.end_of_text:
+                pieces.append(np.array([vocabulary.end_of_text], np.int32))
         return np.concatenate(pieces).astype(np.int32) if pieces else np.zeros(0, np.int32)
-
-    def _tokenizer(self) -> CheckpointTokenizer:
-        return _checkpoint_tokenizer(self.tokenizer_dir)
 
 
 @functools.lru_cache(maxsize=2)
 def _checkpoint_tokenizer(folder: str) -> CheckpointTokenizer:
     return CheckpointTokenizer(Path(folder))
+
+
+def cached_stream(file: DataFile, vocabulary: Vocabulary, documents: int, tokenizer_dir: Path, max_length: int,
+                  cache_dir: Path, text_column: str, fingerprint: str) -> PreparedTokens:
+    """The .txt/.jsonl `file` (`documents` of them) tokenized with `vocabulary` and packed into rows of
+    `max_length` through `prepare`'s code into the token cache: `stream`'s ids, read in units."""
+    encoder = CorpusEncoder(str(tokenizer_dir), vocabulary.characters if isinstance(vocabulary, Characters) else "",
+                            documents > 1, str(file.path))
+    return cached_corpus(str(file.path), cache_dir, f"{TASK}-{file.path.stem}", fingerprint, encoder, max_length,
+                         text_column)
 
 
 def prepared_corpus(field: str, spec: str, tokenizer_dir: Path, max_length: int) -> PreparedTokens:
@@ -173,23 +207,23 @@ def prepared_corpus(field: str, spec: str, tokenizer_dir: Path, max_length: int)
 
 @dataclasses.dataclass(frozen=True)
 class NextTokenRows:
-    """A split packed into rows of L tokens (`source`: an `Encoded` in memory, or a prepared corpus), read as rows
-    of L + 1 tokens overlapping by one (see the module); only the stream of the source's rows [first, stop) is
-    read. The Batcher batches it as it batches an `Encoded`."""
+    """The tokens [first, stop) of a stream packed into rows of L tokens (`source`: an `Encoded` in memory, or a
+    prepared corpus), read as rows of L + 1 tokens overlapping by one (see the module). The Batcher batches it as it
+    batches an `Encoded`."""
 
     source: Encoded | PreparedTokens
     first: int = 0
     stop: int = -1
-    """-1: to the source's end."""
+    """-1: to the source's last token."""
 
     @functools.cached_property
     def end(self) -> int:
-        return len(self.source) if self.stop < 0 else self.stop
+        return int(self.source.lengths.sum()) if self.stop < 0 else self.stop
 
-    @functools.cached_property
+    @property
     def token_count(self) -> int:
         """The stream's tokens."""
-        return int(self.source.lengths[self.first : self.end].sum())
+        return self.end - self.first
 
     @property
     def max_length(self) -> int:
@@ -214,12 +248,19 @@ class NextTokenRows:
         return getattr(self.source, "read_stats", None)
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(f"{self.source.fingerprint()} {self.first} {self.end} +1".encode()).hexdigest()
+        return hashlib.sha256(f"{self.source.fingerprint()} tokens {self.first} {self.end} +1".encode()).hexdigest()
+
+    def check(self, what: str) -> NextTokenRows:
+        """Itself, if it fills at least one row of L + 1 tokens; else one clear error naming `what`."""
+        if self.token_count <= self.source.max_length:
+            raise TpuplexError(f"{what} gives {self.token_count} tokens, fewer than one row of data.max_length + 1 = "
+                               f"{self.max_length}: give more text or lower data.max_length")
+        return self
 
     def rows(self, indices: np.ndarray, length: int) -> dict[str, np.ndarray]:
         """As `Encoded.rows`: rows `indices` [b] of L + 1 tokens, cut to `length`."""
         indices = np.asarray(indices)
-        ids = self._pairs(self.first + indices)[:, : self.max_length]
+        ids = self._windows(indices * self.source.max_length, self.max_length)
         lengths = self.lengths[indices]
         ids = np.where(np.arange(self.max_length)[None, :] < lengths[:, None], ids, 0)
         return token_rows(ids, np.zeros_like(ids), lengths, np.zeros(len(indices), np.int32), length)
@@ -227,25 +268,20 @@ class NextTokenRows:
     def windows(self, starts: np.ndarray, width: int) -> np.ndarray:
         """int32 [n, width]: the stream's tokens [s, s + width) for each start s (s + width <= token_count, width
         <= L + 1)."""
-        starts = np.asarray(starts)
-        rows, offsets = np.divmod(starts, self.source.max_length)
-        pairs = self._pairs(self.first + rows)
-        return np.take_along_axis(pairs, offsets[:, None] + np.arange(width)[None, :], axis=1).astype(np.int32)
+        return self._windows(np.asarray(starts), width)
 
-    def _pairs(self, rows: np.ndarray) -> np.ndarray:
-        """int32 [n, 2L]: the source's rows `rows` followed by the rows after them (within the stream; the last
-        row's successor is itself, never read past its end)."""
-        following = np.minimum(rows + 1, self.end - 1)
+    def _windows(self, starts: np.ndarray, width: int) -> np.ndarray:
+        """As `windows`, where tokens past the stream's end may be read (the caller masks them)."""
+        rows, offsets = np.divmod(self.first + starts, self.source.max_length)
+        following = np.minimum(rows + 1, len(self.source) - 1)  # the source's last row: never read past its end
         read = self.source.rows(np.concatenate([rows, following]), self.source.max_length)["input_ids"]
-        return np.concatenate([read[: len(rows)], read[len(rows) :]], axis=1)
+        pairs = np.concatenate([read[: len(rows)], read[len(rows) :]], axis=1)
+        return np.take_along_axis(pairs, offsets[:, None] + np.arange(width)[None, :], axis=1).astype(np.int32)
 
 
 def next_token_stream(ids: np.ndarray, max_length: int, what: str) -> NextTokenRows:
-    """The stream `ids` [T] in memory as `NextTokenRows`: one clear error when it fills no row."""
-    if len(ids) <= max_length:
-        raise TpuplexError(f"{what} gives {len(ids)} tokens, fewer than one row of data.max_length + 1 = "
-                           f"{max_length + 1}: give more text or lower data.max_length")
-    return NextTokenRows(pack_stream(ids, max_length))
+    """The stream `ids` [T >= 1] in memory as `NextTokenRows`: one clear error when it fills no row."""
+    return NextTokenRows(pack_stream(ids, max_length)).check(what)
 
 
 def next_token_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
