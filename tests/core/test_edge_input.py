@@ -5,6 +5,8 @@ folders whose manifest was edited, runs that would train on nothing, eval files 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +54,30 @@ def test_prepare_options_out_of_range_are_refused(photos, tmp_path, capsys, argu
 def test_a_folder_that_does_not_exist_is_named_with_what_to_give(tmp_path, capsys) -> None:
     assert cli.main(["prepare", str(tmp_path / "no-such-photos"), "--out", str(tmp_path / "out")]) == 2
     assert "no-such-photos does not exist: give a folder with one sub-folder of images per class" in one_error(capsys)
+
+
+def test_a_read_only_file_system_is_refused_before_anything_is_written(photos, tmp_path, tiny_model,
+                                                                      write_config) -> None:
+    """`prepare --out` (images, a text corpus) and `train`'s runtime.output_dir on a read-only file system: one line
+    naming the folder, exit 2. The mount is a real read-only tmpfs in a private user and mount namespace
+    (`unshare`): root, as in a container, writes through permission bits."""
+    if subprocess.run(["unshare", "--map-root-user", "--mount", "true"], capture_output=True).returncode:
+        pytest.skip("this kernel lets no user and mount namespace be made (unshare), so no read-only mount")
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    (tmp_path / "corpus.txt").write_text("to be, or not to be, that is the question\n" * 20)
+    commands = {"prepare images": ["prepare", str(photos), "--out", str(read_only / "images")],
+                "prepare text": ["prepare", str(tmp_path / "corpus.txt"), "--out", str(read_only / "corpus"),
+                                 "--tokenizer", str(tiny_model), "--max-length", "8"],
+                "train": ["train", str(write_config(runtime__output_dir=str(read_only / "run"))), "--backend", "numpy"]}
+    mount_then_run = 'mount -t tmpfs -o ro tmpfs "$0" && exec "$@"'
+    for name, arguments in commands.items():
+        done = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", mount_then_run, str(read_only),
+                               sys.executable, "-m", "tpuplex", *arguments], capture_output=True, text=True)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("tpuplex:")]
+        assert done.returncode == 2 and len(errors) == 1, (name, done.stderr)
+        assert f"cannot be written ({read_only} is read-only): choose another folder" in errors[0], name
+    assert not any(read_only.iterdir())
 
 
 def test_a_one_pixel_image_keeps_its_colour_at_any_aspect_ratio(tmp_path) -> None:
