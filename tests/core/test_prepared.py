@@ -59,6 +59,18 @@ def test_a_corpus_prepared_in_units_packs_as_the_whole_text_in_memory(shakespear
     assert report.tokens == expected.token_count and not (tmp_path / "corpus.partial").exists()
 
 
+def test_a_run_s_held_out_share_counts_the_corpus_once(shakespeare, minilm_dir, tmp_path) -> None:
+    """A masked-LM run without eval files counts the documents, then prepares its two shares of them (each needs
+    where every unit's documents start): one counting pass over the corpus, not three."""
+    encoder = CorpusEncoder(str(minilm_dir))
+    corpus._counted.cache_clear()
+    total = corpus.document_count(str(shakespeare), encoder)
+    shares = [corpus.cached_corpus(str(shakespeare), tmp_path / "cache", "c", "key", encoder, 64, documents=share,
+                                   workers=1) for share in ((0, 100), (100, total))]
+    assert corpus._counted.cache_info().misses == 1 and corpus._counted.cache_info().hits == 2
+    assert sum(share.token_count for share in shares) == in_memory_packing(shakespeare, minilm_dir, 64).token_count
+
+
 def test_a_folder_of_the_work_folder_s_name_is_never_removed(shakespeare, minilm_dir, tmp_path, capsys) -> None:
     theirs = tmp_path / "corpus.partial"
     theirs.mkdir()

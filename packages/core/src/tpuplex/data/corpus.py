@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -156,7 +157,17 @@ def document_count(pattern: str, encoder: DocumentEncoder, text_column: str = "t
 
 
 def _unit_counts(filesystem: Any, units: list[Unit], text_column: str, encoder: DocumentEncoder) -> list[int]:
-    return [len(unit_documents(filesystem, unit, text_column, encoder.whole_files)) for unit in units]
+    """Each unit's documents. A run counts a corpus, then prepares two shares of it: one pass serves all three."""
+    versions = tuple((path, filesystem.size(path), str(filesystem.modified(path)))
+                     for path in dict.fromkeys(unit.path for unit in units))
+    return list(_counted(filesystem, tuple(units), versions, text_column, encoder.whole_files))
+
+
+@functools.lru_cache(maxsize=8)
+def _counted(filesystem: Any, units: tuple[Unit, ...], versions: tuple, text_column: str,
+             whole_files: bool) -> tuple[int, ...]:
+    """`_unit_counts` of the files as they are at `versions` (path, size, modification time)."""
+    return tuple(len(unit_documents(filesystem, unit, text_column, whole_files)) for unit in units)
 
 
 def cached_corpus(pattern: str, cache_dir: Path, name: str, fingerprint: str, encoder: DocumentEncoder,
