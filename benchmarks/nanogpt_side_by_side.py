@@ -12,10 +12,16 @@ README's CPU recipe:
       --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000
       --dropout=0.0
 
-on `../shared/text/tinyshakespeare/input.txt` (its prepare.py, given the file, downloads nothing: its unused
-`import requests` is dropped). One line of train.py is changed: `torch.manual_seed(1337 + seed_offset)` takes the
-seed from NANOGPT_SEED. tpuplex runs
-`examples/shakespeare_char/cpu.toml` (the same recipe) with `--set train.seed=SEED` on each backend.
+on `../shared/text/tinyshakespeare/input.txt` (or `--text`; its prepare.py, given the file, downloads nothing: its
+unused `import requests` is dropped). One line of train.py is changed: `torch.manual_seed(1337 + seed_offset)` takes
+the seed from NANOGPT_SEED. tpuplex runs `examples/shakespeare_char/cpu.toml` (the same recipe) with `--set
+train.seed=SEED` on each backend.
+
+`--recipe gpu` runs nanoGPT's GPU config as it is (`train.py config/train_shakespeare_char.py --compile=True`: 6
+layers, 6 heads, 384 wide, context 256, batch 64, dropout 0.2, bf16, 5,000 iterations, on `cuda`) beside
+`examples/shakespeare_char/gpu.toml` (the same recipe; the torch side compiled: `runtime.torch_mode = "compile"`).
+`--quick` shrinks either recipe to `--iters` steps of a batch of 8 rows of 64 on the CPU, uncompiled: a dry run of
+this script on a machine without the GPU.
 
 Printed per seed and side: iterations/s of the training steps, by one statistic on both sides (iterations over
 the seconds they took, evaluation excluded: nanoGPT's per-iteration times averaged, the evaluating iterations left
@@ -45,10 +51,14 @@ NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config/train_shakes
 CPU_RECIPE = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
               "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
               "--lr_decay_iters=2000", "--dropout=0.0"]
+GPU_RECIPE = ["--compile=True", "--eval_iters=20", "--log_interval=1"]
+QUICK = {"nanogpt": ["--device=cpu", "--compile=False", "--dtype=float32", "--batch_size=8", "--block_size=64",
+                     "--eval_iters=2"],
+         "tpuplex": ["train.global_batch=8", "data.max_length=64", "train.bf16=false"]}
 SEED_LINE = "torch.manual_seed(1337 + seed_offset)"
 
 
-def nanogpt_folder(source: Path, work: Path) -> Path:
+def nanogpt_folder(source: Path, work: Path, shakespeare: Path) -> Path:
     """nanoGPT's files in `work/nanogpt`, with the seed line patched and the Shakespeare data prepared."""
     folder = work / "nanogpt"
     for name in NANOGPT_FILES:
@@ -67,31 +77,33 @@ def nanogpt_folder(source: Path, work: Path) -> Path:
     data = folder / "data" / "shakespeare_char"
     prepare = data / "prepare.py"  # it imports requests only to download input.txt, which is given here
     prepare.write_text(prepare.read_text().replace("import requests\n", ""))
-    (data / "input.txt").write_bytes(INPUT.read_bytes())
+    (data / "input.txt").write_bytes(shakespeare.read_bytes())
     subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
     return folder
 
 
-def run_nanogpt(folder: Path, seed: int, iters: int) -> dict[str, float]:
-    command = [sys.executable, "train.py", "config/train_shakespeare_char.py", *CPU_RECIPE,
-               f"--max_iters={iters}", f"--lr_decay_iters={iters}", f"--out_dir=out-{seed}"]
+def run_nanogpt(folder: Path, seed: int, iters: int, recipe: list[str], eval_interval: int) -> dict[str, float]:
+    command = [sys.executable, "train.py", "config/train_shakespeare_char.py", *recipe, f"--max_iters={iters}",
+               f"--lr_decay_iters={iters}", f"--eval_interval={eval_interval}", f"--out_dir=out-{seed}"]
     started = time.perf_counter()
     output = subprocess.run(command, cwd=folder, check=True, capture_output=True, text=True,
                             env={**os.environ, "NANOGPT_SEED": str(seed)}).stdout
     wall = time.perf_counter() - started
     times = [float(ms) for step, ms in re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", output, re.M)
-             if int(step) > 0 and int(step) % 250]  # iteration 0 and the evaluating iterations excluded
+             if int(step) > 0 and int(step) % eval_interval]  # iteration 0 and the evaluating ones excluded
     val = re.findall(rf"^step {iters}: train loss [\d.]+, val loss ([\d.]+)", output, re.M)
     (folder / f"out-{seed}.log").write_text(output)
     return {"iters_per_s": 1000.0 / statistics.mean(times), "median_iters_per_s": 1000.0 / statistics.median(times),
             "val_loss": float(val[-1]), "wall_s": wall}
 
 
-def run_tpuplex(backend: str, python: str, seed: int, iters: int, out: Path) -> dict[str, float]:
+def run_tpuplex(backend: str, python: str, seed: int, iters: int, out: Path, config: Path, text: Path,
+                settings: list[str]) -> dict[str, float]:
     folder = out / f"tpuplex-{backend}-{seed}"
-    command = [python, "-m", "tpuplex", "train", str(CONFIG), "--backend", backend,
-               "--set", f"train.seed={seed}", "--set", f"train.max_steps={iters}",
-               "--set", f"runtime.output_dir={folder}", "--set", f"runtime.eval_every={iters}"]
+    settings = [f"train.seed={seed}", f"train.max_steps={iters}", f"runtime.output_dir={json.dumps(str(folder))}",
+                f"runtime.eval_every={iters}", f"data.train_file={json.dumps(str(text))}", *settings]
+    command = [python, "-m", "tpuplex", "train", str(config), "--backend", backend,
+               *(part for setting in settings for part in ("--set", setting))]
     started = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -114,17 +126,31 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["torch", "jax", "tf"])
     parser.add_argument("--python", nargs="*", default=[], metavar="BACKEND=PYTHON",
                         help="the interpreter of a backend's environment (default: this one; nanoGPT runs here)")
-    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--recipe", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--iters", type=int, help="default: the recipe's (2,000 on the CPU, 5,000 on the GPU)")
+    parser.add_argument("--quick", action="store_true", help="a dry run on the CPU: small batches, --iters steps")
+    parser.add_argument("--text", type=Path, default=INPUT, help="tiny Shakespeare's input.txt")
     parser.add_argument("--out", type=Path, required=True, help="a new folder for the runs and results.json")
     args = parser.parse_args()
     pythons = {backend: sys.executable for backend in args.backends} | dict(p.split("=", 1) for p in args.python)
+    gpu = args.recipe == "gpu"
+    args.iters = args.iters or (5000 if gpu else 2000)
+    recipe = (GPU_RECIPE if gpu else CPU_RECIPE) + (QUICK["nanogpt"] if args.quick else [])
+    config = CONFIG.with_name("gpu.toml") if gpu else CONFIG
+    eval_interval = args.iters if args.quick else 250  # both recipes evaluate every 250 iterations
+
+    def settings(backend: str) -> list[str]:
+        compiled = ['runtime.torch_mode="compile"'] if gpu and backend == "torch" and not args.quick else []
+        return compiled + (QUICK["tpuplex"] if args.quick else [])
+
     args.out.mkdir(parents=True, exist_ok=False)
-    folder = nanogpt_folder(args.nanogpt, args.out)
+    folder = nanogpt_folder(args.nanogpt, args.out, args.text)
     results: dict[str, list[dict[str, float]]] = {"nanogpt": [], **{backend: [] for backend in args.backends}}
     for seed in args.seeds:  # alternating: each seed runs every side before the next seed
         for side in results:
-            row = (run_nanogpt(folder, seed, args.iters) if side == "nanogpt"
-                   else run_tpuplex(side, pythons[side], seed, args.iters, args.out))
+            row = (run_nanogpt(folder, seed, args.iters, recipe, eval_interval) if side == "nanogpt"
+                   else run_tpuplex(side, pythons[side], seed, args.iters, args.out, config, args.text,
+                                    settings(side)))
             results[side].append({"seed": seed, **row})
             print(f"seed {seed} {side:8s} {row['iters_per_s']:.2f} it/s, val loss {row['val_loss']:.4f}, "
                   f"wall {row['wall_s']:.0f} s", flush=True)
