@@ -51,6 +51,26 @@ def train(backend, model: ModelSpec, steps: list[dict[str, np.ndarray]], state=N
     return state, losses
 
 
+def check_the_framework_counts_its_forward_flops(backend, padding_taps: bool, exact: bool) -> None:
+    """MFU for a model of your own: the backend's framework counts TextCNN's forward on a batch [B, L]. By hand its
+    convolutions are 2 E F multiply-adds per tap of a width-w kernel at each of the L positions, and its classifier
+    2 B (3 F) n. torch's counter and TensorFlow's profiler count the w taps at every position (`padding_taps`),
+    XLA only those inside the row ((w^2 - 1) / 8 fewer at each end of it); torch's count is exactly the hand
+    count (`exact`), XLA's and TensorFlow's add the element-wise work (bias additions, ReLU, the max), a few
+    percent. Counting compiles nothing."""
+    from textcnn import EMBEDDING_SIZE, FILTERS, WIDTHS
+
+    state = backend.init(spec(), OptimizerSpec(seed=3))
+    batch = batches(1)[0]
+    rows, length = batch["input_ids"].shape
+    taps = sum(length * width - (0 if padding_taps else (width**2 - 1) // 4) for width in WIDTHS)
+    by_hand = 2 * rows * EMBEDDING_SIZE * FILTERS * taps + 2 * rows * FILTERS * len(WIDTHS) * 2
+    compiled = backend.compile_count()
+    counted = backend.forward_flops(state, batch)
+    assert counted == by_hand if exact else by_hand < counted < 1.05 * by_hand, (counted, by_hand)
+    assert backend.compile_count() == compiled
+
+
 def check_resume_equals_uninterrupted(make_backend) -> None:
     """Six steps in one go equal three, a portable round trip into a fresh backend, and three more: the same
     losses and final parameters, bit for bit (dropout on: its masks depend on the seed and step only)."""

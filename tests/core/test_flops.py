@@ -74,10 +74,14 @@ def test_a_cifar_resnet_step_counted_by_hand():
     assert flops.train_flops(spec, {"images": np.zeros((5, 4, 4, 3), np.uint8)}) == 3 * 5 * per_image
 
 
-def test_a_model_of_your_own_is_not_counted():
+def test_a_model_of_your_own_is_counted_by_its_framework():
+    """tpuplex does not count your network: a step is 3x the forward its framework counts (`Backend.forward_flops`,
+    head included), and no count gives no MFU."""
     spec = ModelSpec(kind=OwnModel(None, {}, None, None), task=SEQUENCE_CLASSIFICATION,
                      head=classifier_head(None, None, {}, 2), params={})
-    assert flops.train_flops(spec, {"input_ids": np.zeros((2, 3), np.int32)}) is None
+    batch = {"input_ids": np.zeros((2, 3), np.int32)}
+    assert flops.train_flops(spec, batch, lambda: 1e6) == 3e6
+    assert flops.train_flops(spec, batch, lambda: None) is None
     assert flops.rates(None, 1.0, 1e12) == {"model_tflops_per_s": None, "mfu": None}
 
 

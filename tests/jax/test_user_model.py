@@ -23,6 +23,10 @@ class WrongShape(nn.Module):
         return jnp.mean(nn.Embed(self.vocab_size, self.num_labels + 1)(input_ids), axis=1)  # a column too many
 
 
+def test_the_framework_counts_the_forward_flops():
+    checks.check_the_framework_counts_its_forward_flops(backend(2), padding_taps=False, exact=False)
+
+
 def test_textcnn_resumes_exactly():
     checks.check_resume_equals_uninterrupted(lambda: backend(1))
 

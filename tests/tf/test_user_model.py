@@ -29,6 +29,10 @@ def backend(devices: int = 1) -> TfBackend:
     return TfBackend(RuntimeConfig(cpu_devices=devices))
 
 
+def test_the_framework_counts_the_forward_flops():
+    checks.check_the_framework_counts_its_forward_flops(backend(), padding_taps=True, exact=False)
+
+
 def test_textcnn_resumes_exactly():
     checks.check_resume_equals_uninterrupted(backend)
 

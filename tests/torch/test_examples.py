@@ -85,3 +85,4 @@ def test_the_example_trains_as_documented(path, scale, shared_glue, shared_text,
     tpuplex(*args, cwd=folder)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["step"] == 2 and results["metrics"]
+    assert results["train"]["mfu"] > 0  # a model of your own (custom_model, flowers) counted by torch's counter

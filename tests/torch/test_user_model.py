@@ -22,6 +22,10 @@ class WrongShape(torch.nn.Module):
         return self.embedding(input_ids).mean(dim=1)  # one column too many
 
 
+def test_the_framework_counts_the_forward_flops():
+    checks.check_the_framework_counts_its_forward_flops(backend(), padding_taps=True, exact=True)
+
+
 def test_textcnn_resumes_exactly():
     checks.check_resume_equals_uninterrupted(backend)
 

@@ -4,8 +4,10 @@ Counting follows PaLM (appendix B) and nanoGPT's `estimate_mfu`: a matmul of an 
 2mkn FLOPs, the backward pass costs twice the forward, so a training step is 3x its forward; attention counts its
 two L x L products in full (4 L^2 d per row and layer, causal or not); element-wise work, norms, softmax and
 embedding lookups are left out. Every row of a batch counts, padding rows included: they are computed. The kind
-counts its network (`ModelKind.forward_flops`), the task its head (`Task.head_flops`); a model of your own is not
-counted (no MFU).
+counts its network (`ModelKind.forward_flops`), the task its head (`Task.head_flops`). A model of your own is
+counted by its framework (`Backend.forward_flops`: XLA's cost analysis of the lowered forward on jax, torch's
+`FlopCounterMode` on torch, TensorFlow's graph profiler on tf; each as it counts, the latter two element-wise
+bias additions and all), and a training step is 3x that forward too; no MFU where the framework gives no count.
 
 The peak is the chip's dense bf16 matrix rate from `CHIP_PEAKS` (per device as the frameworks list devices: a
 TPU v2/v3 core, a v4+ chip, one GPU) times the devices, whatever precision the run computes in, so MFU says how
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -70,14 +73,17 @@ def cpu_matmul_flops(size: int = 1024, repeats: int = 5) -> float:
     return 2 * size**3 / best
 
 
-def train_flops(spec, batch) -> float | None:
-    """Model FLOPs of one training step on `batch` (3x the forward of the kind's network and the task's head), or
-    None when the model is not counted (a model of your own)."""
+def train_flops(spec, batch, framework_forward: Callable[[], float | None] = lambda: None) -> float | None:
+    """Model FLOPs of one training step on `batch`: 3x the forward of the kind's network and the task's head, or,
+    for a network the kind does not count (a model of your own, head included), 3x `framework_forward()`, the
+    framework's count; None when neither counts."""
     network = spec.kind.forward_flops(spec, batch)
-    head = spec.task.head_flops(spec, batch)
-    if network is None or head is None:
-        return None
-    return 3.0 * (network + head)
+    if network is None:
+        forward = framework_forward()
+    else:
+        head = spec.task.head_flops(spec, batch)
+        forward = None if head is None else network + head
+    return None if forward is None else 3.0 * forward
 
 
 def rates(step_flops: float | None, seconds: float, peak_flops_per_s: float) -> dict[str, float | None]:

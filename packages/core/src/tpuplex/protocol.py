@@ -212,6 +212,11 @@ class Backend(Protocol):
     def compile_count(self) -> int:
         """Programs the framework has compiled (or traced) so far, for the recompilation guard."""
 
+    def forward_flops(self, state: Any, batch: Batch) -> float | None:
+        """FLOPs of the model's inference forward on the global `batch`, as the framework counts them (a compiled
+        program's cost analysis, a FLOP counter), for a model `tpuplex.flops` does not count (your own); None
+        where the framework gives no count. Called once per batch shape; it must not count as a compilation."""
+
     def host_allgather(self, values: np.ndarray) -> np.ndarray:
         """float64 [n] from every process -> float64 [processes, n] in process order, on every process. The core
         sends only integers below 2^16, exact even where a framework's collective runs in float32.
@@ -242,6 +247,9 @@ class BackendBase:
         return None
 
     def stop_profile(self) -> None:
+        return None
+
+    def forward_flops(self, state: Any, batch: Batch) -> float | None:
         return None
 
     def generate(self, state: Any, prompts: Prompts) -> np.ndarray:

@@ -54,6 +54,7 @@ class _Programs:
     inputs: tuple[str, ...]
     kind: Any
     network: Any
+    model_inputs: Any
 
 
 class JaxBackend(BackendBase):
@@ -83,7 +84,8 @@ class JaxBackend(BackendBase):
                 step.make_predict_step(built.network, task.predict_outputs, task.model_inputs), self.devices),
             max_length=built.max_length, naming=built.naming, shapes=built.naming.shapes(built.params),
             state_naming=built.state_naming, state_shapes=built.state_naming.shapes(built.model_state),
-            grad_accum=optimizer.grad_accum, inputs=model.inputs, kind=kind, network=built.network)
+            grad_accum=optimizer.grad_accum, inputs=model.inputs, kind=kind, network=built.network,
+            model_inputs=task.model_inputs)
         return self._place(step.TrainState(built.params, tx.init(built.params), built.model_state))
 
     def train_step(self, state: step.TrainState, batch: Batch, learning_rate: float) -> tuple[step.TrainState, float]:
@@ -128,6 +130,11 @@ class JaxBackend(BackendBase):
 
     def compile_count(self) -> int:
         return self._compiles.count
+
+    def forward_flops(self, state: step.TrainState, batch: Batch) -> float | None:
+        programs = self._require_init()
+        rows = {name: np.asarray(batch[name]) for name in (*programs.inputs, *head_inputs(batch, programs.inputs))}
+        return step.forward_flops(programs.network, programs.model_inputs, state.params, state.model_state, rows)
 
     def host_allgather(self, values: np.ndarray) -> np.ndarray:
         values = np.asarray(values, np.float64)

@@ -175,6 +175,19 @@ def make_predict_step(model: nn.Module, predict_outputs: Callable[[Any, dict], j
     return predict
 
 
+def forward_flops(model: nn.Module, model_inputs: Callable, params: Any, model_state: Any,
+                  rows: dict[str, np.ndarray]) -> float | None:
+    """XLA's count of the inference forward's FLOPs on `rows` (the global batch, [B, ...]): the cost analysis of
+    the lowered program, from shapes alone (nothing is compiled or run); None where the platform gives none."""
+    def forward(params: Any, model_state: Any, rows: dict) -> jax.Array:
+        return apply(model, model_inputs, params, model_state, rows, False, False)[0]
+
+    shaped = jax.tree.map(lambda value: jax.ShapeDtypeStruct(np.shape(value), value.dtype),
+                          (params, model_state, rows))
+    flops = (jax.jit(forward).lower(*shaped).cost_analysis() or {}).get("flops")
+    return None if flops is None else float(flops)
+
+
 def replicate_train_step(step: Callable, devices: list[jax.Device]) -> Callable:
     """`step` on every device: state and learning rate broadcast, rows split on the leading axis [R, b, ...];
     the new state comes back replicated (its buffers are donated) and the loss as one scalar."""

@@ -71,6 +71,9 @@ class TfBackend(BackendBase):
     def predict(self, state: TfState, batch: Batch) -> np.ndarray:
         return state.steps.predict(batch)
 
+    def forward_flops(self, state: TfState, batch: Batch) -> float | None:
+        return state.steps.forward_flops(batch)
+
     def state_to_arrays(self, state: TfState) -> PortableState:
         return checkpoint.to_portable(state.steps)
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -115,6 +116,22 @@ class Steps:
         keys = (*self.inputs, "labels", *head_inputs(batch, self.inputs))
         arrays = {key: _train_array(batch, key) for key in keys if key in batch}
         return self._program(self._predict, arrays, rows)(arrays).numpy()
+
+    def forward_flops(self, batch: Batch) -> float:
+        """The inference forward's FLOPs on the global `batch` as TensorFlow's graph profiler counts them (the
+        float_ops statistics of the traced graph's matrix products, convolutions, bias additions ...): traced on
+        the batch's shapes, never run."""
+        arrays = {key: _train_array(batch, key) for key in (*self.inputs, *head_inputs(batch, self.inputs))}
+        graph = tf.function(self._forward).get_concrete_function(
+            {key: tf.TensorSpec(array.shape, tf.as_dtype(array.dtype)) for key, array in arrays.items()}).graph
+        options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
+        options["output"] = "none"
+        quiet = tf.get_logger().level
+        tf.get_logger().setLevel("ERROR")  # the v1 profiler's deprecation notices
+        try:
+            return float(tf.compat.v1.profiler.profile(graph=graph, options=options).total_float_ops)
+        finally:
+            tf.get_logger().setLevel(quiet)
 
     def _program(self, body: Callable, arrays: dict[str, np.ndarray], rows: int) -> Callable:
         """`body(arrays, rows)` as a tf.function for inputs shaped like `arrays` with any number of stacked batches.
@@ -268,8 +285,10 @@ class Steps:
         return self._logits_xla(self._replica_rows(arrays, 0, rows))
 
     def _logits(self, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-        outputs = self.model(*self.task.model_inputs(batch), **head_inputs(batch, self.inputs))
-        return self.task.predict_outputs(outputs, batch)
+        return self.task.predict_outputs(self._forward(batch), batch)
+
+    def _forward(self, batch: dict[str, tf.Tensor]) -> Any:
+        return self.model(*self.task.model_inputs(batch), **head_inputs(batch, self.inputs))
 
 
 def _train_array(batch: Batch, key: str) -> np.ndarray:

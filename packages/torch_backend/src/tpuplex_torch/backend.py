@@ -81,6 +81,9 @@ class TorchBackend(BackendBase):
     def compile_count(self) -> int:
         return self.placement.compile_count()
 
+    def forward_flops(self, state: TorchState, batch: Batch) -> float | None:
+        return step.forward_flops(state, self.placement, batch)
+
     def host_allgather(self, values: np.ndarray) -> np.ndarray:
         values = np.asarray(values, np.float64)
         if self.placement.row_processes == 1:

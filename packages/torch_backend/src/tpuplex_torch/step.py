@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+from torch.utils.flop_counter import FlopCounterMode
 
 import torch
 from tpuplex.data.batching import check_micro_batches
@@ -158,6 +159,20 @@ def predict(state: TorchState, placement: Placement, batch: Batch) -> np.ndarray
         outputs = state.task.predict_outputs(state.forward(state.model, inputs), inputs).float()
     placement.sync()
     return placement.gather_rows(outputs).cpu().numpy()
+
+
+def forward_flops(state: TorchState, placement: Placement, batch: Batch) -> float:
+    """The inference forward's FLOPs on the global `batch` as torch's `FlopCounterMode` counts them (matrix
+    products, convolutions, attention) in one uncompiled forward without gradients."""
+    inputs = placement.put(batch)
+    training = state.model.training
+    state.model.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            state.forward(state.model, inputs)
+    finally:
+        state.model.train(training)
+    return float(counter.get_total_flops())
 
 
 def micro_batches(inputs: dict[str, torch.Tensor], replicas: int, count: int) -> Iterator[dict[str, torch.Tensor]]:

@@ -187,15 +187,16 @@ class Trainer:
         """The devices' peak FLOP/s, found when first asked (a CPU's is measured; eval and predict never ask)."""
         return flops.peak(self.backend.topology(), self.config.runtime.peak_tflops)
 
-    def train_flops(self, batch: Batch) -> float | None:
-        """Model FLOPs of a training step on `batch` (`tpuplex.flops`); None without a model spec or a count.
-        They depend on the batch's shapes alone, so each shape is counted once (a handful of buckets), off the
-        step-to-step path."""
+    def train_flops(self, batch: Batch, state: Any) -> float | None:
+        """Model FLOPs of a training step on `batch` (`tpuplex.flops`; a model of your own counted by the backend's
+        framework on `state`); None without a model spec or a count. They depend on the batch's shapes alone, so
+        each shape is counted once (a handful of buckets), off the step-to-step path."""
         if self.model is None:
             return None
         shapes = tuple((name, np.shape(value)) for name, value in batch.items())
         if shapes not in self._flops_by_shapes:
-            self._flops_by_shapes[shapes] = flops.train_flops(self.model, batch)
+            self._flops_by_shapes[shapes] = flops.train_flops(self.model, batch,
+                                                              lambda: self.backend.forward_flops(state, batch))
         return self._flops_by_shapes[shapes]
 
     def learning_rate(self, step: int) -> float:
@@ -465,7 +466,7 @@ class _Run:
                 self.profiler.before_step(at.step + 1)
                 losses = self._run_group(group)
                 elapsed = time.perf_counter() - started
-                step_flops = [trainer.train_flops(batch) for batch in group]
+                step_flops = [trainer.train_flops(batch, self.state) for batch in group]
                 for batch, batch_flops in zip(group, step_flops, strict=True):
                     self.train_throughput = self.train_throughput.add(batch, batch_flops)
                 self.train_throughput = self.train_throughput.timed(elapsed, prefetcher.waited - waited)
