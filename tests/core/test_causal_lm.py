@@ -11,6 +11,7 @@ import pytest
 from tpuplex import models
 from tpuplex.commands.generate import bucket, left_padded
 from tpuplex.config import from_dict
+from tpuplex.data.corpus import pack_stream
 from tpuplex.engine.schedule import warmup_cosine_decay
 from tpuplex.errors import TpuplexError
 from tpuplex.models.decoder import initial_params
@@ -20,7 +21,6 @@ from tpuplex.tasks.causal_lm.data import (
     Characters,
     NextTokenRows,
     next_token_rows,
-    next_token_stream,
     random_windows,
     stream,
 )
@@ -28,7 +28,7 @@ from tpuplex.tasks.causal_lm.data import (
 
 def test_packed_rows_predict_every_token_but_the_first_once():
     ids = np.arange(1, 204, dtype=np.int32)
-    view = next_token_stream(ids, 16, "text")
+    view = NextTokenRows(pack_stream(ids, 16))
     assert len(view) == 13 and view.max_length == 17 and view.token_count == 203
     batch = view.rows(np.arange(len(view)), 17)
     rows = next_token_rows({**batch, "weight": np.ones(len(view), np.float32)})
@@ -40,7 +40,7 @@ def test_packed_rows_predict_every_token_but_the_first_once():
 def test_a_token_range_is_its_own_stream():
     """A held-out split: tokens [first, stop) of the packed source, cut inside a row, no token read past stop."""
     ids = np.arange(1, 204, dtype=np.int32)
-    source = next_token_stream(ids, 16, "text").source
+    source = NextTokenRows(pack_stream(ids, 16)).source
     head, tail = NextTokenRows(source, 0, 182), NextTokenRows(source, 182)
     for view, tokens in ((head, ids[:182]), (tail, ids[182:])):
         rows = next_token_rows({**view.rows(np.arange(len(view)), 17), "weight": np.ones(len(view), np.float32)})
@@ -63,7 +63,7 @@ def test_the_character_vocabulary_is_nanogpts_sorted_set():
 
 def test_random_windows_are_nanogpts_batches_from_seed_and_step():
     ids = np.arange(100, dtype=np.int32)
-    stream = next_token_stream(ids, 8, "text")
+    stream = NextTokenRows(pack_stream(ids, 8))
     first = random_windows(stream, 4, 9, np.random.default_rng([7, 3]))
     again = random_windows(stream, 4, 9, np.random.default_rng([7, 3]))
     assert all(np.array_equal(first[key], again[key]) for key in first)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tpuplex.data.batching import Encoded, token_rows
-from tpuplex.data.corpus import UNIT_BYTES, cached_corpus, corpus_files, pack_stream, unit_documents, units_of
+from tpuplex.data.corpus import UNIT_BYTES, cached_corpus, corpus_files, unit_documents, units_of
 from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens
 from tpuplex.data.tables import DataFile, read_table
 from tpuplex.data.tokenize import load_tokenizer, tokenizer_hash
@@ -277,11 +277,6 @@ class NextTokenRows:
         read = self.source.rows(np.concatenate([rows, following]), self.source.max_length)["input_ids"]
         pairs = np.concatenate([read[: len(rows)], read[len(rows) :]], axis=1)
         return np.take_along_axis(pairs, offsets[:, None] + np.arange(width)[None, :], axis=1).astype(np.int32)
-
-
-def next_token_stream(ids: np.ndarray, max_length: int, what: str) -> NextTokenRows:
-    """The stream `ids` [T >= 1] in memory as `NextTokenRows`: one clear error when it fills no row."""
-    return NextTokenRows(pack_stream(ids, max_length)).check(what)
 
 
 def next_token_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
