@@ -153,3 +153,14 @@ def test_a_bias_free_gpt2_has_no_bias_and_exports_zero_ones():
     exported = family.hf_weights(bias_free, params)
     assert {name: array.shape for name, array in exported.items()} == family.hf_shapes(biased)
     assert all(not exported[name].any() for name in exported.keys() - params.keys())
+
+
+def test_documents_of_a_tokenizer_without_end_of_text_are_refused_in_one_line(tmp_path, minilm_dir):
+    """Several documents need an end-of-text token between them; MiniLM's WordPiece vocabulary has none."""
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": f"document {n} " * 20}) + "\n" for n in range(3)))
+    config = from_dict({"task": {"name": "causal_lm"}, "data": {"train_file": str(tmp_path / "docs.jsonl"),
+                                                                "max_length": 8, "cache_dir": str(tmp_path / "c")}})
+    with pytest.raises(TpuplexError, match=r"has no end-of-text token to mark where each document of .*docs.jsonl "
+                                           r"ends \(<\|endoftext\|>, .*\): use a tokenizer that has one"):
+        TASK.prepare(config, Options(), minilm_dir)
+    assert not any((tmp_path / "c").glob("*/manifest.json"))

@@ -161,9 +161,9 @@ class CorpusEncoder:
 
     def check(self) -> None:
         if self.end_of_text and self.vocabulary().end_of_text is None:
-            raise TpuplexError(f"{self.source} has several documents, but the tokenizer in {self.tokenizer_dir} has "
-                               f"no end-of-text token to mark where one ends ({', '.join(END_OF_TEXT)}): use a "
-                               "tokenizer that has one, or train on one .txt file")
+            raise TpuplexError(f"the tokenizer in {self.tokenizer_dir} has no end-of-text token to mark where each "
+                               f"document of {self.source} ends ({', '.join(END_OF_TEXT)}): use a tokenizer that "
+                               "has one (a run on one .txt file needs none)")
 
     def encode(self, documents: list[str], ends: list[bool]) -> np.ndarray:
         vocabulary, pieces = self.vocabulary(), []
