@@ -23,10 +23,6 @@ class WrongShape(nn.Module):
         return jnp.mean(nn.Embed(self.vocab_size, self.num_labels + 1)(input_ids), axis=1)  # a column too many
 
 
-def test_the_framework_counts_the_forward_flops():
-    checks.check_the_framework_counts_its_forward_flops(backend(2), padding_taps=False, exact=False)
-
-
 def test_textcnn_resumes_exactly():
     checks.check_resume_equals_uninterrupted(lambda: backend(1))
 
@@ -54,3 +50,7 @@ def test_a_model_with_the_wrong_output_shape_is_named():
 def test_a_model_that_cannot_be_imported_is_named():
     with pytest.raises(TpuplexError, match=r"'no_such_package.models:Net' cannot be imported \(ModuleNotFound"):
         backend(1).init(checks.spec("no_such_package.models:Net"), OptimizerSpec())
+
+
+def test_the_framework_counts_the_forward_flops():
+    checks.check_the_framework_counts_its_forward_flops(backend(2), padding_taps=False, exact=False)

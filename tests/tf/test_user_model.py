@@ -29,10 +29,8 @@ def backend(devices: int = 1) -> TfBackend:
     return TfBackend(RuntimeConfig(cpu_devices=devices))
 
 
-def test_the_framework_counts_the_forward_flops():
-    checks.check_the_framework_counts_its_forward_flops(backend(), padding_taps=True, exact=False)
-
-
+# First in its file: in one process, the fourth TextCNN backend built trains one ulp away from the first three at
+# step 2 (TF on the CPU, 2026-11-26, not diagnosed), which this bit-for-bit check would take for a resume bug.
 def test_textcnn_resumes_exactly():
     checks.check_resume_equals_uninterrupted(backend)
 
@@ -62,3 +60,7 @@ def test_a_model_with_the_wrong_output_shape_is_named():
 def test_a_model_that_cannot_be_imported_is_named():
     with pytest.raises(TpuplexError, match=r"'no_such_package.models:Net' cannot be imported \(ModuleNotFound"):
         backend().init(checks.spec("no_such_package.models:Net"), OptimizerSpec())
+
+
+def test_the_framework_counts_the_forward_flops():
+    checks.check_the_framework_counts_its_forward_flops(backend(), padding_taps=True, exact=False)

@@ -22,10 +22,6 @@ class WrongShape(torch.nn.Module):
         return self.embedding(input_ids).mean(dim=1)  # one column too many
 
 
-def test_the_framework_counts_the_forward_flops():
-    checks.check_the_framework_counts_its_forward_flops(backend(), padding_taps=True, exact=True)
-
-
 def test_textcnn_resumes_exactly():
     checks.check_resume_equals_uninterrupted(backend)
 
@@ -63,3 +59,7 @@ def test_a_model_with_the_wrong_output_shape_is_named():
 def test_a_model_that_cannot_be_imported_is_named():
     with pytest.raises(TpuplexError, match=r"'no_such_package.models:Net' cannot be imported \(ModuleNotFound"):
         backend().init(checks.spec("no_such_package.models:Net"), OptimizerSpec())
+
+
+def test_the_framework_counts_the_forward_flops():
+    checks.check_the_framework_counts_its_forward_flops(backend(), padding_taps=True, exact=True)
