@@ -98,3 +98,9 @@ def transformer_layer_flops(rows: int, length: int, width: int, matmul_params: i
     """Forward FLOPs of one transformer layer over [rows, length] tokens: its matmul weights once per token, and
     the attention's scores and weighted sum (4 L^2 width per row; width = heads x head size)."""
     return 2.0 * rows * length * matmul_params + 4.0 * rows * length * length * width
+
+
+def encoder_layer_flops(rows: int, length: int, hidden: int, intermediate: int) -> float:
+    """`transformer_layer_flops` of a BERT-style encoder layer (BERT's five families, ViT): four [hidden, hidden]
+    attention projections and a feed-forward of two [hidden, intermediate] matrices."""
+    return transformer_layer_flops(rows, length, hidden, 4 * hidden**2 + 2 * hidden * intermediate)

@@ -76,9 +76,8 @@ class Architecture:
     def forward_flops(self, rows: int, length: int) -> float:
         """Forward FLOPs of the encoder over [rows, length] tokens (`tpuplex.flops`): the embedding projection and
         every applied layer (a shared ALBERT block counts each time it is applied)."""
-        hidden = self.hidden_size
-        layer = flops.transformer_layer_flops(rows, length, hidden, 4 * hidden**2 + 2 * hidden * self.intermediate_size)
-        projection = 2.0 * rows * length * self.embedding_size * hidden if self.embedding_projection else 0.0
+        layer = flops.encoder_layer_flops(rows, length, self.hidden_size, self.intermediate_size)
+        projection = 2.0 * rows * length * self.embedding_size * self.hidden_size if self.embedding_projection else 0.0
         return projection + len(self.block_schedule) * layer
 
     def without_dropout(self) -> Architecture:

@@ -54,7 +54,7 @@ class ViT:
         projection, every layer over the patches and the class token, and the classifier."""
         hidden, tokens = self.hidden_size, self.num_patches + 1
         patch = 2.0 * self.num_patches * self.num_channels * self.patch_size[0] * self.patch_size[1] * hidden
-        layer = flops.transformer_layer_flops(1, tokens, hidden, 4 * hidden**2 + 2 * hidden * self.intermediate_size)
+        layer = flops.encoder_layer_flops(1, tokens, hidden, self.intermediate_size)
         return rows * (patch + self.num_layers * layer + 2.0 * hidden * num_labels)
 
     def parameter_shapes(self, num_labels: int) -> dict[str, tuple[int, ...]]:
