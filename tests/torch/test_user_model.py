@@ -63,3 +63,15 @@ def test_a_model_that_cannot_be_imported_is_named():
 
 def test_the_framework_counts_the_forward_flops():
     checks.check_the_framework_counts_its_forward_flops(backend(), padding_taps=True, exact=True)
+
+
+def test_one_of_two_processes_counts_the_whole_batch(monkeypatch):
+    """Of two torch processes, each puts half the rows on its device: the count is still the global batch's."""
+    torch_backend = backend()
+    state = torch_backend.init(checks.spec(), OptimizerSpec())
+    batch = checks.batches(1)[0]
+    whole = torch_backend.forward_flops(state, batch)
+    put = torch_backend.placement.put
+    monkeypatch.setattr(torch_backend.placement, "put", lambda rows: {name: tensor[: len(tensor) // 2]
+                                                                      for name, tensor in put(rows).items()})
+    assert torch_backend.forward_flops(state, batch) == whole

@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import torch
 from tpuplex.data.batching import check_micro_batches
 from tpuplex.kinds.torch import Forward
-from tpuplex.protocol import Batch, OptimizerSpec, decays
+from tpuplex.protocol import Batch, OptimizerSpec, batch_rows, decays
 from tpuplex.tasks.torch import TaskModule
 from tpuplex_torch.devices import Placement
 
@@ -163,7 +163,8 @@ def predict(state: TorchState, placement: Placement, batch: Batch) -> np.ndarray
 
 def forward_flops(state: TorchState, placement: Placement, batch: Batch) -> float:
     """The inference forward's FLOPs on the global `batch` as torch's `FlopCounterMode` counts them (matrix
-    products, convolutions, attention) in one uncompiled forward without gradients."""
+    products, convolutions, attention) in one uncompiled forward without gradients. Each of several processes
+    computes its own rows, all of the batch's shapes: its count is scaled to the batch's rows."""
     inputs = placement.put(batch)
     training = state.model.training
     state.model.eval()
@@ -172,7 +173,7 @@ def forward_flops(state: TorchState, placement: Placement, batch: Batch) -> floa
             state.forward(state.model, inputs)
     finally:
         state.model.train(training)
-    return float(counter.get_total_flops())
+    return float(counter.get_total_flops()) * batch_rows(batch) / batch_rows(inputs)
 
 
 def micro_batches(inputs: dict[str, torch.Tensor], replicas: int, count: int) -> Iterator[dict[str, torch.Tensor]]:
