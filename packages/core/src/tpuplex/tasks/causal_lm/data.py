@@ -45,28 +45,31 @@ END_OF_TEXT = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 def documents(file: DataFile, text_column: str) -> list[str]:
     """A table's documents: the non-blank values of its text column."""
     table = read_table(file, [text_column])
-    return _found(file, [text for text in ("" if value is None else str(value)
-                                           for value in table.columns[text_column]) if text.strip()])
+    found = [text for text in ("" if value is None else str(value) for value in table.columns[text_column])
+             if text.strip()]
+    if not found:
+        raise _no_text(file)
+    return found
 
 
 def census(file: DataFile, text_column: str) -> tuple[int, str]:
-    """(documents, their sorted set of characters) of a .txt or .jsonl file, read unit by unit in one pass."""
+    """(documents, their sorted set of characters) of a .txt or .jsonl file, read unit by unit in one pass: a
+    .jsonl line's text is one document, a .txt file with any text one."""
     filesystem, _ = corpus_files(str(file.path))
     count, characters = 0, set()
     for unit in units_of(filesystem, [str(file.path)], UNIT_BYTES):
         texts = unit_documents(filesystem, unit, text_column, whole_files=True)
-        count += len(texts) if file.path.suffix == ".jsonl" else 0
+        count += len(texts)
         characters.update(*texts)
-    if file.path.suffix == ".txt":
+    if file.path.suffix == ".txt":  # its units' texts are parts of its one document
         count = int(bool("".join(characters).strip()))
-    _found(file, [""] * count)
+    if not count:
+        raise _no_text(file)
     return count, "".join(sorted(characters))
 
 
-def _found(file: DataFile, texts: list[str]) -> list[str]:
-    if not texts:
-        raise TpuplexError(f"{file.path} has no text ({file.field}): give a file with some text in it")
-    return texts
+def _no_text(file: DataFile) -> TpuplexError:
+    return TpuplexError(f"{file.path} has no text ({file.field}): give a file with some text in it")
 
 
 @dataclasses.dataclass(frozen=True)
