@@ -164,3 +164,13 @@ def test_documents_of_a_tokenizer_without_end_of_text_are_refused_in_one_line(tm
                                            r"ends \(<\|endoftext\|>, .*\): use a tokenizer that has one"):
         TASK.prepare(config, Options(), minilm_dir)
     assert not any((tmp_path / "c").glob("*/manifest.json"))
+
+
+def test_a_text_file_of_blank_lines_is_refused_whatever_the_tokenizer(tmp_path, minilm_dir):
+    (tmp_path / "blank.txt").write_text("\n   \n\n")
+    for tokenizer in ("checkpoint", "characters"):
+        config = from_dict({"task": {"name": "causal_lm", "tokenizer": tokenizer},
+                            "data": {"train_file": str(tmp_path / "blank.txt"), "max_length": 8,
+                                     "cache_dir": str(tmp_path / "c")}})
+        with pytest.raises(TpuplexError, match=r"blank.txt has no text \(data.train_file\)"):
+            TASK.prepare(config, Options(tokenizer=tokenizer), minilm_dir)

@@ -133,7 +133,7 @@ class CausalLM(Task):
                                                                Characters.of(texts).characters))
             if not streamed:
                 return NextTokenRows(pack_stream(text.stream(texts, vocabulary, str(file.path)), length)), vocabulary
-            documents = 1 if file.path.suffix == ".txt" else census(file)[0]
+            documents = census(file)[0]  # and a file of blank lines stops here, as a table of them does
             return NextTokenRows(text.cached_stream(file, vocabulary, documents, tokenizer_dir, length,
                                                     Path(data.cache_dir).expanduser(), options.text_column,
                                                     fingerprint(file))), vocabulary
