@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tpuplex import sharding
 from tpuplex.errors import TpuplexError
 from tpuplex.plugins import add_search_path, check_import_path
 from tpuplex.text_files import read_utf8
@@ -139,6 +140,9 @@ class RuntimeConfig:
     cpu_devices: int = 0
     """On CPU, split the host into this many devices to exercise data parallelism (JAX: forced host platform
     device count; TF: logical devices; torch_xla: CPU_NUM_DEVICES); 0 keeps the framework's default."""
+    mesh: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The device mesh (`tpuplex.sharding`, docs/sharding.md): sizes of the axes `data`, `fsdp` and `tensor`, e.g.
+    {data = -1, fsdp = 4} (one -1 fills with the devices left). Empty: data parallelism over every device."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,9 +177,10 @@ _UNSET = object()  # a task option has no default in Config(): any value given c
 OUTPUT_FIELDS = (("data", "cache_dir"), ("runtime", "output_dir"), ("runtime", "eval_every"),
                  ("runtime", "checkpoint_every"), ("runtime", "keep_checkpoints"), ("runtime", "log_every"),
                  ("runtime", "profile_steps"), ("runtime", "on_preempt"), ("runtime", "host_timeout"),
-                 ("runtime", "prefetch"), ("runtime", "peak_tflops"))
-"""Fields that change where results go, when they are written, how long processes wait for each other or how far
-ahead batches are prepared, never the parameters or metrics computed."""
+                 ("runtime", "prefetch"), ("runtime", "peak_tflops"), ("runtime", "mesh"))
+"""Fields that change where results go, when they are written, how long processes wait for each other, how far
+ahead batches are prepared or how the state is laid out over the devices (a checkpoint resumes on any mesh), never
+the parameters or metrics computed (beyond the order of float sums)."""
 
 
 _CHOICES = {
@@ -336,6 +341,10 @@ def _coerce(section: str, name: str, hint: Any, value: Any) -> Any:
                                                           for v in value):
             raise TpuplexError(f"{field} = {value!r} is not allowed: use a list of integers, e.g. [64, 128]")
         return tuple(value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TpuplexError(f"{field} = {value!r} is not allowed: use a table, e.g. {{data = -1, fsdp = 4}}")
+        return dict(value)
     if hint is bool:
         if not isinstance(value, bool):
             raise TpuplexError(f"{field} = {value!r} is not allowed: use true or false")
@@ -380,6 +389,8 @@ def _check_range(section: str, name: str, value: Any) -> None:
                            "seed, TensorFlow's int32 included)")
     if key in _UNIT_INTERVAL and not 0 <= value < 1:
         raise TpuplexError(f"{field} = {value!r} is not allowed: use a number in [0, 1)")
+    if key == ("runtime", "mesh"):
+        sharding.check_request(value)
     if key == ("model", "architecture") and value:
         check_import_path(value)
     if key == ("runtime", "profile_steps") and value and (len(value) != 2 or not 0 <= value[0] <= value[1]):

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from tpuplex.errors import TpuplexError
+from tpuplex.sharding import Mesh
 
 DeviceKind = Literal["tpu", "gpu", "cpu"]
 DEVICE_KINDS: tuple[str, ...] = ("tpu", "gpu", "cpu")
@@ -34,9 +35,10 @@ class Topology:
     host_count: processes taking part (one per host on a TPU pod, one per device under torchrun).
     process_index: this process's index among them.
     source: how the devices were found, e.g. "env TPU_NAME", "nvidia-smi", "jax.devices()".
-    detail: backend-specific mode, e.g. "MirroredStrategy", "torch_xla SPMD", "pmap".
+    detail: backend-specific mode, e.g. "MirroredStrategy", "torch_xla SPMD", "jax.jit GSPMD".
     chip: the devices' name as the framework gives it ("NVIDIA H100 80GB HBM3", "TPU v4"; "" when it gives none),
         for the peak FLOP/s (`tpuplex.flops`).
+    mesh: how the devices are arranged (`tpuplex.sharding.Mesh`); None: data parallelism over all of them.
     """
 
     kind: DeviceKind
@@ -46,12 +48,19 @@ class Topology:
     source: str = ""
     detail: str = ""
     chip: str = ""
+    mesh: Mesh | None = None
+
+    @property
+    def batch_shards(self) -> int:
+        """Devices the global batch is split over: the mesh's data x fsdp, or every device."""
+        return self.mesh.batch_shards if self.mesh else self.device_count
 
     def report(self) -> str:
-        """One line for logs: `tpu x8 (1 host, process 0) via env TPU_NAME [TPUStrategy]`."""
+        """One line for logs: `tpu x8 (1 host, process 0) via env TPU_NAME [TPUStrategy] mesh data=2 fsdp=4`."""
         hosts = f"{self.host_count} host{'s' if self.host_count != 1 else ''}"
         line = f"{self.kind} x{self.device_count} ({hosts}, process {self.process_index}) via {self.source or '?'}"
-        return f"{line} [{self.detail}]" if self.detail else line
+        line = f"{line} [{self.detail}]" if self.detail else line
+        return f"{line} mesh {self.mesh.report()}" if self.mesh else line
 
 
 def discover(override: str | None = None, env: Mapping[str, str] | None = None) -> Topology:

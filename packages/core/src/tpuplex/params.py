@@ -112,6 +112,12 @@ def from_torch_layout(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array.transpose(np.argsort(_TORCH_AXES[array.ndim])))
 
 
+def from_torch_axes(axes: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Per-dimension values of a torch-layout kernel (a shape, a `tpuplex.sharding.Layout`) in Flax's and Keras'
+    order."""
+    return tuple(axes[axis] for axis in np.argsort(_TORCH_AXES[len(axes)]))
+
+
 def torch_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The torch-layout shape of a Flax or Keras kernel of `shape`."""
     return tuple(shape[axis] for axis in _TORCH_AXES[len(shape)])

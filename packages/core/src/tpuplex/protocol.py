@@ -234,7 +234,17 @@ class Backend(Protocol):
 
 class BackendBase:
     """Defaults a backend may inherit: `train_steps` as a loop over `train_step`, no profiler, and
-    `host_allgather` for a single process."""
+    `host_allgather` for a single process.
+
+    shards_parameters: whether the backend lays parameters out by `tpuplex.sharding` (a mesh with fsdp or tensor
+    above 1); the others keep every parameter whole on each device and take a data-only mesh.
+    """
+
+    shards_parameters: ClassVar[bool] = False
+
+    def state_bytes(self, state: Any) -> int | None:
+        """Bytes of parameters and optimizer moments held by the device that holds the most (None: not known)."""
+        return None
 
     def train_steps(self, state, batches, learning_rates):
         losses = []

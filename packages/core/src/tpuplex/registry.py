@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
+from tpuplex import sharding
 from tpuplex.config import RuntimeConfig
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import Backend
@@ -40,4 +41,14 @@ def create(name: str, runtime: RuntimeConfig) -> Backend:
         raise TpuplexError(
             f"backend {name!r} is installed but cannot be imported ({error}): reinstall it with {INSTALL.get(name)}"
         ) from None
-    return cls(runtime)
+    if not getattr(cls, "shards_parameters", False) and any(
+            runtime.mesh.get(axis, 1) != 1 for axis in ("fsdp", "tensor")):
+        raise TpuplexError(
+            f"runtime.mesh = {runtime.mesh} splits parameters over fsdp or tensor, which the {name} backend does not "
+            "do (it keeps every parameter whole on each device): train this mesh with --backend jax, or set "
+            "runtime.mesh = {data = -1} (docs/sharding.md)")
+    backend = cls(runtime)
+    topology = backend.topology()
+    if topology.mesh is None:  # a data-only backend: the mesh must still name its devices
+        sharding.resolve(runtime.mesh, topology.device_count)
+    return backend

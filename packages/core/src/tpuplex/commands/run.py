@@ -86,7 +86,7 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
     with watchdog.watch(f"the start of the {backend_name} backend"):
         backend = registry.create(backend_name, config.runtime)
     topology = backend.topology()
-    _check_batch_sizes(config, topology.device_count)
+    _check_batch_sizes(config, topology.batch_shards)
 
     data = task.prepare(config, options, kind.checkpoint_dir)
     kind.check_data(data)
@@ -107,9 +107,11 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
         if trainer.hosts.writer:
             record = run_folder.record(config, run.data.pinned_options())
             write_json_atomic(run.output_dir / run_folder.RUN_FILE, record)
-        reporter.say(f"{backend_name}: {run.topology.report()}")
+        state_bytes = backend.state_bytes(run.state)  # before the first step, which may donate the state
+        held = f", {state_bytes / 2**20:.1f} MiB of parameters and moments a device" if state_bytes else ""
+        reporter.say(f"{backend_name}: {run.topology.report()}{held}")
         reporter.record("start", 0, task=run.task.name, dataset=run.data.name, backend=backend_name,
-                        topology=run.topology.report(),
+                        topology=run.topology.report(), state_bytes_per_device=state_bytes,
                         config_hash=config.hash(), total_steps=trainer.total_steps)
         result = trainer.fit(run.state, reporter, resume)
         results = {
@@ -119,6 +121,8 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
             "output_dir": str(run.output_dir),
             "topology": run.topology.report(),
             "discovered": run.discovered.report(),
+            "mesh": run.topology.mesh.report() if run.topology.mesh else f"data={run.topology.batch_shards}",
+            "state_bytes_per_device": state_bytes,
             "metrics": result.metrics,
             "step": result.step,
             "total_steps": trainer.total_steps,

@@ -162,7 +162,7 @@ class Trainer:
         self.output_dir = Path(output_dir)
         self.checkpoint_root = self.output_dir / CHECKPOINTS_DIR
         train, runtime = config.train, config.runtime
-        replicas = backend.topology().device_count
+        replicas = backend.topology().batch_shards
         data_config = config.data
         # Fitted to the training split alone: evaluation and prediction use the same lengths, so the same programs.
         self.buckets = (fit_buckets(train_data.lengths, train_data.max_length, data_config.bucket_count,
@@ -329,7 +329,7 @@ class Trainer:
     def batcher(self, data: Encoded) -> Batcher:
         """Evaluation batches of `data` as the run's eval splits get them (eval batch size, buckets)."""
         train = self.config.train
-        return Batcher(data, train.eval_batch or train.global_batch, self.backend.topology().device_count,
+        return Batcher(data, train.eval_batch or train.global_batch, self.backend.topology().batch_shards,
                        self.buckets, seed=train.seed)
 
 
