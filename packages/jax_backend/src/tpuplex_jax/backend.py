@@ -1,8 +1,9 @@
-"""`JaxBackend`: the tpuplex protocol on JAX, data parallel with `jax.pmap` over the selected devices.
+"""`JaxBackend`: the tpuplex protocol on JAX: one `jit` program per step over a device mesh (GSPMD).
 
-A host batch [B, L] is split into [R, B / R, L] (R replicas; on a multi-host job each process first takes its
-contiguous B / processes rows), the replicated step runs once per bucket shape (one compiled program per
-(step, L)), and losses and logits come back as numpy.
+A host batch [B, L] becomes one global array split over the mesh's batch axes (on a multi-host job each process
+gives its contiguous B / processes rows); parameters and Adam's moments are laid out as `tpuplex.sharding` decides
+(split over fsdp and tensor, or replicated); one compiled program per (step, L); losses and logits come back as
+numpy.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 import jax
 from tpuplex.config import RuntimeConfig
@@ -35,13 +36,14 @@ from tpuplex.protocol import (
     head_inputs,
 )
 from tpuplex.tasks import jax as tasks_jax
-from tpuplex_jax import checkpoint, step
+from tpuplex_jax import checkpoint, layout, step
 from tpuplex_jax.devices import select_devices
 
 
 @dataclasses.dataclass(frozen=True)
 class _Programs:
-    """What `init` builds for one model: the replicated steps and what checks a batch or a checkpoint."""
+    """What `init` builds for one model: the compiled steps, the state's layout, and what checks a batch or a
+    checkpoint."""
 
     train: Any
     predict: Any
@@ -55,16 +57,19 @@ class _Programs:
     kind: Any
     network: Any
     model_inputs: Any
+    state_sharding: step.TrainState
 
 
 class JaxBackend(BackendBase):
     name: ClassVar[str] = "jax"
+    shards_parameters: ClassVar[bool] = True
 
     def __init__(self, runtime: RuntimeConfig):
         self.runtime = runtime
-        self.devices, self._topology = select_devices(runtime)
-        self._local_replicas = sum(d.process_index == jax.process_index() for d in self.devices)
-        self._replicated = NamedSharding(Mesh(np.array(self.devices), (step.AXIS,)), PartitionSpec())
+        self.mesh, self._topology = select_devices(runtime)
+        self.devices = list(self.mesh.devices.flat)
+        self._replicated = NamedSharding(self.mesh, PartitionSpec())
+        self._rows = NamedSharding(self.mesh, PartitionSpec(step.BATCH_AXES))
         self._compiles = step.CompileCounter()
         self._programs: _Programs | None = None
 
@@ -74,19 +79,23 @@ class JaxBackend(BackendBase):
     def init(self, model: ModelSpec, optimizer: OptimizerSpec) -> step.TrainState:
         task = tasks_jax.load(model.task)
         kind = kinds_jax.load(model)
-        built = kind.build(model, task, optimizer)
+        batch_shards = self._topology.batch_shards
+        built = kind.build(model, task, optimizer, batch_shards)
         tx = step.make_optimizer(optimizer, built.params, built.naming)
-        train = step.make_train_step(built.network, tx, optimizer.grad_accum, model.dropout, optimizer.seed,
-                                     task.unit_losses, task.model_inputs)
+        host_state = step.TrainState(built.params, tx.init(built.params), built.model_state)
+        shapes = built.naming.shapes(built.params)
+        state_sharding = layout.state_sharding(self.mesh, tx, host_state, built.naming, shapes, self._topology.mesh)
+        train = step.make_train_step(built.network, tx, optimizer.grad_accum, batch_shards, model.dropout,
+                                     optimizer.seed, task.unit_losses, task.model_inputs)
+        predict = step.make_predict_step(built.network, task.predict_outputs, task.model_inputs)
         self._programs = _Programs(
-            train=step.replicate_train_step(train, self.devices),
-            predict=step.replicate_predict_step(
-                step.make_predict_step(built.network, task.predict_outputs, task.model_inputs), self.devices),
-            max_length=built.max_length, naming=built.naming, shapes=built.naming.shapes(built.params),
+            train=jax.jit(train, out_shardings=(state_sharding, self._replicated), donate_argnums=(0,)),
+            predict=jax.jit(predict, out_shardings=self._rows),
+            max_length=built.max_length, naming=built.naming, shapes=shapes,
             state_naming=built.state_naming, state_shapes=built.state_naming.shapes(built.model_state),
             grad_accum=optimizer.grad_accum, inputs=model.inputs, kind=kind, network=built.network,
-            model_inputs=task.model_inputs)
-        return self._place(step.TrainState(built.params, tx.init(built.params), built.model_state))
+            model_inputs=task.model_inputs, state_sharding=state_sharding)
+        return self._place(host_state)
 
     def train_step(self, state: step.TrainState, batch: Batch, learning_rate: float) -> tuple[step.TrainState, float]:
         state, losses = self.train_steps(state, [batch], [learning_rate])
@@ -98,9 +107,7 @@ class JaxBackend(BackendBase):
         programs = self._require_init()
         losses = []
         for batch, learning_rate in zip(batches, learning_rates, strict=True):
-            rows = self._local_rows(batch, programs, per_replica_split=programs.grad_accum,
-                                    keys=_keys(batch, programs.inputs))
-            rows.setdefault("weight", np.ones(rows["labels"].shape, np.float32))
+            rows = self._global_rows(batch, programs, programs.grad_accum, _keys(batch, programs.inputs))
             with self._compiles.watching():
                 state, loss = programs.train(state, rows, np.float32(learning_rate))
             losses.append(loss.addressable_shards[0].data)
@@ -108,13 +115,10 @@ class JaxBackend(BackendBase):
 
     def predict(self, state: step.TrainState, batch: Batch) -> np.ndarray:
         programs = self._require_init()
-        rows = self._local_rows(batch, programs, per_replica_split=1, keys=_keys(batch, programs.inputs))
+        rows = self._global_rows(batch, programs, 1, _keys(batch, programs.inputs))
         with self._compiles.watching():
-            outputs = np.asarray(programs.predict(state.params, state.model_state, rows))
-        local = outputs.reshape(-1, *outputs.shape[2:])
-        if jax.process_count() == 1:
-            return local
-        return np.asarray(multihost_utils.process_allgather(local)).reshape(-1, *outputs.shape[2:])
+            outputs = programs.predict(state.params, state.model_state, rows)
+        return checkpoint.host_array(outputs)
 
     def state_to_arrays(self, state: step.TrainState) -> PortableState:
         programs = self._require_init()
@@ -127,6 +131,10 @@ class JaxBackend(BackendBase):
     def generate(self, state: step.TrainState, prompts: Prompts) -> np.ndarray:
         programs = self._require_init()
         return programs.kind.generate(programs.network, state.params, prompts)
+
+    def state_bytes(self, state: step.TrainState) -> int:
+        adam = step.adam_state(state.opt_state)
+        return layout.bytes_per_device((state.params, adam.mu, adam.nu))
 
     def compile_count(self) -> int:
         return self._compiles.count
@@ -154,21 +162,25 @@ class JaxBackend(BackendBase):
         return self._programs
 
     def _place(self, state: step.TrainState) -> step.TrainState:
-        """Host state -> one copy on every device, laid out as the replicated steps take and return it."""
-        return jax.device_put(state, self._replicated)
+        """A host (numpy) state -> device arrays laid out as the steps take and return it; each device receives
+        only its own slices."""
+        return layout.place(state, self._require_init().state_sharding)
 
-    def _local_rows(self, batch: Batch, programs: _Programs, per_replica_split: int,
-                    keys: tuple[str, ...]) -> dict[str, np.ndarray]:
-        """This process's rows of a global batch [B, ...], as [local replicas, rows per replica, ...]."""
+    def _global_rows(self, batch: Batch, programs: _Programs, grad_accum: int,
+                     keys: tuple[str, ...]) -> dict[str, jax.Array]:
+        """A global batch [B, ...] as arrays split over the mesh's batch axes, from this process's rows."""
         global_batch, length = batch_rows(batch), np.shape(batch[programs.inputs[0]])[1]
-        replicas = self._topology.device_count
-        check_micro_batches(global_batch, replicas, per_replica_split)
+        check_micro_batches(global_batch, self._topology.batch_shards, grad_accum)
         if length > programs.max_length:
             raise TpuplexError(
                 f"batches of length {length} exceed the model's {programs.max_length} positions: set "
                 f"data.max_length to at most {programs.max_length}")
         mine = process_rows(global_batch, jax.process_index(), jax.process_count())
-        return step.split_rows({name: np.asarray(batch[name])[mine] for name in keys}, self._local_replicas)
+        rows = {name: np.asarray(batch[name])[mine] for name in keys}
+        if "labels" in rows:
+            rows.setdefault("weight", np.ones(rows["labels"].shape, np.float32))
+        return {name: jax.make_array_from_process_local_data(self._rows, value, (global_batch, *value.shape[1:]))
+                for name, value in rows.items()}
 
 
 def _keys(batch: Batch, inputs: tuple[str, ...]) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 import jax
 from tpuplex.layers.jax import Naming, to_flax, to_portable_arrays
@@ -20,7 +21,7 @@ from tpuplex_jax.step import TrainState, adam_state, with_adam_state
 
 
 def to_portable(state: TrainState, naming: Naming, state_naming: Naming) -> PortableState:
-    """Numpy copies of the (replicated) parameters, moments and non-trainable state under their portable names."""
+    """Numpy copies of the parameters, moments and non-trainable state under their portable names."""
     adam = adam_state(state.opt_state)
     return PortableState(params=to_portable_arrays(_host(state.params), naming),
                          exp_avg=to_portable_arrays(_host(adam.mu), naming),
@@ -48,6 +49,18 @@ def from_portable(arrays: PortableState, template: TrainState, programs: Any) ->
 
 
 def _host(tree: Any) -> Any:
-    """Numpy copies of a tree of replicated device arrays, read from each array's first local shard."""
-    return jax.tree.map(lambda leaf: np.array(leaf.addressable_shards[0].data)
-                        if isinstance(leaf, jax.Array) else np.asarray(leaf), tree)
+    """Numpy copies of a tree of device arrays (`host_array`)."""
+    return jax.tree.map(host_array, tree)
+
+
+def host_array(value: Any) -> np.ndarray:
+    """A whole numpy copy of a device array however it is laid out: a replicated one read from a local shard, a
+    split one assembled from its shards (on a multi-host job gathered from every process: collective, so every
+    process calls it in the same order)."""
+    if not isinstance(value, jax.Array):
+        return np.asarray(value)
+    if value.is_fully_replicated:
+        return np.array(value.addressable_shards[0].data)
+    if value.is_fully_addressable:
+        return np.asarray(value)
+    return np.asarray(multihost_utils.process_allgather(value, tiled=True))

@@ -1,8 +1,9 @@
-"""Devices as JAX sees them: which platform, how many replicas, and whether the core's discovery agrees.
+"""Devices as JAX sees them: which platform, how many, arranged in which mesh, and whether the core's discovery
+agrees.
 
 `select_devices(runtime)` is called once per backend. It starts `jax.distributed` when the environment describes a
-multi-host job, honours `runtime.device` and `runtime.cpu_devices`, and returns the devices the data-parallel steps
-run on (every process's devices, in the order `jax.pmap(devices=...)` expects) with the matching `Topology`.
+multi-host job, honours `runtime.device` and `runtime.cpu_devices`, and returns the device mesh the steps run on
+(every process's devices, laid out as `runtime.mesh` asks, `tpuplex.sharding`) with the matching `Topology`.
 """
 
 from __future__ import annotations
@@ -11,18 +12,22 @@ import os
 import re
 import warnings
 
+import numpy as np
+from jax.experimental import mesh_utils
+
 import jax
+from tpuplex import sharding
 from tpuplex.config import RuntimeConfig
 from tpuplex.devices import OVERRIDE_ENV, Topology, discover
 from tpuplex.errors import TpuplexError
 
-DETAIL = "jax.pmap"
+DETAIL = "jax.jit GSPMD"
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 _FORCED_CPU_COUNT = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
 
-def select_devices(runtime: RuntimeConfig) -> tuple[list[jax.Device], Topology]:
-    """The devices to replicate over and their Topology, or a TpuplexError naming the mismatch and the fix."""
+def select_devices(runtime: RuntimeConfig) -> tuple[jax.sharding.Mesh, Topology]:
+    """The device mesh and its Topology, or a TpuplexError naming the mismatch and the fix."""
     if runtime.cpu_devices > 0 and runtime.device in ("gpu", "tpu"):
         raise TpuplexError(
             f"runtime.cpu_devices = {runtime.cpu_devices} splits the CPU, but runtime.device = {runtime.device!r}: "
@@ -36,10 +41,20 @@ def select_devices(runtime: RuntimeConfig) -> tuple[list[jax.Device], Topology]:
     _initialize_distributed(found, runtime.host_timeout)
     devices = _cpu_devices(runtime.cpu_devices) if on_cpu else _platform_devices(found, explicit=requested != "auto")
     kind = platform_kind(devices[0])
+    mesh = sharding.resolve(runtime.mesh, len(devices))
     topology = Topology(kind=kind, device_count=len(devices), host_count=jax.process_count(),
                         process_index=jax.process_index(), source=f"jax.devices({kind!r})", detail=DETAIL,
-                        chip=devices[0].device_kind)
-    return devices, topology
+                        chip=devices[0].device_kind, mesh=mesh)
+    return jax.sharding.Mesh(_arrange(devices, mesh.shape), sharding.MESH_AXES), topology
+
+
+def _arrange(devices: list[jax.Device], shape: tuple[int, ...]) -> np.ndarray:
+    """The devices as an array of the mesh's `shape`: on TPUs and GPUs in the order of their interconnect
+    (`mesh_utils`, so the inner axes' collectives stay on the fastest links); CPU devices as they come, each
+    process's together."""
+    if devices[0].platform == "cpu" or jax.process_count() > 1:
+        return np.array(devices).reshape(shape)
+    return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
 
 
 def platform_kind(device: jax.Device) -> str:

@@ -1,19 +1,18 @@
-"""Compiled train and predict steps: one per-device function each, replicated with `jax.pmap`.
+"""Compiled train and predict steps: functions of the global batch, laid out over the device mesh by GSPMD.
 
-The train step follows `tpuplex.protocol` exactly:
-- each replica takes B / R rows and splits them into `grad_accum` micro-batches (a `lax.scan` when
-  there are several);
-- the loss is the weighted mean over the global batch: every replica sums weight * loss and the denominator is
-  `max(psum(sum(weight)), 1)`, so the mean is exact for any weights (an epoch's short batch, filled up with
-  weight-0 rows, too);
-- each replica differentiates `R * (its weighted sum) / denominator`, so `lax.pmean` of the gradients over the
-  replica axis is exactly the gradient of the global mean loss;
+Each step is one `jax.jit` program. Its rows arrive split over the mesh's batch axes (`BATCH_AXES`), its state laid
+out as `tpuplex.sharding` decides (parameters and both Adam moments split over `fsdp` and `tensor`, the rest
+replicated), and XLA inserts the collectives: pure data parallelism all-reduces the gradients, fsdp gathers each
+weight where it is used and reduce-scatters its gradient. The train step follows `tpuplex.protocol` exactly:
+- the global batch's rows split into `grad_accum` micro-batches, each taking its share of every batch shard's rows
+  (so a micro-batch stays spread over the devices); a `lax.scan` when there are several;
+- the loss is the weighted mean over the global batch, sum(weight * loss) / max(sum(weight), 1), differentiated
+  as it is (an epoch's short batch, filled up with weight-0 rows, is exact too);
 - `optax.clip_by_global_norm` (g * min(1, c / ||g||), written by optax as g / ||g|| * c when ||g|| >= c), then
   `optax.adamw` with the decay mask from `tpuplex.protocol.decays` and the per-step learning rate injected
   through `optax.inject_hyperparams`.
-Parameters and optimizer state stay replicated (pmap `in_axes=None`, `out_axes=None`) and are donated. A model's
-non-trainable state (Flax collections besides "params": batch-norm `batch_stats`) is updated by the forward pass
-of each micro-batch in turn and averaged over the replicas after the step, so it stays replicated too.
+The state is donated. A model's non-trainable state (Flax collections besides "params": batch-norm
+`batch_stats`) is updated by the forward pass of each micro-batch in turn.
 """
 
 from __future__ import annotations
@@ -29,11 +28,12 @@ import numpy as np
 import optax
 
 import jax
-from tpuplex.kinds.jax import REPLICA_AXIS as AXIS
 from tpuplex.layers.jax import Naming
 from tpuplex.protocol import OptimizerSpec, decays
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
+BATCH_AXES = ("data", "fsdp")
+"""The mesh axes a batch's rows are split over (`tpuplex.sharding`)."""
 
 
 class TrainState(NamedTuple):
@@ -56,12 +56,6 @@ def apply(model: nn.Module, model_inputs: Callable, params: Any, model_state: An
         outputs, updated = model.apply(variables, *args, rngs=rngs, mutable=list(model_state), **kwargs)
         return outputs, dict(updated)
     return model.apply(variables, *args, rngs=rngs, **kwargs), model_state
-
-
-def replica_mean(model_state: Any) -> Any:
-    """Floating state (batch-norm statistics) averaged over the replicas; counts are equal on every replica."""
-    return jax.tree.map(lambda v: jax.lax.pmean(v, AXIS) if jnp.issubdtype(v.dtype, jnp.inexact) else v,
-                        model_state)
 
 
 def make_optimizer(spec: OptimizerSpec, params: Any, naming: Naming) -> optax.GradientTransformation:
@@ -119,27 +113,26 @@ def with_adam_state(opt_state: Any, adam: optax.ScaleByAdamState) -> Any:
     return replace(opt_state, optax.InjectStatefulHyperparamsState, lambda n: n._replace(count=adam.count))
 
 
-def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, grad_accum: int,
+def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, grad_accum: int, batch_shards: int,
                     dropout: bool, seed: int, unit_losses: Callable[[Any, dict], jax.Array],
                     model_inputs: Callable) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, jax.Array]]:
-    """The per-device train step `(state, rows, learning_rate) -> (state, global mean loss)` under axis AXIS.
+    """The train step `(state, rows, learning_rate) -> (state, global mean loss)` on the global batch.
 
-    rows: this replica's arrays, input_ids/token_type_ids/attention_mask [b, L], and the task's labels and
-    weight (weight: the shape of `unit_losses(outputs, rows)`, the task's loss units).
-    Dropout draws from `key(seed)` folded with the optimizer step, the replica and the micro-batch, so a resumed
-    run draws the same masks as an uninterrupted one.
+    rows: the model's inputs ([B, L] token ids and masks, or [B, H, W, 3] images), and the task's labels and
+    weight (weight: the shape of `unit_losses(outputs, rows)`, the task's loss units), B split into
+    `batch_shards` parts over the mesh.
+    Dropout draws from `key(seed)` folded with the optimizer step and the micro-batch, so a resumed run draws the
+    same masks as an uninterrupted one, and (JAX's partitionable threefry) the same on any mesh.
     """
     def step(state: TrainState, rows: dict, learning_rate: jax.Array) -> tuple[TrainState, jax.Array]:
-        replicas = jax.lax.psum(1, AXIS)
-        denominator = jnp.maximum(jax.lax.psum(jnp.sum(rows["weight"]), AXIS), 1.0)
-        micro_batches = jax.tree.map(lambda a: a.reshape(grad_accum, a.shape[0] // grad_accum, *a.shape[1:]), rows)
-        step_key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), adam_state(state.opt_state).count),
-                                      jax.lax.axis_index(AXIS))
+        denominator = jnp.maximum(jnp.sum(rows["weight"]), 1.0)
+        micro_batches = jax.tree.map(lambda a: micro_split(a, batch_shards, grad_accum), rows)
+        step_key = jax.random.fold_in(jax.random.key(seed), adam_state(state.opt_state).count)
 
         def scaled_loss(params, model_state, micro, key):
             outputs, model_state = apply(model, model_inputs, params, model_state, micro, True, dropout, key)
             weighted_sum = jnp.sum(micro["weight"] * unit_losses(outputs, micro))
-            return weighted_sum * replicas / denominator, (weighted_sum, model_state)
+            return weighted_sum / denominator, (weighted_sum, model_state)
 
         def accumulate(carry, inputs):
             grads, loss_sum, model_state = carry
@@ -155,19 +148,26 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, g
             (grads, loss_sum, model_state), _ = accumulate(carry[0], jax.tree.map(lambda a: a[0], carry[1]))
         else:
             (grads, loss_sum, model_state), _ = jax.lax.scan(accumulate, *carry)
-        grads = jax.lax.pmean(grads, AXIS)
         opt_state = optax.tree_utils.tree_set(state.opt_state, learning_rate=learning_rate)
         updates, opt_state = optimizer.update(grads, opt_state, state.params)
-        loss = jax.lax.psum(loss_sum, AXIS) / denominator
-        return TrainState(optax.apply_updates(state.params, updates), opt_state, replica_mean(model_state)), loss
+        return TrainState(optax.apply_updates(state.params, updates), opt_state, model_state), loss_sum / denominator
 
     return step
 
 
+def micro_split(rows: jax.Array, batch_shards: int, grad_accum: int) -> jax.Array:
+    """[B, ...] -> [grad_accum, B / grad_accum, ...]: micro-batch i holds the i-th of `grad_accum` equal parts of
+    each batch shard's B / batch_shards rows, in shard order (so each shard's rows stay on its device)."""
+    if grad_accum == 1:
+        return rows[None]
+    parts = rows.reshape(batch_shards, grad_accum, -1, *rows.shape[1:]).swapaxes(0, 1)
+    return parts.reshape(grad_accum, -1, *rows.shape[1:])
+
+
 def make_predict_step(model: nn.Module, predict_outputs: Callable[[Any, dict], jax.Array],
                       model_inputs: Callable) -> Callable[[Any, Any, dict], jax.Array]:
-    """The per-device predict step `(params, model_state, rows) -> the task's predict outputs [b, ...]`, in
-    inference mode (no dropout, batch norm on its moving statistics)."""
+    """The predict step `(params, model_state, rows) -> the task's predict outputs [B, ...]`, in inference mode
+    (no dropout, batch norm on its moving statistics)."""
     def predict(params: Any, model_state: Any, rows: dict) -> jax.Array:
         outputs, _ = apply(model, model_inputs, params, model_state, rows, False, False)
         return predict_outputs(outputs, rows)
@@ -188,24 +188,11 @@ def forward_flops(model: nn.Module, model_inputs: Callable, params: Any, model_s
     return None if flops is None else float(flops)
 
 
-def replicate_train_step(step: Callable, devices: list[jax.Device]) -> Callable:
-    """`step` on every device: state and learning rate broadcast, rows split on the leading axis [R, b, ...];
-    the new state comes back replicated (its buffers are donated) and the loss as one scalar."""
-    return jax.pmap(step, axis_name=AXIS, in_axes=(None, 0, None), out_axes=(None, None), devices=devices,
-                    donate_argnums=(0,))
-
-
-def replicate_predict_step(predict: Callable, devices: list[jax.Device]) -> Callable:
-    """`predict` on every device: params and model state broadcast, rows [R, b, ...] in, outputs [R, b, ...]
-    out."""
-    return jax.pmap(predict, axis_name=AXIS, in_axes=(None, None, 0), out_axes=0, devices=devices)
-
-
 class CompileCounter:
     """Counts XLA compilations (JAX's backend-compile events) that happen while this backend's steps run.
 
-    JAX reports every compilation to its monitoring listeners, named only `jit(_fun)` for pmapped functions; a
-    thread-local marker set around our own calls attributes the events, so other JAX work in the same process
+    JAX reports every compilation to its monitoring listeners, without saying whose program it is; a thread-local
+    marker set around our own calls attributes the events, so other JAX work in the same process
     (another backend, a test's reference computation) is not counted.
     """
 
@@ -232,9 +219,3 @@ class CompileCounter:
         counter = getattr(CompileCounter._active, "counter", None)
         if event == BACKEND_COMPILE_EVENT and counter is not None:
             counter.count += 1
-
-
-def split_rows(batch: dict[str, np.ndarray], replicas: int) -> dict[str, np.ndarray]:
-    """Host arrays [B, ...] -> [replicas, B / replicas, ...] (a view; the caller checked divisibility)."""
-    return {name: array.reshape(replicas, array.shape[0] // replicas, *array.shape[1:])
-            for name, array in batch.items()}

@@ -1,7 +1,7 @@
 """The contract of a model kind's Flax (JAX) module: `build`, which the jax backend calls for every kind.
 
-The backend replicates the model's steps over its devices with the axis `REPLICA_AXIS` (what cross-replica batch
-norm averages over) and keeps the trees `Built` gives under the portable names its namings spell.
+The backend runs the model on the global batch, laid out over its device mesh by `tpuplex.sharding` (GSPMD), and
+keeps the trees `Built` gives under the portable names its namings spell.
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ from tpuplex import kinds
 from tpuplex.errors import TpuplexError
 from tpuplex.layers.jax import Naming
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
-
-REPLICA_AXIS = "replicas"
-"""The name of the replica axis in the jax backend's replicated steps."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +38,10 @@ class Built:
 
 class KindModule(abc.ABC):
     @abc.abstractmethod
-    def build(self, spec: ModelSpec, task: Any, optimizer: OptimizerSpec) -> Built:
+    def build(self, spec: ModelSpec, task: Any, optimizer: OptimizerSpec, batch_shards: int) -> Built:
         """The network of `spec` with the task's parts (`tpuplex.tasks.jax.TaskModule`), computing in bfloat16
-        when `optimizer.bf16` (parameters stay float32)."""
+        when `optimizer.bf16` (parameters stay float32); `batch_shards`: the parts the global batch is split into
+        (what per-replica batch norm takes its statistics over)."""
 
     def generate(self, network: nn.Module, params: Any, prompts: Prompts) -> np.ndarray:
         """int32 [B, N]: the tokens the built network generates after each prompt (`tpuplex.protocol.Prompts`)."""

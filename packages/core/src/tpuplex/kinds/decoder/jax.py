@@ -189,7 +189,7 @@ def decode(network: DecoderModel, params: Any, ids: jax.Array, mask: jax.Array, 
 
 
 class Decoder(KindModule):
-    def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
+    def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec, batch_shards: int) -> Built:
         dtype = jnp.bfloat16 if optimizer.bf16 else jnp.float32
         arch = spec.arch if spec.dropout else spec.arch.without_dropout()
         naming = Naming(spec.family.hf_names(arch), torch_layout=arch.kernel_layout == "out_in")

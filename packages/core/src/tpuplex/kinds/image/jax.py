@@ -18,7 +18,7 @@ import numpy as np
 
 import jax
 from tpuplex.kinds.image import example_image_shape
-from tpuplex.kinds.jax import REPLICA_AXIS, Built, KindModule
+from tpuplex.kinds.jax import Built, KindModule
 from tpuplex.layers.jax import ACTIVATIONS, Naming, to_flax
 from tpuplex.models.resnet import Conv, ResNet
 from tpuplex.models.vit import ViT
@@ -32,13 +32,14 @@ MOMENTUM, EPSILON = 0.1, 1e-5
 class BatchNorm(nn.Module):
     """torch's BatchNorm2d on NHWC: [B, H, W, C] -> the same shape.
 
-    Training normalises with the batch's mean and (biased) variance, over every replica's rows when `axis_name`
-    is set (cross-replica: R replicas compute what one replica computes on the global batch), and moves the
-    running statistics by MOMENTUM, the variance corrected to unbiased with the count of rows it saw.
+    Training normalises with the mean and (biased) variance of each of `groups` equal parts of the batch: 1 for the
+    statistics of the whole global batch (cross-replica: R replicas compute what one computes on the global batch),
+    R for each replica's B / R rows (per replica, as each framework does by default). The running statistics move
+    by MOMENTUM towards the groups' mean, the variance corrected to unbiased with the count of rows a group saw.
     Statistics are float32 whatever the compute dtype.
     """
 
-    axis_name: str | None
+    groups: int
     dtype: Any = jnp.float32
 
     @nn.compact
@@ -51,22 +52,19 @@ class BatchNorm(nn.Module):
         count = self.variable("batch_stats", "num_batches_tracked", jnp.zeros, (), jnp.int32)
         values = x.astype(jnp.float32)
         if train:
-            mean = self._across_replicas(values.mean(axis=(0, 1, 2)))
-            variance = self._across_replicas(jnp.square(values - mean).mean(axis=(0, 1, 2)))
-            rows = values.shape[0] * values.shape[1] * values.shape[2]
-            rows *= jax.lax.psum(1, self.axis_name) if self.axis_name else 1
+            grouped = values.reshape(self.groups, -1, *values.shape[1:])  # [G, B / G, H, W, C]
+            mean = grouped.mean(axis=(1, 2, 3), keepdims=True)
+            variance = jnp.square(grouped - mean).mean(axis=(1, 2, 3), keepdims=True)
+            normalised = ((grouped - mean) / jnp.sqrt(variance + EPSILON)).reshape(values.shape) * weight + bias
             if not self.is_initializing():
-                running_mean.value = (1 - MOMENTUM) * running_mean.value + MOMENTUM * mean
-                unbiased = variance * rows / jnp.maximum(rows - 1, 1)
+                rows = grouped.shape[1] * grouped.shape[2] * grouped.shape[3]
+                running_mean.value = (1 - MOMENTUM) * running_mean.value + MOMENTUM * mean.reshape(-1, channels).mean(0)
+                unbiased = variance.reshape(-1, channels).mean(0) * rows / max(rows - 1, 1)
                 running_var.value = (1 - MOMENTUM) * running_var.value + MOMENTUM * unbiased
                 count.value = count.value + 1
         else:
-            mean, variance = running_mean.value, running_var.value
-        normalised = (values - mean) / jnp.sqrt(variance + EPSILON) * weight + bias
+            normalised = (values - running_mean.value) / jnp.sqrt(running_var.value + EPSILON) * weight + bias
         return normalised.astype(self.dtype)
-
-    def _across_replicas(self, value: jax.Array) -> jax.Array:
-        return jax.lax.pmean(value, self.axis_name) if self.axis_name else value
 
 
 class ResNetClassifier(nn.Module):
@@ -74,7 +72,7 @@ class ResNetClassifier(nn.Module):
 
     arch: ResNet
     num_labels: int
-    axis_name: str | None
+    batch_norm_groups: int
     dtype: Any = jnp.float32
 
     @nn.compact
@@ -83,7 +81,7 @@ class ResNetClassifier(nn.Module):
             pad = ((conv.padding, conv.padding),) * 2
             x = nn.Conv(conv.out_channels, (conv.kernel, conv.kernel), (conv.stride, conv.stride), pad,
                         use_bias=False, dtype=self.dtype, name=f"{conv.name}.convolution")(x)
-            x = BatchNorm(self.axis_name, self.dtype, name=f"{conv.name}.normalization")(x, train)
+            x = BatchNorm(self.batch_norm_groups, self.dtype, name=f"{conv.name}.normalization")(x, train)
             return nn.relu(x) if conv.relu else x
 
         x = conv_norm(images.astype(self.dtype), self.arch.stem)
@@ -103,7 +101,7 @@ class ViTClassifier(nn.Module):
 
     arch: ViT
     num_labels: int
-    axis_name: str | None = None
+    batch_norm_groups: int = 1
     dtype: Any = jnp.float32
 
     @nn.compact
@@ -144,20 +142,20 @@ class ViTClassifier(nn.Module):
         return nn.Dense(self.num_labels, name="classifier")(first.astype(jnp.float32))
 
 
-def image_model(arch: ResNet | ViT, num_labels: int, axis_name: str | None, dtype: Any) -> nn.Module:
-    """The family's Flax classifier for `arch`; `axis_name`: the replica axis batch norm averages over (None:
-    per-replica statistics)."""
+def image_model(arch: ResNet | ViT, num_labels: int, batch_norm_groups: int, dtype: Any) -> nn.Module:
+    """The family's Flax classifier for `arch`; `batch_norm_groups`: the parts of a batch whose statistics batch
+    norm takes apart (`BatchNorm.groups`)."""
     module = ResNetClassifier if isinstance(arch, ResNet) else ViTClassifier
-    return module(arch, num_labels, axis_name, dtype)
+    return module(arch, num_labels, batch_norm_groups, dtype)
 
 
 class ImageFamily(KindModule):
-    def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
+    def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec, batch_shards: int) -> Built:
         """The image family's Flax classifier, its parameters and batch-norm statistics from the core (HF names),
         and the namings of both trees."""
         arch = spec.arch if spec.dropout else spec.arch.without_dropout()
-        axis = REPLICA_AXIS if spec.batch_norm == "cross_replica" else None
-        network = image_model(arch, spec.num_labels, axis, jnp.bfloat16 if optimizer.bf16 else jnp.float32)
+        groups = 1 if spec.batch_norm == "cross_replica" else batch_shards
+        network = image_model(arch, spec.num_labels, groups, jnp.bfloat16 if optimizer.bf16 else jnp.float32)
         images = np.zeros((2, *example_image_shape(arch)), np.uint8)
         args, kwargs = task.model_inputs({"images": images}, False, False)
         template = jax.eval_shape(lambda: network.init(jax.random.key(0), *args, **kwargs))

@@ -13,7 +13,7 @@ from tpuplex.protocol import ModelSpec, OptimizerSpec
 
 
 class OwnModel(KindModule):
-    def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
+    def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec, batch_shards: int) -> Built:
         """The user's Flax module, its parameters and other collections (batch statistics) from `init` with
         `optimizer.seed`, after checking it returns logits [rows, num_labels]."""
         module = user.build(spec.architecture, "jax", spec.model_arguments, nn.Module, "flax.linen.Module")

@@ -5,7 +5,7 @@ One module per concept (`Embeddings`, `Block`), assembled with the task's head m
 (`tpuplex.layers.jax.Naming`).
 
 Linen rather than NNX: the training step is a pure function of a parameter pytree (`model.apply(params, ...)`),
-which is what `jax.pmap`, `jax.grad` and optax consume directly, with no split/merge of module state.
+which is what `jax.jit`, `jax.grad` and optax consume directly, with no split/merge of module state.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def param_template(model: nn.Module) -> Any:
 
 
 class TextEncoder(KindModule):
-    def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
+    def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec, batch_shards: int) -> Built:
         dtype = jnp.bfloat16 if optimizer.bf16 else jnp.float32
         arch, head = (spec.arch, spec.head) if spec.dropout else (spec.arch.without_dropout(),
                                                                   spec.head.without_dropout())

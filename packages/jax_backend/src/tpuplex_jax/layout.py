@@ -1,0 +1,60 @@
+"""The training state laid out over the device mesh as `tpuplex.sharding` decides: Flax trees of NamedShardings.
+
+The core decides a `Layout` per parameter in its portable (torch) layout; a Flax kernel is the transpose of that
+(Dense [in, out], convolutions HWIO), so its layout is permuted the same way (`tpuplex.params.from_torch_axes`).
+Adam's moments take their parameter's layout (`optax.tree_map_params`); counts, the injected learning rate and the
+model's other collections (batch-norm statistics) stay replicated.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+import jax
+from tpuplex import sharding
+from tpuplex.layers.jax import Naming
+from tpuplex.params import from_torch_axes
+from tpuplex_jax.step import TrainState
+
+
+def state_sharding(mesh: jax.sharding.Mesh, optimizer: optax.GradientTransformation, state: TrainState,
+                   naming: Naming, shapes: Mapping[str, tuple[int, ...]], axes: sharding.Mesh) -> TrainState:
+    """The NamedSharding of every leaf of `state` (a host TrainState): parameters and moments by the core's
+    layouts of their portable names and `shapes`, on the mesh whose axis sizes are `axes`."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    layouts = sharding.layouts(shapes, axes)
+
+    def of_parameter(path: tuple[Any, ...], _: Any) -> NamedSharding:
+        portable = layouts[naming.of(path)]
+        return NamedSharding(mesh, PartitionSpec(*(from_torch_axes(portable) if naming.transposed(path)
+                                                   else portable)))
+
+    params = jax.tree_util.tree_map_with_path(of_parameter, state.params)
+    opt_state = optax.tree_map_params(optimizer, lambda _, shard: shard, state.opt_state, params,
+                                      transform_non_params=lambda _: replicated)
+    return TrainState(params, opt_state, jax.tree.map(lambda _: replicated, state.model_state))
+
+
+def place(state: Any, shardings: Any) -> Any:
+    """Host arrays -> device arrays laid out by `shardings` (a tree of the same structure). Each device gets only
+    the slices its sharding names (`make_array_from_callback`), so no device ever holds a whole split parameter."""
+    def put(value: Any, shard: NamedSharding) -> jax.Array:
+        value = np.asarray(value)
+        return jax.make_array_from_callback(value.shape, shard, lambda index: value[index])
+
+    return jax.tree.map(put, state, shardings)
+
+
+def bytes_per_device(trees: Any) -> int:
+    """The most bytes any one device holds of the arrays in `trees` (their addressable shards)."""
+    held: collections.Counter = collections.Counter()
+    for leaf in jax.tree.leaves(trees):
+        for shard in leaf.addressable_shards:
+            held[shard.device] += shard.data.nbytes
+    return max(held.values(), default=0)
