@@ -83,3 +83,27 @@ def test_grad_accum_that_does_not_split_the_replica_rows(tiny_dir):
 def test_bf16_is_refused_clearly(tiny_dir):
     with pytest.raises(TpuplexError, match="train.bf16 = true is supported by the tf backend for the image families"):
         TfBackend(RuntimeConfig(cpu_devices=1)).init(model_spec(tiny_dir), OptimizerSpec(bf16=True))
+
+
+def test_a_sharded_mesh_is_refused_in_one_line_and_a_data_only_mesh_is_data_parallel(tiny_dir, tmp_path, capsys):
+    """TensorFlow keeps every parameter whole on each device (docs/sharding.md): fsdp or tensor above 1 is one
+    `tpuplex: error:` line and exit 2, before anything is written; a mesh of `data` alone is today's data
+    parallelism."""
+    from tpuplex import registry
+
+    with pytest.raises(TpuplexError, match=r"the tf backend does not do .*--backend jax"):
+        registry.create("tf", RuntimeConfig(cpu_devices=2, mesh={"data": 1, "fsdp": 2}))
+    assert registry.create("tf", RuntimeConfig(cpu_devices=LOGICAL_CPUS, mesh={"data": -1})).topology().device_count \
+        == LOGICAL_CPUS
+    with pytest.raises(TpuplexError, match=r"runtime.mesh = \{'data': 3\} does not fit the"):
+        registry.create("tf", RuntimeConfig(cpu_devices=LOGICAL_CPUS, mesh={"data": 3}))
+
+    from tpuplex.commands import cli
+
+    output, config = tmp_path / "run", tmp_path / "sharded.toml"
+    config.write_text(f'[model]\ncheckpoint = "{tiny_dir}"\n[data]\nmax_length = 32\n'
+                      f'[runtime]\noutput_dir = "{output}"\nmesh = {{fsdp = 2}}\n')
+    status = cli.main(["train", str(config), "--backend", "tf"])
+    error = capsys.readouterr().err
+    assert status == 2 and error.count("\n") == 1 and "tpuplex: error: runtime.mesh" in error
+    assert not output.exists()
