@@ -50,8 +50,9 @@ def run_one(mesh: dict, devices: int, steps: int, rows: int, length: int) -> dic
     whole = 3 * sum(array.nbytes for array in params.values())
     text = np.frombuffer(TEXT.read_bytes(), np.uint8).astype(np.int32)
     starts = np.random.default_rng(0).integers(0, len(text) - length - 1, (steps + 1, rows))
-    batches = [{"input_ids": text[s[:, None] + np.arange(length)], "labels": text[s[:, None] + np.arange(1, length + 1)],
-                "weight": np.ones((rows, length), np.float32)} for s in starts]
+    windows = [text[s[:, None] + np.arange(length + 1)] for s in starts]
+    batches = [{"input_ids": w[:, :-1], "labels": w[:, 1:], "weight": np.ones((rows, length), np.float32)}
+               for w in windows]
     backend = JaxBackend(RuntimeConfig(cpu_devices=devices, mesh=mesh))
     del params
     state = backend.init(spec, OptimizerSpec())
