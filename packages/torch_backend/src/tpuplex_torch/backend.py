@@ -25,6 +25,7 @@ class TorchBackend(BackendBase):
     """
 
     name: ClassVar[str] = "torch"
+    shards_parameters: ClassVar[bool] = True
 
     def __init__(self, runtime: RuntimeConfig):
         self.placement = devices.claim(runtime)
@@ -36,7 +37,8 @@ class TorchBackend(BackendBase):
         task = tasks_torch.load(model_spec.task)
         self._kind = kinds_torch.load(model_spec)
         built = self._kind.build(model_spec, task, optimizer)
-        module = self._batch_norm_across_processes(built.module, model_spec).to(self.placement.device)
+        module = self.placement.shard(
+            self._batch_norm_across_processes(built.module, model_spec).to(self.placement.device))
         state = TorchState(module, step.make_optimizer(module, optimizer), optimizer, built.forward,
                            self.placement.compiled(built.forward), task, tuple(built.buffers))
         return self.state_from_arrays(state, checkpoint.initial(built.params, built.buffers))
@@ -77,6 +79,9 @@ class TorchBackend(BackendBase):
         if format != "torch_export":
             super().export(state, format, folder, data)
         export.torch_export(state.model, state.task, folder, data)
+
+    def state_bytes(self, state: TorchState) -> int:
+        return checkpoint.local_state_bytes(state)
 
     def compile_count(self) -> int:
         return self.placement.compile_count()

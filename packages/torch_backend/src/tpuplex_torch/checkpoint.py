@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 import torch
 from tpuplex.params import check_names
@@ -31,6 +33,7 @@ def to_portable(state: TorchState) -> PortableState:
     under HF names, and the optimizer step."""
     params, exp_avg, exp_avg_sq = {}, {}, {}
     sgd = isinstance(state.optimizer, torch.optim.SGD)
+    _reshard(state.model)
     for name, parameter in state.model.named_parameters():
         moments = state.optimizer.state[parameter]
         params[name] = _snapshot(parameter)
@@ -42,8 +45,39 @@ def to_portable(state: TorchState) -> PortableState:
 
 def _snapshot(tensor: torch.Tensor) -> np.ndarray:
     """A numpy copy of `tensor` (one copy, from any device): on the CPU `.numpy()` alone would share the memory
-    the next step updates."""
+    the next step updates. An FSDP2 shard is gathered whole first (collective: every process calls it)."""
+    if isinstance(tensor, DTensor):
+        tensor = tensor.full_tensor()
     return tensor.detach().to("cpu", copy=True).numpy()
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """Register FSDP2's sharded parameters again (the optimizer's keys): after an evaluation's forward the root keeps
+    its parameters gathered, as it would for a backward."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def local_state_bytes(state: TorchState) -> int:
+    """Bytes of parameters and optimizer moments this process holds (its FSDP2 shards, or the whole)."""
+    local = [_local(p) for p in state.model.parameters()]
+    local += [_local(t) for moments in state.optimizer.state.values() for t in moments.values()
+              if isinstance(t, torch.Tensor) and t.dim() > 0]
+    return sum(t.numel() * t.element_size() for t in local)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _upload_like(placement: Placement, array: np.ndarray, current: torch.Tensor) -> torch.Tensor:
+    """A host array as a tensor laid out as `current`: an FSDP2 parameter's shard of it (each process takes its own
+    slice, no communication), else the whole in `current`'s memory format."""
+    uploaded = placement.upload(array)
+    if isinstance(current, DTensor):
+        return distribute_tensor(uploaded, current.device_mesh, current.placements, src_data_rank=None)
+    return _like(uploaded, current)
 
 
 def _buffers(state: TorchState) -> dict[str, torch.Tensor]:
@@ -61,6 +95,7 @@ def _like(uploaded: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
 
 def restore(state: TorchState, portable: PortableState, placement: Placement) -> TorchState:
     """Overwrite `state` with `portable`; TpuplexError names any missing, unexpected or mis-shaped array."""
+    _reshard(state.model)
     named = dict(state.model.named_parameters())
     expected = {name: tuple(parameter.shape) for name, parameter in named.items()}
     check_names(expected, portable.params, "the checkpoint's parameters")
@@ -70,16 +105,19 @@ def restore(state: TorchState, portable: PortableState, placement: Placement) ->
     # AdamW keeps its step count on the CPU, the fused kernel on the parameters' device.
     step_device = placement.device if state.optimizer.defaults.get("fused") else "cpu"
     for name, parameter in named.items():
-        parameter.data = _like(placement.upload(portable.params[name]), parameter.data)
+        if isinstance(parameter, DTensor):  # FSDP2 keeps its own storage for the shard: copy into it
+            parameter.data.copy_(_upload_like(placement, portable.params[name], parameter.data))
+        else:
+            parameter.data = _like(placement.upload(portable.params[name]), parameter.data)
         if sgd:  # a zero buffer makes the first update's buffer the gradient itself, as torch's first step does
             state.optimizer.state[parameter] = {
-                "momentum_buffer": _like(placement.upload(portable.exp_avg[name]), parameter.data)}
+                "momentum_buffer": _upload_like(placement, portable.exp_avg[name], parameter.data)}
             continue
         state.optimizer.state[parameter] = {
             "step": torch.tensor(float(portable.step), dtype=torch.float32, device=step_device),
             # The moments in the parameter's memory format: the fused update takes tensors of one layout.
-            "exp_avg": _like(placement.upload(portable.exp_avg[name]), parameter.data),
-            "exp_avg_sq": _like(placement.upload(portable.exp_avg_sq[name]), parameter.data),
+            "exp_avg": _upload_like(placement, portable.exp_avg[name], parameter.data),
+            "exp_avg_sq": _upload_like(placement, portable.exp_avg_sq[name], parameter.data),
         }
     buffers = _buffers(state)
     check_names({name: tuple(b.shape) for name, b in buffers.items()}, portable.buffers,

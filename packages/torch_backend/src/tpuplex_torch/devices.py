@@ -10,6 +10,10 @@
   `runtime.torch_mode = "compile"` is eager mode with the training forward (and so its backward) compiled by
   torch.compile: one program per batch shape, dropout drawn from torch's own generator as in eager mode.
 
+A mesh (`runtime.mesh`, `tpuplex.sharding`) with `fsdp` above 1 shards parameters and Adam's moments with FSDP2
+(`fully_shard` on each block and the root over a (data, fsdp) `DeviceMesh`; data above 1 too is HSDP) in eager
+mode; `tensor` above 1, and `fsdp` under torch_xla, are refused in one line.
+
 torch_xla is imported only in xla mode. accelerate (which transformers imports) imports torch_xla by itself
 whenever it is installed, so eager mode sets USE_TORCH_XLA=0 before accelerate loads: one process never has two
 runtimes claiming the TPU.
@@ -30,6 +34,7 @@ import numpy as np
 
 import torch
 from tpuplex import devices as core_devices
+from tpuplex import sharding
 from tpuplex.config import RuntimeConfig
 from tpuplex.data.batching import check_divisible
 from tpuplex.devices import Topology
@@ -91,6 +96,20 @@ class Placement(abc.ABC):
     topology: Topology
     replicas_in_view: int
     row_processes: int = 1
+
+    def shard(self, module: torch.nn.Module) -> torch.nn.Module:
+        """`module` with its parameters laid out over the mesh (FSDP2 where the mesh has fsdp); as it is else."""
+        return module
+
+    @property
+    def shards_parameters(self) -> bool:
+        return bool(self.topology.mesh and self.topology.mesh.shards_parameters)
+
+    @property
+    def gradient_scale(self) -> int:
+        """What a process's loss is multiplied by before its backward: the processes whose gradients FSDP2 averages,
+        so the average is the gradient of the global mean loss; 1 where the step sums them itself."""
+        return self.row_processes if self.shards_parameters else 1
 
     def upload(self, array: np.ndarray) -> torch.Tensor:
         """A float32 host array as a state tensor (parameter or moment) on `device`, whole on every replica."""
@@ -172,15 +191,45 @@ class EagerPlacement(Placement):
         self.device = self.accelerator.device
         self.row_processes = state.num_processes
         self.replicas_in_view = 1
+        mesh = mesh_of(runtime, self.row_processes)
+        self.device_mesh = (torch.distributed.device_mesh.init_device_mesh(
+            self.device.type, (mesh.data, mesh.fsdp), mesh_dim_names=("data", "fsdp"))
+            if mesh.shards_parameters else None)
+        fsdp = f" + FSDP2 ({'HSDP' if mesh.data > 1 else 'fully sharded'})" if self.device_mesh else ""
         self.topology = Topology(
             kind="gpu" if self.device.type == "cuda" else "cpu", device_count=self.row_processes,
             host_count=self.row_processes, process_index=state.process_index,
             source=f"accelerate ({state.distributed_type.value})",
-            detail=f"torch eager{' + torch.compile' if runtime.torch_mode == 'compile' else ''}; {why}",
-            chip=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "")
+            detail=f"torch eager{' + torch.compile' if runtime.torch_mode == 'compile' else ''}{fsdp}; {why}",
+            chip=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "", mesh=mesh)
         self._profiler: torch.profiler.profile | None = None
         self._compiles = runtime.torch_mode == "compile"
         self._graphs_before = _compiled_graphs() if self._compiles else 0
+
+    def shard(self, module: torch.nn.Module) -> torch.nn.Module:
+        """FSDP2 over the (data, fsdp) mesh: `fully_shard` on every block of the model's layer lists (so one block's
+        weights are gathered at a time), then on the root; each parameter split on the dimension the core's layout
+        gives it (`tpuplex.sharding.layout`; dimension 0 where the core keeps it whole, as FSDP2 splits every
+        parameter). FSDP2 averages the gradients over the processes (gloo has no pre-scaled sum for a factor of
+        one), so the train step scales each process's share of the global mean loss by their number
+        (`gradient_scale`)."""
+        if self.device_mesh is None:
+            return module
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import Shard
+
+        mesh = self.topology.mesh
+        named = {id(parameter): name for name, parameter in module.named_parameters()}
+
+        def placement(parameter: torch.nn.Parameter) -> Shard:
+            layout = sharding.layout(named[id(parameter)], tuple(parameter.shape), mesh)
+            return Shard(layout.index("fsdp") if "fsdp" in layout else 0)
+
+        shard_mesh = self.device_mesh if mesh.data > 1 else self.device_mesh["fsdp"]
+        blocks = [block for child in module.modules() if isinstance(child, torch.nn.ModuleList) for block in child]
+        for part in (*blocks, module):
+            fully_shard(part, mesh=shard_mesh, shard_placement_fn=placement)
+        return module
 
     def put(self, batch: Batch) -> dict[str, torch.Tensor]:
         """On a GPU through pinned host memory, copied without waiting: the copy queues ahead of the step's
@@ -227,6 +276,17 @@ class EagerPlacement(Placement):
         if self._profiler is not None:
             self._profiler.stop()
             self._profiler = None
+
+
+def mesh_of(runtime: RuntimeConfig, devices: int) -> sharding.Mesh:
+    """The mesh `runtime.mesh` asks for over `devices`; `tensor` above 1 is refused (torch splits no weight
+    Megatron's way yet)."""
+    mesh = sharding.resolve(runtime.mesh, devices)
+    if mesh.tensor > 1:
+        raise TpuplexError(f"runtime.mesh = {runtime.mesh} has tensor = {mesh.tensor}, which the torch backend does "
+                           "not split (it shards over fsdp): train a tensor axis with --backend jax, or move those "
+                           "devices to fsdp")
+    return mesh
 
 
 def _compiled_graphs() -> int:
@@ -276,6 +336,11 @@ class XlaPlacement(Placement):
             raise TpuplexError(
                 f"runtime.cpu_devices = {replicas} does not fit the {devices} XLA CPU devices this process already "
                 f"runs: use a divisor of {devices}, or start a fresh process")
+        layout_mesh = mesh_of(runtime, replicas)
+        if layout_mesh.shards_parameters:
+            raise TpuplexError(f"runtime.mesh = {runtime.mesh} shards parameters, which the torch backend does not "
+                               "do under torch_xla yet (eager mode shards with FSDP2): use --backend jax, or a mesh "
+                               "of data alone")
         self.mesh = spmd.Mesh(np.arange(devices), (replicas, devices // replicas), ("data", "copy"))
         self.device = torch_xla.device()
         self.replicas_in_view = replicas
@@ -283,7 +348,7 @@ class XlaPlacement(Placement):
         self.topology = Topology(
             kind=_XLA_KIND.get(device_type, "cpu"), device_count=replicas, host_count=xr.process_count(),
             process_index=xr.process_index(), source=f"torch_xla PJRT {device_type}",
-            detail=f"torch_xla SPMD, mesh data={replicas} x copy={devices // replicas}; {why}")
+            detail=f"torch_xla SPMD, mesh data={replicas} x copy={devices // replicas}; {why}", mesh=layout_mesh)
 
     def upload(self, array: np.ndarray) -> torch.Tensor:
         # Marked replicated now, as the step's outputs will be: an unmarked input would make the first step's

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+from torch.distributed.tensor import DTensor
 from torch.utils.flop_counter import FlopCounterMode
 
 import torch
@@ -91,10 +92,10 @@ def train_step(state: TorchState, placement: Placement, batch: Batch, learning_r
         with placement.autocast(spec.bf16):
             logits = state.train_forward(model, micro)
         micro_loss = (state.task.unit_losses(logits, micro) * micro["weight"]).sum() / total_weight
-        micro_loss.backward()
+        (micro_loss * placement.gradient_scale).backward()
         loss = loss + micro_loss.detach()
     parameters = [p for p in model.parameters() if p.grad is not None]
-    if placement.row_processes > 1:
+    if placement.row_processes > 1 and not placement.shards_parameters:  # FSDP2 has reduced them in the backward
         _sum_gradients_over_processes(parameters, placement)
     if spec.clip_norm > 0:
         _clip_by_global_norm(parameters, spec.clip_norm)
@@ -201,5 +202,9 @@ def _sum_gradients_over_processes(parameters: list[torch.nn.Parameter], placemen
 def _clip_by_global_norm(parameters: list[torch.nn.Parameter], clip_norm: float) -> None:
     """g *= min(1, clip_norm / ||g||) over all gradients together; a zero norm (clip_norm / 0 = inf) leaves g."""
     grads = [p.grad for p in parameters]
-    scale = (clip_norm / torch.nn.utils.get_total_norm(grads)).clamp(max=1.0)
+    norm = torch.nn.utils.get_total_norm(grads)
+    if isinstance(norm, DTensor):  # FSDP2's shards: the norm of the whole gradients, then one number for every shard
+        scale = float((clip_norm / norm.full_tensor()).clamp(max=1.0))
+    else:
+        scale = (clip_norm / norm).clamp(max=1.0)
     torch._foreach_mul_(grads, scale)

@@ -1,0 +1,96 @@
+"""FSDP2 on 4 CPU processes over gloo (`runtime.mesh` with fsdp, docs/sharding.md): a Llama from a config.json
+trains on tiny Shakespeare to the numbers of the same run replicated over the 4 processes, and each process holds
+its quarter of the parameters and Adam's moments. Each run is `tpuplex launch` of the CLI, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from multihost_checks import finish, launch_args, tpuplex
+from safetensors.numpy import load_file
+
+from tpuplex.config import RuntimeConfig
+from tpuplex.errors import TpuplexError
+from tpuplex_torch import devices
+
+STEPS = 6
+LLAMA = {"model_type": "llama", "vocab_size": 128, "max_position_embeddings": 64, "hidden_size": 128,
+         "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+
+
+@pytest.fixture(scope="module")
+def config(shared_text, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("fsdp")
+    (folder / "llama").mkdir()
+    (folder / "llama" / "config.json").write_text(json.dumps(LLAMA))
+    text = (shared_text / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:20_000]
+    (folder / "shakespeare.txt").write_text(text, encoding="utf-8")
+    (folder / "config.toml").write_text(f"""
+[task]
+name = "causal_lm"
+tokenizer = "characters"
+validation_fraction = 0.05
+[model]
+checkpoint = "llama"
+dropout = false
+[data]
+dataset = "shakespeare"
+train_file = "shakespeare.txt"
+max_length = 32
+cache_dir = "{folder / 'cache'}"
+[train]
+learning_rate = 1e-3
+max_steps = {STEPS}
+global_batch = 8
+seed = 5
+[runtime]
+log_every = 1
+checkpoint_every = {STEPS}
+host_timeout = 120
+""")
+    return folder / "config.toml"
+
+
+def launched(config: Path, output_dir: Path, mesh: str) -> dict:
+    status, output = finish(tpuplex(launch_args(4, 0, config, "torch", output_dir, f"runtime.mesh={mesh}")))
+    assert status == 0, output
+    return json.loads((output_dir / "results.json").read_text())
+
+
+def losses(output_dir: Path) -> np.ndarray:
+    entries = [json.loads(line) for line in (output_dir / "log.jsonl").read_text().splitlines()]
+    return np.array([entry["loss"] for entry in entries if entry["event"] == "train"])
+
+
+@pytest.fixture(scope="module")
+def replicated(config, tmp_path_factory) -> tuple[Path, dict]:
+    folder = tmp_path_factory.mktemp("replicated")
+    return folder, launched(config, folder, "{data = 4}")
+
+
+@pytest.mark.parametrize("mesh", [pytest.param("{fsdp = 4}", id="fsdp4"),
+                                  pytest.param("{data = 2, fsdp = 2}", id="hsdp", marks=pytest.mark.long)])
+def test_fsdp_on_four_processes_trains_as_replicated(config, replicated, tmp_path, mesh) -> None:
+    expected_dir, expected = replicated
+    results = launched(config, tmp_path, mesh)
+    assert "FSDP2" in results["topology"]
+    np.testing.assert_allclose(losses(tmp_path), losses(expected_dir), rtol=1e-5)
+    assert len(losses(tmp_path)) == STEPS
+    step = f"step-{STEPS:08d}"
+    for kind in ("model", "optimizer"):
+        want = load_file(expected_dir / "checkpoints" / step / f"{kind}.safetensors")
+        have = load_file(tmp_path / "checkpoints" / step / f"{kind}.safetensors")
+        assert want.keys() == have.keys()
+        for name in want:
+            np.testing.assert_allclose(have[name], want[name], rtol=0, atol=1e-5, err_msg=name)
+    fsdp = 4 if mesh == "{fsdp = 4}" else 2
+    assert results["state_bytes_per_device"] <= 1.1 * expected["state_bytes_per_device"] / fsdp
+
+
+def test_a_tensor_axis_is_refused_in_one_line() -> None:
+    with pytest.raises(TpuplexError, match=r"has tensor = 2, which the torch backend does not split .*--backend jax"):
+        devices.mesh_of(RuntimeConfig(mesh={"fsdp": 2, "tensor": 2}), 4)
