@@ -163,6 +163,9 @@ CONFIG = {
     "negative adam_epsilon": Case(setting("train.adam_epsilon=-1e-8"), "train.adam_epsilon"),
     "negative eval_every": Case(setting("runtime.eval_every=-1"), "runtime.eval_every"),
     "negative cpu_devices": Case(setting("runtime.cpu_devices=-2"), "runtime.cpu_devices"),
+    "infinite peak_tflops": Case(setting("runtime.peak_tflops=inf"), "runtime.peak_tflops = inf is not allowed"),
+    "NaN learning rate": Case(setting("train.learning_rate=nan"), "train.learning_rate = nan is not allowed"),
+    "mesh not fitting the devices": Case(setting("runtime.mesh={data = 3}"), "does not fit the 1 device(s)"),
     "config file missing": Case(lambda tmp_path, env: [env["config"].unlink()] and [], "does not exist"),
     "extends a file that is not TOML": Case(lambda tmp_path, env: (
         (tmp_path / "base.toml").write_text("[model\n"),
@@ -213,6 +216,8 @@ MODEL = {
     "heads not dividing hidden": Case(in_model(hf_config(num_attention_heads=5)), "5 attention heads"),
     "hidden_size a string": Case(in_model(hf_config(hidden_size="32")), "hidden_size"),
     "negative layers": Case(in_model(hf_config(num_hidden_layers=-1)), "num_hidden_layers"),
+    "dropout over 1": Case(in_model(hf_config(hidden_dropout_prob=1.5)), "hidden_dropout_prob = 1.5 in"),
+    "negative dropout": Case(in_model(hf_config(attention_probs_dropout_prob=-0.5)), "which must be in [0, 1]"),
     "unknown activation": Case(in_model(hf_config(hidden_act="swish2")), "hidden_act"),
     "weights empty": Case(in_model(write_file("model.safetensors", b"")), "model.safetensors"),
     "weights truncated": Case(in_model(lambda m: (m / "model.safetensors").write_bytes(
@@ -316,3 +321,34 @@ def test_bad_input_is_one_line_exit_2_and_nothing_left_behind(name, write_config
     assert case.fragment in errors[0], errors[0]
     after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     assert [p for p in after if p not in before and not p.startswith("cache")] == [], "left behind"
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--temperature", "nan"], "use a finite temperature >= 0"),
+    (["--temperature", "inf"], "use a finite temperature >= 0"),
+    (["--seed", "-1"], "--seed -1: use a seed in"),
+])
+def test_a_bad_sampling_option_is_one_line(tmp_path, capsys, option, message) -> None:
+    status = cli.main(["generate", str(tmp_path), "--backend", "numpy", "--prompt", "ROMEO:", *option])
+    error = capsys.readouterr().err
+    assert status == 2 and message in error and error.count("\n") == 1
+
+
+@pytest.mark.parametrize("length", ["0", "-5", "1"])
+def test_prepare_refuses_rows_too_short_to_predict(tmp_path, capsys, tiny_model, length) -> None:
+    (tmp_path / "corpus.txt").write_text("To be, or not to be, that is the question.\n")
+    out = tmp_path / "prepared"
+    status = cli.main(["prepare", str(tmp_path / "corpus.txt"), "--out", str(out), "--task", "causal_lm",
+                       "--tokenizer", str(tiny_model), "--max-length", length])
+    assert status == 2 and f"--max-length {length}: use rows of at least 2 tokens" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_negative_gpt2_inner_size_is_one_line() -> None:
+    from tpuplex import models
+    from tpuplex.errors import TpuplexError
+
+    config = {"model_type": "gpt2", "vocab_size": 50, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 4,
+              "n_inner": -4}
+    with pytest.raises(TpuplexError, match="n_inner = -4 in config.json must be positive"):
+        models.architecture_of(config)

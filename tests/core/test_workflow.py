@@ -5,6 +5,7 @@ tests/portable/test_workflow.py."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -234,3 +235,21 @@ def test_a_report_folder_a_report_wrote_may_be_written_again(trained, tmp_path) 
     for _ in range(2):
         assert cli.main(["report", str(trained), "--out", str(tmp_path / "report")]) == 0
     assert sorted(child.name for child in (tmp_path / "report").iterdir()) == ["report.md", "report.png"]
+
+
+def test_outputs_take_the_permissions_the_umask_gives(write_config, with_test_file, tmp_path) -> None:
+    """run.json, results.json, checkpoints, predictions and exports are written through hidden staging names, which
+    `tempfile` makes private; they end with the mode any file the user creates gets (here umask 022)."""
+    config = write_config(runtime__checkpoint_every=6, train__max_steps=6)
+    previous = os.umask(0o022)
+    try:
+        assert cli.main(["train", str(config), "--backend", "numpy"]) == 0
+        run = tmp_path / "run"
+        assert cli.main(["predict", str(run), "--backend", "numpy", "--data-dir", str(with_test_file)]) == 0
+        assert cli.main(["export", str(run), "--format", "hf"]) == 0
+    finally:
+        os.umask(previous)
+    files = [run / "run.json", run / "results.json", *(run / "predictions").rglob("*.tsv")]
+    folders = [run / "checkpoints" / "step-00000006", run / "export" / "step-00000006-hf"]
+    assert {oct(path.stat().st_mode & 0o777) for path in files} == {"0o644"}
+    assert {oct(path.stat().st_mode & 0o777) for path in folders} == {"0o755"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 import typing
 from collections.abc import Mapping, Sequence
@@ -354,8 +355,8 @@ def _coerce(section: str, name: str, hint: Any, value: Any) -> Any:
             raise TpuplexError(f"{field} = {value!r} is not allowed: use an integer")
         return value
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TpuplexError(f"{field} = {value!r} is not allowed: use a number")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise TpuplexError(f"{field} = {value!r} is not allowed: use a finite number")
         return float(value)
     if hint is str:
         if not isinstance(value, str):

@@ -203,6 +203,9 @@ def _prepare(args: argparse.Namespace) -> int:
                            "default)")
     check_writable_folder(Path(args.out).expanduser(), "--out")
     if args.tokenizer is not None:
+        if args.max_length < 2:
+            raise TpuplexError(f"--max-length {args.max_length}: use rows of at least 2 tokens (a token and the one "
+                               "it predicts)")
         from tpuplex import tasks
         from tpuplex.data.corpus import prepare_corpus
         from tpuplex.params import resolve_checkpoint

@@ -27,6 +27,7 @@ from safetensors.numpy import load_file, save_file
 from tpuplex import kinds, tasks
 from tpuplex.commands import run_folder
 from tpuplex.errors import TpuplexError
+from tpuplex.text_files import as_umask_allows
 
 FORMATS = {"hf": "the core", "saved_model": "tf", "torch_export": "torch"}
 """Export format -> who writes it: the core, or the backend of that name."""
@@ -73,7 +74,7 @@ def write_atomically(out: Path, write: Callable[[Path], None]) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         write(staging)
-        staging.rename(out)
+        as_umask_allows(staging).rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -14,6 +14,7 @@ program for the first bucket and one for every later window, whatever the prompt
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from pathlib import Path
 
@@ -61,9 +62,11 @@ def generate(path: str | Path, backend_name: str, prompts: list[str], new_tokens
     """`new_tokens` tokens after each of `prompts` from the checkpoint `path` names (see the module)."""
     if new_tokens < 1:
         raise TpuplexError(f"--tokens {new_tokens}: generate at least 1 token")
-    if temperature < 0 or top_k < 0:
-        raise TpuplexError(f"--temperature {temperature} --top-k {top_k}: use a temperature >= 0 (0: greedy) and a "
-                           "top-k >= 0 (0: every token)")
+    if not (math.isfinite(temperature) and temperature >= 0) or top_k < 0:
+        raise TpuplexError(f"--temperature {temperature} --top-k {top_k}: use a finite temperature >= 0 (0: greedy) "
+                           "and a top-k >= 0 (0: every token)")
+    if not 0 <= seed < 2**63:
+        raise TpuplexError(f"--seed {seed}: use a seed in [0, 2^63)")
     if not prompts or not all(prompts):
         raise TpuplexError("give each prompt some text: --prompt TEXT (or --prompt-file FILE)")
     found = run_folder.locate(path)

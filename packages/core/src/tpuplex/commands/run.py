@@ -18,7 +18,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.plugins import add_search_path
 from tpuplex.protocol import Backend, OptimizerSpec
 from tpuplex.tasks import Task, TaskData
+from tpuplex.text_files import staged_text
 
 RESULTS_FILE = "results.json"
 
@@ -230,14 +230,8 @@ def loss_summary(result: TrainResult, window: int) -> dict[str, Any]:
 
 def write_json_atomic(path: Path, content: dict[str, Any]) -> Path:
     """Write `content` as JSON to `path` through a temporary file renamed into place: whole or absent."""
-    descriptor, staging = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            json.dump(content, file, indent=2)
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
+    with staged_text(path) as file:
+        json.dump(content, file, indent=2)
     return path
 
 

@@ -30,6 +30,7 @@ from safetensors.numpy import load_file, save_file
 
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import PortableState
+from tpuplex.text_files import as_umask_allows
 
 _STEP_DIR = re.compile(r"step-(\d{8})")
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -59,7 +60,7 @@ def save(root: str | Path, state: PortableState, trainer_state: dict[str, Any], 
         (staging / MANIFEST).write_text(json.dumps({name: _describe(staging / name) for name in FILES}, indent=2))
         if final.exists():
             shutil.rmtree(final)
-        os.rename(staging, final)
+        os.rename(as_umask_allows(staging), final)
     except BaseException as error:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

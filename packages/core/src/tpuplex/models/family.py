@@ -7,6 +7,8 @@ its network is an `Architecture`; a new building block goes into each backend's 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,8 @@ from tpuplex.errors import TpuplexError
 from tpuplex.models.architecture import ACTIVATIONS, Architecture, canonical_shapes
 
 _REQUIRED = object()
+_DROPOUT = re.compile(r"dropout|pdrop")
+"""config.json keys that hold a dropout rate (`hidden_dropout_prob`, GPT-2's `resid_pdrop`, ...)."""
 
 
 class ConfigReader:
@@ -32,6 +36,12 @@ class ConfigReader:
             return None
         accepted = (int, float) if kind is float else (kind,)
         if isinstance(value, accepted) and (kind is bool or not isinstance(value, bool)):
+            if kind is float and not math.isfinite(value):
+                raise TpuplexError(f"{key} = {value!r} in {self.path} is not a finite number: fix the checkpoint's "
+                                   "config.json")
+            if kind is float and _DROPOUT.search(key) and not 0 <= value <= 1:
+                raise TpuplexError(f"{key} = {value!r} in {self.path} is a dropout rate, which must be in [0, 1]: fix "
+                                   "the checkpoint's config.json")
             return kind(value)
         raise TpuplexError(f"{key} = {value!r} in {self.path} is not a{'n' if kind is int else ''} "
                            f"{kind.__name__}: fix the checkpoint's config.json")
@@ -43,9 +53,10 @@ class ConfigReader:
                                f"{', '.join(ACTIVATIONS)}")
         return name
 
-    def positive(self, key: str, default: Any = _REQUIRED) -> int:
+    def positive(self, key: str, default: Any = _REQUIRED) -> int | None:
+        """A positive integer (None where it is absent and the default is None)."""
         value = self.get(key, int, default)
-        if value <= 0:
+        if value is not None and value <= 0:
             raise TpuplexError(f"{key} = {value} in {self.path} must be positive: fix the checkpoint's config.json")
         return value
 

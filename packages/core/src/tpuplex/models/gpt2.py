@@ -24,7 +24,7 @@ def read(config: ConfigReader) -> DecoderArch:
     return DecoderArch(
         family="gpt2", vocab_size=config.positive("vocab_size"), hidden_size=hidden,
         num_layers=config.positive("n_layer"), num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
-        intermediate_size=config.get("n_inner", int, None) or 4 * hidden,
+        intermediate_size=config.positive("n_inner", None) or 4 * hidden,
         max_positions=config.positive("n_positions"), rope_theta=0.0, rms_norm=False, norm_bias=bias,
         norm_eps=config.get("layer_norm_epsilon", float, 1e-5),
         activation=config.get("activation_function", str, "gelu_new"), fused_qkv=True, gated_mlp=False,

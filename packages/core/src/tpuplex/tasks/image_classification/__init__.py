@@ -41,6 +41,7 @@ from tpuplex.protocol import Batch
 from tpuplex.tasks.base import Task, TaskData, check_held_out, framework_modules
 from tpuplex.tasks.image_classification.data import ImageSplit, augment, held_out
 from tpuplex.tasks.sequence_classification.heads import ClassifierHead
+from tpuplex.text_files import staged_text
 
 TRAIN_STREAM = 0
 """Training augmentation draws from `default_rng([seed, TRAIN_STREAM, step])`."""
@@ -260,14 +261,11 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _write_tsv(path: Path, keys: list[str], probabilities: np.ndarray, classes: tuple[str, ...]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}-", delete=False,
-                                     encoding="utf-8") as staging:
+    with staged_text(path) as staging:
         staging.write("\t".join(["image", "class", "label", *classes]) + "\n")
         for key, row in zip(keys, probabilities, strict=True):
             best = int(row.argmax())
             staging.write("\t".join([key, str(best), classes[best], *(f"{p:.9g}" for p in row)]) + "\n")
-    Path(staging.name).replace(path)
     return path
 
 

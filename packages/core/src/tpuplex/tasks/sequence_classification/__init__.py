@@ -10,7 +10,6 @@ Predictions: one TSV per split (GLUE's submission files for GLUE test splits).
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,6 +24,7 @@ from tpuplex.tasks.sequence_classification.custom import CustomData, LabelledTab
 from tpuplex.tasks.sequence_classification.features import encode_cached
 from tpuplex.tasks.sequence_classification.glue import Dataset, GlueData, Source
 from tpuplex.tasks.sequence_classification.heads import FAMILY_HEADS, ClassifierHead, classifier_head
+from tpuplex.text_files import staged_text
 
 Options = LabelledTable
 """How your own table is read (text_columns, label_column, labels or regression, metrics); a GLUE dataset says
@@ -129,12 +129,9 @@ def predictions(dataset: Dataset, logits: np.ndarray) -> list[str]:
 
 
 def _write_tsv(path: Path, values: list[str]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}-", delete=False,
-                                     encoding="utf-8") as staging:
+    with staged_text(path) as staging:
         staging.write("index\tprediction\n")
         staging.writelines(f"{index}\t{value}\n" for index, value in enumerate(values))
-    Path(staging.name).replace(path)
     return path
 
 

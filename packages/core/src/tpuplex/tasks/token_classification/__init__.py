@@ -25,7 +25,6 @@ one CoNLL file per split, `word<TAB>gold<TAB>predicted` (no gold column for an u
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -43,6 +42,7 @@ from tpuplex.tasks.base import Task, TaskData, framework_modules, matmul_weights
 from tpuplex.tasks.token_classification import data as tagged
 from tpuplex.tasks.token_classification.entities import check_scheme, scores
 from tpuplex.tasks.token_classification.heads import FAMILY_HEADS, TokenClassifierHead, token_classifier_head
+from tpuplex.text_files import staged_text
 
 OUTSIDE = "O"
 
@@ -220,16 +220,13 @@ def _check_words_kept(train: tagged.Aligned, max_length: int) -> None:
 def _write_conll(path: Path, sentences: tagged.Sentences, predicted: list[list[str]]) -> Path:
     """word<TAB>gold<TAB>predicted per line (no gold column without tags), a blank line after each sentence;
     written beside `path` and renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}-", delete=False,
-                                     encoding="utf-8") as staging:
+    with staged_text(path) as staging:
         for row, words in enumerate(sentences.words):
             gold = sentences.tags[row] if sentences.tags is not None else None
             for position, word in enumerate(words):
                 columns = [word, *([gold[position]] if gold is not None else []), predicted[row][position]]
                 staging.write("\t".join(columns) + "\n")
             staging.write("\n")
-    Path(staging.name).replace(path)
     return path
 
 
