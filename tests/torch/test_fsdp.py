@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from llama_runs import train_losses, write_llama_run
 from multihost_checks import finish, launch_args, tpuplex
 from safetensors.numpy import load_file
 
@@ -17,42 +18,11 @@ from tpuplex.errors import TpuplexError
 from tpuplex_torch import devices
 
 STEPS = 6
-LLAMA = {"model_type": "llama", "vocab_size": 128, "max_position_embeddings": 64, "hidden_size": 128,
-         "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
 
 
 @pytest.fixture(scope="module")
 def config(shared_text, tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("fsdp")
-    (folder / "llama").mkdir()
-    (folder / "llama" / "config.json").write_text(json.dumps(LLAMA))
-    text = (shared_text / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:20_000]
-    (folder / "shakespeare.txt").write_text(text, encoding="utf-8")
-    (folder / "config.toml").write_text(f"""
-[task]
-name = "causal_lm"
-tokenizer = "characters"
-validation_fraction = 0.05
-[model]
-checkpoint = "llama"
-dropout = false
-[data]
-dataset = "shakespeare"
-train_file = "shakespeare.txt"
-max_length = 32
-cache_dir = "{folder / 'cache'}"
-[train]
-learning_rate = 1e-3
-max_steps = {STEPS}
-global_batch = 8
-seed = 5
-[runtime]
-log_every = 1
-checkpoint_every = {STEPS}
-host_timeout = 120
-""")
-    return folder / "config.toml"
+    return write_llama_run(tmp_path_factory.mktemp("fsdp"), shared_text, STEPS, STEPS)
 
 
 def launched(config: Path, output_dir: Path, mesh: str) -> dict:
@@ -62,8 +32,7 @@ def launched(config: Path, output_dir: Path, mesh: str) -> dict:
 
 
 def losses(output_dir: Path) -> np.ndarray:
-    entries = [json.loads(line) for line in (output_dir / "log.jsonl").read_text().splitlines()]
-    return np.array([entry["loss"] for entry in entries if entry["event"] == "train"])
+    return np.array(list(train_losses(output_dir).values()))
 
 
 @pytest.fixture(scope="module")
