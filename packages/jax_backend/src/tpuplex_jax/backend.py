@@ -118,7 +118,7 @@ class JaxBackend(BackendBase):
         rows = self._global_rows(batch, programs, 1, _keys(batch, programs.inputs))
         with self._compiles.watching():
             outputs = programs.predict(state.params, state.model_state, rows)
-        return checkpoint.host_array(outputs)
+        return layout.host_array(outputs)
 
     def state_to_arrays(self, state: step.TrainState) -> PortableState:
         programs = self._require_init()

@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 import optax
-from jax.experimental import multihost_utils
 
 import jax
 from tpuplex.layers.jax import Naming, to_flax, to_portable_arrays
 from tpuplex.params import check_names
 from tpuplex.protocol import PortableState
+from tpuplex_jax.layout import host_array
 from tpuplex_jax.step import TrainState, adam_state, with_adam_state
 
 
@@ -51,16 +51,3 @@ def from_portable(arrays: PortableState, template: TrainState, programs: Any) ->
 def _host(tree: Any) -> Any:
     """Numpy copies of a tree of device arrays (`host_array`)."""
     return jax.tree.map(host_array, tree)
-
-
-def host_array(value: Any) -> np.ndarray:
-    """A whole numpy copy of a device array however it is laid out: a replicated one read from a local shard, a
-    split one assembled from its shards (on a multi-host job gathered from every process: collective, so every
-    process calls it in the same order)."""
-    if not isinstance(value, jax.Array):
-        return np.asarray(value)
-    if value.is_fully_replicated:
-        return np.array(value.addressable_shards[0].data)
-    if value.is_fully_addressable:
-        return np.asarray(value)
-    return np.asarray(multihost_utils.process_allgather(value, tiled=True))

@@ -1,4 +1,5 @@
-"""The training state laid out over the device mesh as `tpuplex.sharding` decides: Flax trees of NamedShardings.
+"""The training state laid out over the device mesh as `tpuplex.sharding` decides (Flax trees of NamedShardings),
+and device arrays back to whole host arrays.
 
 The core decides a `Layout` per parameter in its portable (torch) layout; a Flax kernel is the transpose of that
 (Dense [in, out], convolutions HWIO), so its layout is permuted the same way (`tpuplex.params.from_torch_axes`).
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jax
@@ -58,3 +60,16 @@ def bytes_per_device(trees: Any) -> int:
         for shard in leaf.addressable_shards:
             held[shard.device] += shard.data.nbytes
     return max(held.values(), default=0)
+
+
+def host_array(value: Any) -> np.ndarray:
+    """A whole numpy copy of a device array however it is laid out: a replicated one read from a local shard, a
+    split one assembled from its shards (on a multi-host job gathered from every process: collective, so every
+    process calls it in the same order)."""
+    if not isinstance(value, jax.Array):
+        return np.asarray(value)
+    if value.is_fully_replicated:
+        return np.array(value.addressable_shards[0].data)
+    if value.is_fully_addressable:
+        return np.asarray(value)
+    return np.asarray(multihost_utils.process_allgather(value, tiled=True))
