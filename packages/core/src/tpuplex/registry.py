@@ -41,8 +41,7 @@ def create(name: str, runtime: RuntimeConfig) -> Backend:
         raise TpuplexError(
             f"backend {name!r} is installed but cannot be imported ({error}): reinstall it with {INSTALL.get(name)}"
         ) from None
-    if not getattr(cls, "shards_parameters", False) and any(
-            runtime.mesh.get(axis, 1) != 1 for axis in ("fsdp", "tensor")):
+    if not getattr(cls, "shards_parameters", False) and sharding.asks_to_shard(runtime.mesh):
         raise TpuplexError(
             f"runtime.mesh = {runtime.mesh} splits parameters over fsdp or tensor, which the {name} backend does not "
             "do (it keeps every parameter whole on each device): train this mesh with --backend jax, or set "

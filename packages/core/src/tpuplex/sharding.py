@@ -54,10 +54,6 @@ class Mesh:
         return self.data, self.fsdp, self.tensor
 
     @property
-    def devices(self) -> int:
-        return math.prod(self.shape)
-
-    @property
     def batch_shards(self) -> int:
         """Devices the global batch is split over (data x fsdp): each takes B / batch_shards rows."""
         return self.data * self.fsdp
@@ -85,6 +81,11 @@ def check_request(request: Mapping[str, Any]) -> None:
     if sum(size == -1 for size in request.values()) > 1:
         raise TpuplexError(f"runtime.mesh = {dict(request)} has more than one -1: let one axis fill with the devices "
                            "left and give the others their sizes")
+
+
+def asks_to_shard(request: Mapping[str, int]) -> bool:
+    """Whether a checked `runtime.mesh` table splits parameters (fsdp or tensor other than 1; a -1 there may)."""
+    return any(request.get(axis, 1) != 1 for axis in ("fsdp", "tensor"))
 
 
 def resolve(request: Mapping[str, int], devices: int) -> Mesh:
