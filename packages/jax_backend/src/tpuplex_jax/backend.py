@@ -82,7 +82,9 @@ class JaxBackend(BackendBase):
         batch_shards = self._topology.batch_shards
         built = kind.build(model, task, optimizer, batch_shards)
         tx = step.make_optimizer(optimizer, built.params, built.naming)
-        host_state = step.TrainState(built.params, tx.init(built.params), built.model_state)
+        # The moments' zeros are made on the host: made on the default device they would be whole on one device.
+        with jax.default_device(jax.local_devices(backend="cpu")[0]):
+            host_state = step.TrainState(built.params, tx.init(built.params), built.model_state)
         shapes = built.naming.shapes(built.params)
         state_sharding = layout.state_sharding(self.mesh, tx, host_state, built.naming, shapes, self._topology.mesh)
         train = step.make_train_step(built.network, tx, optimizer.grad_accum, batch_shards, model.dropout,

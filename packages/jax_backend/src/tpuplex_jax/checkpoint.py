@@ -44,7 +44,7 @@ def from_portable(arrays: PortableState, template: TrainState, programs: Any) ->
                                   mu=to_flax(arrays.exp_avg, structure, naming),
                                   nu=to_flax(arrays.exp_avg_sq, structure, naming))
     return TrainState(params=to_flax(arrays.params, structure, naming),
-                      opt_state=with_adam_state(_host(template.opt_state), adam),
+                      opt_state=_host(with_adam_state(template.opt_state, adam)),
                       model_state=to_flax(arrays.buffers, template.model_state, programs.state_naming))
 
 
