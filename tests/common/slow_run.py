@@ -58,8 +58,8 @@ def slow_train_step(self, state, batch, learning_rate):
         time.sleep(step_seconds)
     return train_step(self, state, batch, learning_rate)
 
-def slow_save_file(tensors, path):
-    save_file(tensors, path)
+def slow_save_file(tensors, path, metadata=None):
+    save_file(tensors, path, metadata=metadata)
     if path.parent not in writes:
         writes.append(path.parent)
         if len(writes) == hold_write:

@@ -55,7 +55,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_nothing_else(tmp_path,
     checkpoint.save(tmp_path, state(1), {"step": 1}, keep=2)
     before = sorted(p.name for p in tmp_path.iterdir())
 
-    def disk_full(tensors, path):
+    def disk_full(tensors, path, metadata=None):
         Path(path).write_bytes(b"partial")  # what a full disk leaves of a file
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 

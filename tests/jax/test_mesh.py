@@ -1,16 +1,23 @@
 """A device mesh on the JAX backend (8 host devices): sharded over fsdp (and tensor), a model trains to the numbers
-of the same model replicated over the same devices, and each device holds its share of the state."""
+of the same model replicated over the same devices, each device holds its share of the state, and checkpoints are
+written and read as slices."""
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+import slow_run
 from helpers import backend
+from llama_runs import write_llama_run
+from multihost_checks import train_args
+from safetensors import safe_open
 
 from tpuplex import models, sharding
+from tpuplex.engine import checkpoint
 from tpuplex.kinds.decoder import Decoders
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.causal_lm import TASK as CAUSAL_LM
@@ -25,6 +32,7 @@ RESNET = {"model_type": "resnet", "embedding_size": 32, "hidden_sizes": [64, 128
           "layer_type": "basic", "embedding_kernel_size": 3, "embedding_stride": 1, "embedding_pooling": False}
 """ResNet with batch norm and CIFAR's stem, its convolutions large enough to be split."""
 REPLICATED = {"data": 8}
+JAX = "tpuplex_jax.backend:JaxBackend"
 OPTIMIZER = OptimizerSpec(weight_decay=0.01, seed=1)
 LEARNING_RATE = 1e-3
 
@@ -119,15 +127,48 @@ def test_each_device_holds_an_eighth_of_the_state(tmp_path) -> None:
     assert held <= 1.1 * whole / 8, (held, whole)
 
 
+def sliced(step_dir: Path) -> bool:
+    """Whether a checkpoint's model file holds slices of its arrays rather than whole ones."""
+    with safe_open(step_dir / "model.safetensors", framework="np") as weights:
+        return checkpoint.SLICES_METADATA in (weights.metadata() or {})
+
+
 def test_a_checkpoint_moves_between_meshes(tmp_path) -> None:
-    """A state written from fsdp = 4 restores on a replicated mesh and on tensor = 2, and they continue alike."""
+    """A checkpoint written as the slices of fsdp = 4 (no array gathered) restores on a replicated mesh and on
+    tensor = 2, each device reading its blocks, and they continue alike."""
     spec = llama_spec(tmp_path / "llama")
     batches = token_batches(4)
-    _, written, _, _ = train(spec, {"data": 2, "fsdp": 4}, batches[:2])
+    _, _, writer, state = train(spec, {"data": 2, "fsdp": 4}, batches[:2])
+    written = checkpoint.save(tmp_path / "checkpoints", writer.state_to_slices(state), {}, keep=1)
+    assert sliced(written)
     continued = []
     for mesh in (REPLICATED, {"fsdp": 4, "tensor": 2}):
         jax_backend = backend(8, mesh=mesh)
-        state = jax_backend.state_from_arrays(jax_backend.init(spec, OPTIMIZER), written)
+        stored, _ = checkpoint.load(written)
+        state = jax_backend.state_from_arrays(jax_backend.init(spec, OPTIMIZER), stored)
         state, losses = jax_backend.train_steps(state, batches[2:], [LEARNING_RATE] * 2)
         continued.append(np.array(losses))
     np.testing.assert_allclose(continued[1], continued[0], rtol=1e-5)
+
+
+def test_a_kill_inside_a_sharded_checkpoint_write_resumes_as_the_uninterrupted_run(shared_text, tmp_path) -> None:
+    """SIGKILL while a data = 2 x fsdp = 4 run writes its second checkpoint's slices: the same command resumes from
+    the first and ends bit for bit as the run never killed."""
+    config = write_llama_run(tmp_path, shared_text, steps=4, checkpoint_every=2)
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+
+    def argv(output_dir: Path) -> list[str]:
+        return train_args(config, "jax", output_dir, "runtime.mesh={data = 2, fsdp = 4}")
+
+    process = slow_run.start(argv(killed), tmp_path, JAX, hold_write=2)
+    slow_run.wait_for(tmp_path / "writing", process, timeout=300)
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    assert [p.name for p in checkpoint.checkpoints(killed / "checkpoints")] == ["step-00000002"]
+    assert sliced(killed / "checkpoints" / "step-00000002")
+    for output_dir in (killed, whole):
+        process = slow_run.start(argv(output_dir), tmp_path, JAX)
+        _, stderr = process.communicate()
+        assert process.returncode == 0, stderr[-3000:]
+    assert json.loads((killed / "results.json").read_text())["resumed_from"].endswith("step-00000002")
+    slow_run.assert_same_final_state(killed, whole)

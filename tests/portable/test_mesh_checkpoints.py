@@ -54,6 +54,10 @@ def test_a_checkpoint_resumes_across_meshes_and_frameworks(shared_text, tmp_path
     hop(config, uninterrupted, *hops[0])
     expected = train_losses(uninterrupted)
     assert sorted(expected) == list(range(1, steps + 1))
+    # Each torch process wrote its own shards: none gathered the state.
+    step_dir = uninterrupted / "checkpoints" / f"step-{EVERY:08d}"
+    written = {p.name for p in step_dir.glob("model*.safetensors")}
+    assert written == {"model.safetensors", *(f"model.process-{i:05d}.safetensors" for i in range(1, hops[0][1]))}
     shutil.copytree(uninterrupted, run)
     for index, (backend, count, mesh) in enumerate(hops[1:], start=1):
         resumed_from = EVERY * index

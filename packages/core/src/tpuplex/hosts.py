@@ -8,7 +8,8 @@ the framework's collectives). What only the core can check goes through the back
 - `Hosts.agree`: the config hash, the data and the resume step must be equal on every process, or every process
   stops with one line naming the values;
 - `Hosts.any`: a SIGTERM on one process stops all of them after the same step;
-- `Hosts.all_ok`: process 0 writes checkpoints and outputs; the others wait for it and learn whether it succeeded.
+- `Hosts.all_ok`: process 0 writes the run's outputs and every process its slices of a checkpoint; none goes on
+  before all have, and each learns whether all succeeded.
 
 A process that dies or never arrives leaves the others blocked inside a collective, where no exception reaches
 Python (jax waits forever on CPU). `Watchdog` ends such a process after `runtime.host_timeout` seconds without
@@ -22,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import sys
 import threading
 import time
@@ -151,6 +153,14 @@ class Hosts:
         self._backend = backend
         self.watchdog = Watchdog(timeout, self.index, self.count, enabled=self.count > 1)
 
+    @classmethod
+    def alone(cls) -> Hosts:
+        """One process with no backend (a tool writing a checkpoint by itself)."""
+        hosts = cls.__new__(cls)
+        hosts.count, hosts.index, hosts._backend = 1, 0, None
+        hosts.watchdog = Watchdog(0.0, enabled=False)
+        return hosts
+
     @property
     def writer(self) -> bool:
         """Whether this process writes the run's files (process 0)."""
@@ -173,6 +183,14 @@ class Hosts:
         if self.count == 1:
             return flag
         return bool(self.gather(what, np.array([float(flag)])).max() > 0)
+
+    def shared_token(self, what: str) -> int:
+        """A random 32-bit number, the same on every process (process 0's draw)."""
+        # Two 16-bit halves, exact whatever dtype a framework's collective takes.
+        halves = np.frombuffer(secrets.token_bytes(4), np.uint16).astype(np.float64)
+        if self.count > 1:
+            halves = self.gather(what, halves)[0]
+        return int(halves[0]) << 16 | int(halves[1])
 
     def all_ok(self, ok: bool, what: str) -> bool:
         """Whether `ok` holds on every process (a barrier: no process passes before all have arrived)."""

@@ -102,20 +102,32 @@ _TORCH_AXES = {2: (1, 0), 4: (3, 2, 0, 1)}
 """Kernel axes in Flax's and Keras' layout -> torch's: Dense [in, out] -> [out, in]; convolutions HWIO -> OIHW."""
 
 
+def torch_axes(ndim: int) -> tuple[int, ...]:
+    """The transposition (as `np.transpose`) of a Flax or Keras kernel of `ndim` dimensions into torch's layout."""
+    return _TORCH_AXES[ndim]
+
+
+def flax_axes(ndim: int) -> tuple[int, ...]:
+    """The transposition of a torch-layout kernel of `ndim` dimensions into Flax's and Keras' layout."""
+    return tuple(int(axis) for axis in np.argsort(_TORCH_AXES[ndim]))
+
+
 def to_torch_layout(array: np.ndarray) -> np.ndarray:
     """A Flax or Keras kernel (Dense [in, out], convolution HWIO) in torch's layout ([out, in], OIHW)."""
-    return np.ascontiguousarray(array.transpose(_TORCH_AXES[array.ndim]))
+    array = np.asarray(array)
+    return np.ascontiguousarray(array.transpose(torch_axes(array.ndim)))
 
 
 def from_torch_layout(array: np.ndarray) -> np.ndarray:
     """A torch-layout kernel ([out, in], OIHW) in Flax's and Keras' layout ([in, out], HWIO)."""
-    return np.ascontiguousarray(array.transpose(np.argsort(_TORCH_AXES[array.ndim])))
+    array = np.asarray(array)
+    return np.ascontiguousarray(array.transpose(flax_axes(array.ndim)))
 
 
 def from_torch_axes(axes: tuple[Any, ...]) -> tuple[Any, ...]:
     """Per-dimension values of a torch-layout kernel (a shape, a `tpuplex.sharding.Layout`) in Flax's and Keras'
     order."""
-    return tuple(axes[axis] for axis in np.argsort(_TORCH_AXES[len(axes)]))
+    return tuple(axes[axis] for axis in flax_axes(len(axes)))
 
 
 def torch_shape(shape: tuple[int, ...]) -> tuple[int, ...]:

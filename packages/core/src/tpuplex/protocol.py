@@ -147,6 +147,10 @@ class PortableState:
     step: optimizer updates applied so far (Adam's bias-correction count).
     buffers: the model's non-trainable state (batch-norm moving statistics and counts), which the optimizer never
         touches, under the model's own names.
+
+    A restored state's values are read a block at a time (`tpuplex.slices.SliceReader`: a checkpoint's
+    `StoredArray`, `np.asarray` for the whole); `Backend.state_to_slices` gives, per name, the `tpuplex.slices.Slice`s
+    this process writes.
     """
 
     params: dict[str, np.ndarray]
@@ -206,8 +210,14 @@ class Backend(Protocol):
     def state_to_arrays(self, state: Any) -> PortableState:
         """Parameters and Adam moments as numpy arrays under HF names."""
 
+    def state_to_slices(self, state: Any) -> PortableState:
+        """What this process writes of the state to a checkpoint: per name, the `tpuplex.slices.Slice`s its devices
+        hold, each slice of the whole state held by exactly one process (a replicated array: one). Every process
+        calls it at the same point."""
+
     def state_from_arrays(self, state: Any, arrays: PortableState) -> Any:
-        """A state equal to `arrays`; raises TpuplexError naming missing/unexpected/mis-shaped parameters."""
+        """A state equal to `arrays` (each a `tpuplex.slices.SliceReader`: read only the blocks this process's
+        devices hold); raises TpuplexError naming missing/unexpected/mis-shaped parameters."""
 
     def compile_count(self) -> int:
         """Programs the framework has compiled (or traced) so far, for the recompilation guard."""
@@ -245,6 +255,15 @@ class BackendBase:
     def state_bytes(self, state: Any) -> int | None:
         """Bytes of parameters and optimizer moments held by the device that holds the most (None: not known)."""
         return None
+
+    def state_to_slices(self, state: Any) -> PortableState:
+        """A backend that holds the state whole everywhere: process 0 writes every array whole."""
+        arrays = self.state_to_arrays(state)
+        if self.topology().process_index == 0:
+            return arrays
+        nothing = {name: [] for name in arrays.params}
+        return PortableState(params=nothing, exp_avg=nothing, exp_avg_sq=nothing, step=arrays.step,
+                             buffers={name: [] for name in arrays.buffers})
 
     def train_steps(self, state, batches, learning_rates):
         losses = []

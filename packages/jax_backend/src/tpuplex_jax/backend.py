@@ -126,6 +126,10 @@ class JaxBackend(BackendBase):
         programs = self._require_init()
         return checkpoint.to_portable(state, programs.naming, programs.state_naming)
 
+    def state_to_slices(self, state: step.TrainState) -> PortableState:
+        programs = self._require_init()
+        return checkpoint.to_slices(state, programs.naming, programs.state_naming)
+
     def state_from_arrays(self, state: step.TrainState, arrays: PortableState) -> step.TrainState:
         programs = self._require_init()
         return self._place(checkpoint.from_portable(arrays, state, programs))

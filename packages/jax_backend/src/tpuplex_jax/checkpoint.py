@@ -1,7 +1,9 @@
 """The JAX training state to and from `tpuplex.protocol.PortableState` (HF names, torch layout).
 
 Adam's mu and nu become `exp_avg` and `exp_avg_sq` and share the parameters' layout (Dense kernels transposed);
-the AdamW bias-correction count is the portable `step`. Restoring sets Adam's count (and inject_hyperparams'
+the AdamW bias-correction count is the portable `step`. A checkpoint is written from each process's own shards
+(`to_slices`) and restored as views that each device reads its block from (`from_portable`), so a sharded state is
+never whole on one host. Restoring sets Adam's count (and inject_hyperparams'
 own) to that step, so the next update, and its dropout draw, are exactly the ones an uninterrupted run makes.
 """
 
@@ -13,7 +15,7 @@ import numpy as np
 import optax
 
 import jax
-from tpuplex.layers.jax import Naming, to_flax, to_portable_arrays
+from tpuplex.layers.jax import Naming, flax_views, to_portable_arrays, to_portable_slices
 from tpuplex.params import check_names
 from tpuplex.protocol import PortableState
 from tpuplex_jax.layout import host_array
@@ -29,9 +31,17 @@ def to_portable(state: TrainState, naming: Naming, state_naming: Naming) -> Port
                          buffers=to_portable_arrays(_host(state.model_state), state_naming))
 
 
+def to_slices(state: TrainState, naming: Naming, state_naming: Naming) -> PortableState:
+    """The slices of the parameters, moments and non-trainable state this process writes to a checkpoint."""
+    adam = adam_state(state.opt_state)
+    return PortableState(params=to_portable_slices(state.params, naming),
+                         exp_avg=to_portable_slices(adam.mu, naming), exp_avg_sq=to_portable_slices(adam.nu, naming),
+                         step=int(host_array(adam.count)), buffers=to_portable_slices(state.model_state, state_naming))
+
+
 def from_portable(arrays: PortableState, template: TrainState, programs: Any) -> TrainState:
-    """A host (numpy) TrainState equal to `arrays`, structured like `template`; `programs` (the backend's) gives
-    the expected names and shapes.
+    """A host TrainState equal to `arrays`, structured like `template`, of views read a block at a time when
+    placed (`tpuplex_jax.layout.place`); `programs` (the backend's) gives the expected names and shapes.
 
     Raises TpuplexError (via tpuplex.params.check_names) naming missing, unexpected or mis-shaped entries.
     """
@@ -41,13 +51,13 @@ def from_portable(arrays: PortableState, template: TrainState, programs: Any) ->
     check_names(programs.state_shapes, arrays.buffers, "checkpoint non-trainable state")
     structure, naming = template.params, programs.naming
     adam = optax.ScaleByAdamState(count=np.asarray(arrays.step, dtype=np.int32),
-                                  mu=to_flax(arrays.exp_avg, structure, naming),
-                                  nu=to_flax(arrays.exp_avg_sq, structure, naming))
-    return TrainState(params=to_flax(arrays.params, structure, naming),
+                                  mu=flax_views(arrays.exp_avg, structure, naming),
+                                  nu=flax_views(arrays.exp_avg_sq, structure, naming))
+    return TrainState(params=flax_views(arrays.params, structure, naming),
                       opt_state=_host(with_adam_state(template.opt_state, adam)),
-                      model_state=to_flax(arrays.buffers, template.model_state, programs.state_naming))
+                      model_state=flax_views(arrays.buffers, template.model_state, programs.state_naming))
 
 
 def _host(tree: Any) -> Any:
-    """Numpy copies of a tree of device arrays (`host_array`)."""
-    return jax.tree.map(host_array, tree)
+    """Numpy copies of the device arrays of a tree (`host_array`); the rest (views) as they are."""
+    return jax.tree.map(lambda leaf: host_array(leaf) if isinstance(leaf, jax.Array) else leaf, tree)

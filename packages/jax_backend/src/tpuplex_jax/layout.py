@@ -44,11 +44,13 @@ def state_sharding(mesh: jax.sharding.Mesh, optimizer: optax.GradientTransformat
 
 
 def place(state: Any, shardings: Any) -> Any:
-    """Host arrays -> device arrays laid out by `shardings` (a tree of the same structure). Each device gets only
-    the slices its sharding names (`make_array_from_callback`), so no device ever holds a whole split parameter."""
+    """Host arrays or `tpuplex.slices.SliceReader`s -> device arrays laid out by `shardings` (a tree of the same
+    structure). Each device reads only the block its sharding names (`make_array_from_callback`), so no device,
+    and no host reading a checkpoint, ever holds a whole split parameter."""
     def put(value: Any, shard: NamedSharding) -> jax.Array:
-        value = np.asarray(value)
-        return jax.make_array_from_callback(value.shape, shard, lambda index: value[index])
+        if isinstance(value, jax.Array) or not hasattr(value, "shape"):
+            value = np.asarray(value)
+        return jax.make_array_from_callback(tuple(value.shape), shard, lambda index: np.asarray(value[index]))
 
     return jax.tree.map(put, state, shardings)
 

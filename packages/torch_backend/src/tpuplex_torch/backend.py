@@ -67,6 +67,9 @@ class TorchBackend(BackendBase):
     def state_to_arrays(self, state: TorchState) -> PortableState:
         return checkpoint.to_portable(state)
 
+    def state_to_slices(self, state: TorchState) -> PortableState:
+        return checkpoint.to_slices(state, self.placement.topology.process_index)
+
     def state_from_arrays(self, state: TorchState, arrays: PortableState) -> TorchState:
         restored = checkpoint.restore(state, arrays, self.placement)
         self.placement.sync()

@@ -4,7 +4,9 @@ Parameters keep their HF names and torch layout, so they cross over unchanged; t
 `exp_avg`, `exp_avg_sq` and `step` maps to the portable moments and step. A fresh state is restored from
 `initial(params)` the same way as a checkpoint, so Adam's state exists before the first step (torch would create
 it inside it, making the first step's XLA program differ from the rest), and every tensor is uploaded from the
-host, never computed on the device, so restoring compiles nothing.
+host, never computed on the device, so restoring compiles nothing. An FSDP2 state is written from each process's
+own shards (`to_slices`) and restored by each process reading only its shards' blocks, so no process holds it
+whole.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from collections.abc import Mapping
 
 import numpy as np
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 import torch
 from tpuplex.params import check_names
 from tpuplex.protocol import PortableState
+from tpuplex.slices import Slice, SliceReader
 from tpuplex_torch.devices import Placement
 from tpuplex_torch.step import TorchState
 
@@ -40,6 +44,33 @@ def to_portable(state: TorchState) -> PortableState:
         exp_avg[name] = _snapshot(moments["momentum_buffer" if sgd else "exp_avg"])
         exp_avg_sq[name] = np.zeros_like(params[name]) if sgd else _snapshot(moments["exp_avg_sq"])
     buffers = {name: _snapshot(buffer) for name, buffer in _buffers(state).items()}
+    return PortableState(params=params, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, step=state.step, buffers=buffers)
+
+
+def to_slices(state: TorchState, process_index: int) -> PortableState:
+    """What this process writes to a checkpoint, as `to_portable` names it: of an FSDP2 parameter and its moments,
+    this process's shard (unless another process holds the same shard: HSDP's data axis), of a whole tensor, the
+    whole on process 0."""
+    def held(tensor: torch.Tensor) -> list[Slice]:
+        if not isinstance(tensor, DTensor):
+            return [Slice.whole(_snapshot(tensor))] if process_index == 0 else []
+        coordinate = tensor.device_mesh.get_coordinate()
+        if any(isinstance(p, Replicate) and c != 0 for p, c in zip(tensor.placements, coordinate, strict=True)):
+            return []
+        _, start = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+        local = _snapshot(tensor.to_local())
+        return [Slice(tuple(tensor.shape), tuple(start), local)] if local.size else []
+
+    params, exp_avg, exp_avg_sq = {}, {}, {}
+    sgd = isinstance(state.optimizer, torch.optim.SGD)
+    _reshard(state.model)
+    for name, parameter in state.model.named_parameters():
+        moments = state.optimizer.state[parameter]
+        params[name] = held(parameter)
+        exp_avg[name] = held(moments["momentum_buffer" if sgd else "exp_avg"])
+        exp_avg_sq[name] = ([Slice(p.shape, p.start, np.zeros_like(p.data)) for p in params[name]] if sgd
+                            else held(moments["exp_avg_sq"]))
+    buffers = {name: held(buffer) for name, buffer in _buffers(state).items()}
     return PortableState(params=params, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, step=state.step, buffers=buffers)
 
 
@@ -71,13 +102,15 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _upload_like(placement: Placement, array: np.ndarray, current: torch.Tensor) -> torch.Tensor:
-    """A host array as a tensor laid out as `current`: an FSDP2 parameter's shard of it (each process takes its own
-    slice, no communication), else the whole in `current`'s memory format."""
-    uploaded = placement.upload(array)
-    if isinstance(current, DTensor):
-        return distribute_tensor(uploaded, current.device_mesh, current.placements, src_data_rank=None)
-    return _like(uploaded, current)
+def _upload_like(placement: Placement, array: SliceReader, current: torch.Tensor) -> torch.Tensor:
+    """A host array as a tensor laid out as `current`: of an FSDP2 parameter, this process's shard (read alone,
+    no communication), else the whole in `current`'s memory format."""
+    if not isinstance(current, DTensor):
+        return _like(placement.upload(array), current)
+    size, start = compute_local_shape_and_global_offset(current.shape, current.device_mesh, current.placements)
+    block = array[tuple(slice(first, first + n) for first, n in zip(start, size, strict=True))]
+    return DTensor.from_local(placement.upload(block), current.device_mesh, current.placements, run_check=False,
+                              shape=current.shape, stride=current.stride())
 
 
 def _buffers(state: TorchState) -> dict[str, torch.Tensor]:

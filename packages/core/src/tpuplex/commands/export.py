@@ -22,10 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from tpuplex import kinds, tasks
 from tpuplex.commands import run_folder
+from tpuplex.engine import checkpoint
 from tpuplex.errors import TpuplexError
 from tpuplex.text_files import as_umask_allows
 
@@ -59,7 +60,8 @@ def write_hf(found: run_folder.Found, folder: Path) -> None:
     kind = kinds.resolve(config, task)
     exported = {**kind.hf_config, "architectures": [kind.hf_class(config, task)], **task.export_config(config)}
     (folder / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
-    weights = kind.hf_weights(load_file(found.checkpoint / "model.safetensors"))
+    state, _ = checkpoint.load(found.checkpoint, verified=True)
+    weights = kind.hf_weights({name: np.asarray(array) for name, array in {**state.params, **state.buffers}.items()})
     # transformers reads the "format" metadata to know the tensors are in torch layout.
     save_file({name: np.ascontiguousarray(a) for name, a in weights.items()}, folder / "model.safetensors",
               metadata={"format": "pt"})

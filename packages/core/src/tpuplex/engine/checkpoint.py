@@ -4,75 +4,150 @@
         model.safetensors       parameters under the task's HF names (torch layout), and the model's non-trainable
                                 state (batch-norm statistics), as a torch state_dict holds both
         optimizer.safetensors   Adam moments: "exp_avg.<name>" and "exp_avg_sq.<name>"
+        model.process-00001.safetensors, optimizer.process-00001.safetensors, ...
+                                in a run of several processes that shards its state, what process 1 holds, ...
         trainer.json            optimizer step, epoch, batch position in the epoch, seed, config hash, metrics
         manifest.json           the bytes and sha256 of each file above, written last
 
-A checkpoint is written into a hidden temporary directory beside it and renamed into place, so a crash leaves
-either a whole checkpoint or none; a write that fails (a full disk) removes its temporary directory and leaves the
-existing checkpoints as they were. Only the newest `keep` are kept, pruned after the new one is in place. A copy
-cut short or a file damaged later fails `verify`, and resuming skips to the newest checkpoint that passes.
+Every process writes the slices of the state it holds (`tpuplex.slices.Slice`), process 0 into the first two
+files, so no process gathers a sharded array whole. A whole array is stored under its name, a slice under
+`<name>@<offset per dimension>`, its offset and the whole's shape in the file's metadata: a replicated run's
+checkpoint is a pair of plain state_dict files. `load` gives each array as a `StoredArray`, which reads only the
+slices a block needs, so a run on any mesh (or none) takes what its devices hold from any checkpoint.
+
+The processes write into one hidden directory beside the step, named with a number process 0 draws; process 0
+writes the manifest once all have written and renames the directory into place, so a crash (a SIGKILL) leaves
+either a whole checkpoint or none; a write that fails (a full disk) removes the directory and leaves the existing
+checkpoints as they were. Only the newest `keep` are kept, pruned after the new one is in place. A copy cut short
+or a file damaged later fails `verify`, and resuming skips to the newest checkpoint that passes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from tpuplex.errors import TpuplexError
+from tpuplex.hosts import Hosts
 from tpuplex.protocol import PortableState
+from tpuplex.slices import Index, Slice, as_slices, bounds
 from tpuplex.text_files import as_umask_allows
 
 _STEP_DIR = re.compile(r"step-(\d{8})")
+_PROCESS_FILE = re.compile(r"(model|optimizer)\.process-\d{5}\.safetensors")
 MOMENTS = ("exp_avg", "exp_avg_sq")
 FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
 MANIFEST = "manifest.json"
+SLICES_METADATA = "tpuplex.slices"
+"""The safetensors metadata entry that places each slice: key -> {"name", "start", "shape" (the whole's)}."""
 
 
 def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def save(root: str | Path, state: PortableState, trainer_state: dict[str, Any], keep: int) -> Path:
-    """Write `state` and `trainer_state` as `<root>/step-<state.step>` atomically, then keep the newest `keep`."""
+def save(root: str | Path, state: PortableState, trainer_state: dict[str, Any], keep: int,
+         hosts: Hosts | None = None) -> Path:
+    """Write `state` and `trainer_state` as `<root>/step-<state.step>` atomically, then keep the newest `keep`.
+
+    state: whole arrays (written by process 0) or, per array, the `Slice`s this process writes (a backend's
+        `state_to_slices`: each slice of a sharded array from exactly one process).
+    hosts: the run's processes; every one calls `save` at the same point (it is collective). None: one process.
+    """
+    hosts = hosts or Hosts.alone()
     root = Path(root)
     final = root / step_dir_name(state.step)
-    staging = None
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
-        weights = {**state.params, **state.buffers}
-        # np.asarray keeps a 0-d counter (num_batches_tracked) 0-d, where np.ascontiguousarray makes it [1].
-        save_file({name: np.asarray(a, order="C") for name, a in weights.items()}, staging / "model.safetensors")
-        moments = {f"{kind}.{name}": np.ascontiguousarray(array)
-                   for kind in MOMENTS for name, array in getattr(state, kind).items()}
-        save_file(moments, staging / "optimizer.safetensors")
+    staging = root / f".{final.name}.writing-{hosts.shared_token('naming the checkpoint being written'):08x}"
+
+    def create() -> None:
+        if hosts.writer:
+            root.mkdir(parents=True, exist_ok=True)
+            staging.mkdir()
+
+    def publish() -> None:
+        if not hosts.writer:
+            return
         (staging / "trainer.json").write_text(json.dumps({**trainer_state, "optimizer_step": state.step}, indent=2))
-        (staging / MANIFEST).write_text(json.dumps({name: _describe(staging / name) for name in FILES}, indent=2))
+        listed = sorted(p.name for p in staging.iterdir())
+        (staging / MANIFEST).write_text(json.dumps({name: _describe(staging / name) for name in listed}, indent=2))
         if final.exists():
             shutil.rmtree(final)
         os.rename(as_umask_allows(staging), final)
-    except BaseException as error:
-        if staging is not None:
+
+    try:
+        for what, work in (("creating", create), ("writing its slices of", lambda: _write(staging, state, hosts.index)),
+                           ("publishing", publish)):
+            _together(hosts, f"{what} checkpoint {final.name}", work, final)
+    except BaseException:
+        if hosts.writer:
             shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(error, OSError):
-            raise TpuplexError(
-                f"could not write checkpoint {final} ({error.strerror or error}); the checkpoints already in {root} "
-                "are untouched: free space there or point runtime.output_dir elsewhere, then run the same command "
-                "to resume") from error
         raise
-    for old in checkpoints(root)[:-keep]:
-        shutil.rmtree(old)
+    if hosts.writer:
+        for old in checkpoints(root)[:-keep]:
+            shutil.rmtree(old)
     return final
+
+
+def _together(hosts: Hosts, what: str, work: Callable[[], None], final: Path) -> None:
+    """`work` on every process, then a barrier; a TpuplexError on every process if it failed on any."""
+    failure = None
+    try:
+        work()
+    except OSError as error:
+        failure = error
+    if hosts.all_ok(failure is None, what):
+        return
+    kept = f"the checkpoints already in {final.parent} are untouched"
+    if failure is None:
+        raise TpuplexError(f"another process failed {what} (its output says why); {kept}: fix that, then run the "
+                           "same command to resume")
+    raise TpuplexError(
+        f"could not write checkpoint {final} ({failure.strerror or failure}); {kept}: free space there or point "
+        "runtime.output_dir elsewhere, then run the same command to resume") from failure
+
+
+def _write(staging: Path, state: PortableState, process_index: int) -> None:
+    """This process's slices of `state` into its model and optimizer files in `staging`."""
+    model_file, optimizer_file = (FILES[0], FILES[1]) if process_index == 0 else (
+        f"model.process-{process_index:05d}.safetensors", f"optimizer.process-{process_index:05d}.safetensors")
+    mine = _held_by(process_index)
+    _save_slices({name: mine(value) for name, value in {**state.params, **state.buffers}.items()},
+                 staging / model_file)
+    _save_slices({f"{kind}.{name}": mine(value) for kind in MOMENTS for name, value in getattr(state, kind).items()},
+                 staging / optimizer_file)
+
+
+def _held_by(process_index: int) -> Callable[[Any], Sequence[Slice]]:
+    """A state value -> the slices this process writes of it: its own `Slice`s, or a whole array on process 0."""
+    def slices(value: Any) -> Sequence[Slice]:
+        return as_slices(value) if isinstance(value, (list, tuple)) or process_index == 0 else []
+    return slices
+
+
+def _save_slices(named: Mapping[str, Sequence[Slice]], path: Path) -> None:
+    tensors, placed = {}, {}
+    for name, slices in named.items():
+        for piece in slices:
+            # np.asarray keeps a 0-d counter (num_batches_tracked) 0-d, where np.ascontiguousarray makes it [1].
+            data = np.asarray(piece.data, order="C")
+            if piece.is_whole:
+                tensors[name] = data
+                continue
+            key = f"{name}@{','.join(map(str, piece.start))}"
+            tensors[key] = data
+            placed[key] = {"name": name, "start": list(piece.start), "shape": list(piece.shape)}
+    save_file(tensors, path, metadata={SLICES_METADATA: json.dumps(placed)} if placed else None)
 
 
 def verify(path: str | Path) -> str | None:
@@ -85,9 +160,12 @@ def verify(path: str | Path) -> str | None:
         return f"no {MANIFEST}"
     except (OSError, ValueError) as error:
         return f"{MANIFEST} is unreadable ({type(error).__name__})"
-    if not isinstance(manifest, dict) or set(manifest) != set(FILES):
+    if not isinstance(manifest, dict) or not set(FILES) <= set(manifest):
         return f"{MANIFEST} does not list {', '.join(FILES)}"
-    for name in FILES:
+    unknown = sorted(name for name in manifest if name not in FILES and not _PROCESS_FILE.fullmatch(name))
+    if unknown:
+        return f"{MANIFEST} lists {unknown[0]}, which tpuplex does not write"
+    for name in sorted(manifest):
         if not (path / name).is_file():
             return f"no {name}"
         found, expected = _describe(path / name), manifest[name]
@@ -137,16 +215,18 @@ def latest(root: str | Path) -> Path | None:
 
 
 def load(path: str | Path, verified: bool = False) -> tuple[PortableState, dict[str, Any]]:
-    """Read a checkpoint directory into a PortableState and its trainer state, after `verify` (skipped when
-    `verified`: the path comes from `latest_good`, which has just checked it)."""
+    """Read a checkpoint directory as a PortableState of `StoredArray`s (read a slice at a time when asked) and its
+    trainer state, after `verify` (skipped when `verified`: the path comes from `latest_good`, which has just
+    checked it)."""
     path = Path(path)
     problem = None if verified else verify(path)
     if problem is not None:
         raise TpuplexError(f"checkpoint {path} is damaged or incomplete ({problem}): "
                            "point at a whole step-* directory written by tpuplex")
     trainer_state = json.loads((path / "trainer.json").read_text())
-    weights = load_file(path / "model.safetensors")
-    optimizer = load_file(path / "optimizer.safetensors")
+    files = sorted(json.loads((path / MANIFEST).read_text()))
+    weights = _stored(path, [path / name for name in files if name.startswith("model.")])
+    optimizer = _stored(path, [path / name for name in files if name.startswith("optimizer.")])
     moments = {kind: {name[len(kind) + 1:]: array for name, array in optimizer.items()
                       if name.startswith(f"{kind}.")} for kind in MOMENTS}
     # The weights with Adam moments are parameters; the rest is the model's non-trainable state.
@@ -155,3 +235,63 @@ def load(path: str | Path, verified: bool = False) -> tuple[PortableState, dict[
     state = PortableState(params=params, exp_avg=moments["exp_avg"], exp_avg_sq=moments["exp_avg_sq"],
                           step=int(trainer_state["optimizer_step"]), buffers=buffers)
     return state, trainer_state
+
+
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+           "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+class StoredArray:
+    """An array of a checkpoint, stored as slices in its files: `self[index]` reads the parts of the slices that
+    overlap the block `index` (each element once), `np.asarray(self)` the whole."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: np.dtype,
+                 parts: list[tuple[Any, str, tuple[int, ...], tuple[int, ...]]]):
+        self.name, self.shape, self.dtype, self._parts = name, shape, dtype, parts
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, index: Index) -> np.ndarray:
+        wanted = bounds(index, self.shape)
+        block = np.empty([stop - start for start, stop in wanted], self.dtype)
+        for handle, key, start, size in self._parts:
+            overlap = [(max(a, s), min(b, s + n)) for (a, b), s, n in zip(wanted, start, size, strict=True)]
+            if any(low >= high for low, high in overlap):
+                continue
+            if list(size) == [high - low for low, high in overlap]:
+                piece = handle.get_tensor(key)  # the whole slice (and a 0-d array, which get_slice cannot read)
+            else:
+                piece = handle.get_slice(key)[tuple(slice(low - s, high - s)
+                                                    for (low, high), s in zip(overlap, start, strict=True))]
+            block[tuple(slice(low - a, high - a) for (low, high), (a, _) in zip(overlap, wanted, strict=True))] = piece
+        return block
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        whole = self[()]
+        return whole if dtype is None else whole.astype(dtype)
+
+
+def _stored(folder: Path, paths: list[Path]) -> dict[str, StoredArray]:
+    """The arrays stored across `paths` (safetensors files of slices), each checked to be covered exactly."""
+    parts: dict[str, list] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, np.dtype] = {}
+    for path in paths:
+        handle = safe_open(path, framework="np")
+        placed = json.loads((handle.metadata() or {}).get(SLICES_METADATA, "{}"))
+        for key in handle.keys():
+            stored = handle.get_slice(key)
+            size = tuple(stored.get_shape())
+            where = placed.get(key, {"name": key, "start": [0] * len(size), "shape": list(size)})
+            name = where["name"]
+            parts.setdefault(name, []).append((handle, key, tuple(where["start"]), size))
+            shapes.setdefault(name, tuple(where["shape"]))
+            dtypes.setdefault(name, np.dtype(_DTYPES[stored.get_dtype()]))
+    for name, pieces in parts.items():
+        covered = sum(math.prod(size) for *_, size in pieces)
+        if covered != math.prod(shapes[name]):
+            raise TpuplexError(f"checkpoint {folder} is damaged: the slices of {name} hold {covered} of its "
+                               f"{math.prod(shapes[name])} elements; resume from another checkpoint")
+    return {name: StoredArray(name, shapes[name], dtypes[name], pieces) for name, pieces in parts.items()}

@@ -56,6 +56,7 @@ from tpuplex.engine.schedule import SCHEDULES, warmup_steps
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import Hosts
 from tpuplex.protocol import Backend, Batch, ModelSpec, PortableState
+from tpuplex.slices import as_slices
 from tpuplex.tasks.base import TaskData
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -566,32 +567,22 @@ class _Run:
         self.log.restart_clock()
 
     def save(self) -> None:
-        """Checkpoint the current state, refusing a state whose parameters are no longer finite. Process 0 writes;
-        the others wait until it has, so none can read a half-written checkpoint."""
-        trainer, at = self.trainer, self.at
-        arrays = self.backend.state_to_arrays(self.state)
-        broken = sorted(name for name, array in arrays.params.items() if not np.all(np.isfinite(array)))
-        if broken:
-            self._stop(at.step, f"parameter {broken[0]} became non-finite")
-        if arrays.step != at.step:
-            raise RuntimeError(f"backend {self.backend.name} reports {arrays.step} optimizer steps, "
+        """Checkpoint the current state, refusing a state whose parameters are no longer finite. Every process writes
+        the slices it holds (`checkpoint.save`, collective); none goes on before the checkpoint is in place."""
+        trainer, at, hosts = self.trainer, self.at, self.trainer.hosts
+        slices = self.backend.state_to_slices(self.state)
+        broken = sorted(name for name, held in slices.params.items()
+                        if not all(np.all(np.isfinite(piece.data)) for piece in as_slices(held)))
+        if hosts.any(bool(broken), f"the finiteness check of step {at.step}"):
+            self._stop(at.step, f"parameter {broken[0] if broken else 'on another process'} became non-finite")
+        if slices.step != at.step:
+            raise RuntimeError(f"backend {self.backend.name} reports {slices.step} optimizer steps, "
                                f"the trainer ran {at.step}")
         trainer_state = {"step": at.step, "epoch": at.epoch, "position": at.position,
                          "seed": trainer.config.train.seed, "config_hash": trainer.config.hash(),
                          "train_data": trainer.train_data_fingerprint,
                          "metrics": self.metrics}
-        hosts, failure = trainer.hosts, None
-        if hosts.writer:
-            try:
-                checkpoint.save(trainer.checkpoint_root, arrays, trainer_state, trainer.config.runtime.keep_checkpoints)
-            except TpuplexError as error:
-                failure = error
-        written = hosts.all_ok(failure is None, f"the checkpoint of step {at.step}")
-        if failure is not None:
-            raise failure
-        if not written:
-            raise TpuplexError(f"process 0 could not write the checkpoint of step {at.step} (its output says why): "
-                               "fix that, then start every process again to resume from the last checkpoint")
+        checkpoint.save(trainer.checkpoint_root, slices, trainer_state, trainer.config.runtime.keep_checkpoints, hosts)
         path = trainer.checkpoint_root / checkpoint.step_dir_name(at.step)
         self.reporter.record("checkpoint", at.step, path=str(path))
         self.last_checkpoint_step = at.step

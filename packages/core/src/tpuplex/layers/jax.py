@@ -5,7 +5,8 @@ Modules are named after the core's *canonical* parameter names, so a parameter's
 name (`block.3/query/kernel` is `block.3.query.weight`, transposed: Flax keeps Dense kernels [in, out], torch
 [out, in]); a family's table (`Family.hf_names`) turns those into HF names. A `Naming` holds that table;
 `to_flax` / `to_portable_arrays` convert whole trees with it (parameters, and Adam moments, which share the
-layout). A model of your own gets a native `Naming`: its tree paths as they are.
+layout), `flax_views` / `to_portable_slices` a block at a time (a sharded state, never gathered whole). A model of
+your own gets a native `Naming`: its tree paths as they are.
 
 A framework module (docs/ARCHITECTURE.md): imported by the jax backend and the `jax.py` of tasks and model kinds.
 """
@@ -20,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax
-from tpuplex.params import from_torch_layout, to_torch_layout, torch_shape
+from tpuplex.params import flax_axes, torch_axes, torch_shape
+from tpuplex.slices import Slice, View
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # HF "gelu" is the exact erf form
@@ -83,20 +85,47 @@ class Naming:
                 if self.transposed(path) else tuple(leaf.shape) for path, leaf in flat}
 
 
-def to_flax(arrays: Mapping[str, np.ndarray], template: Any, naming: Naming) -> Any:
-    """Portable arrays -> a Flax tree shaped like `template` (numpy leaves of the template's dtypes)."""
-    def convert(path, leaf):
-        array = np.asarray(arrays[naming.of(path)], dtype=leaf.dtype)
-        return from_torch_layout(array) if naming.transposed(path) else array
+def flax_views(arrays: Mapping[str, Any], template: Any, naming: Naming) -> Any:
+    """Portable arrays (any `tpuplex.slices.SliceReader`) -> a tree shaped like `template` of `View`s in Flax's
+    layout and the template's dtypes, each read a block at a time (`jax.make_array_from_callback`)."""
+    def view(path, leaf) -> View:
+        source = arrays[naming.of(path)]
+        return View(source, flax_axes(len(source.shape)) if naming.transposed(path) else None, np.dtype(leaf.dtype))
 
-    return jax.tree_util.tree_map_with_path(convert, template)
+    return jax.tree_util.tree_map_with_path(view, template)
+
+
+def to_flax(arrays: Mapping[str, Any], template: Any, naming: Naming) -> Any:
+    """Portable arrays -> a Flax tree shaped like `template` (numpy leaves of the template's dtypes)."""
+    return jax.tree.map(np.asarray, flax_views(arrays, template, naming))
+
+
+def _portable(array: Any) -> np.ndarray:
+    """A leaf's values as the portable state stores them: float32, counts int64 (0-d stays 0-d)."""
+    array = np.asarray(array)
+    return np.array(array, dtype=np.int64 if np.issubdtype(array.dtype, np.integer) else np.float32, order="C")
 
 
 def to_portable_arrays(tree: Any, naming: Naming) -> dict[str, np.ndarray]:
-    """A Flax tree (parameters, Adam moments, batch statistics) -> portable numpy arrays: float32, counts int64."""
+    """A Flax tree (parameters, Adam moments, batch statistics) of whole host arrays -> portable numpy arrays."""
     def portable(path, leaf) -> np.ndarray:
-        array = np.asarray(leaf)
-        array = array.astype(np.int64 if np.issubdtype(array.dtype, np.integer) else np.float32)
-        return to_torch_layout(array) if naming.transposed(path) else np.array(array, order="C")  # 0-d stays 0-d
+        array = _portable(leaf)
+        return np.ascontiguousarray(array.transpose(torch_axes(array.ndim))) if naming.transposed(path) else array
 
     return {naming.of(path): portable(path, leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def to_portable_slices(tree: Any, naming: Naming) -> dict[str, list[Slice]]:
+    """A Flax tree of (sharded) jax arrays -> the portable slices this process writes: of each block, the copy
+    with replica id 0, on whichever process's device holds it (so each block is written exactly once)."""
+    def slices(path, leaf: jax.Array) -> list[Slice]:
+        held = []
+        for shard in leaf.addressable_shards:
+            if shard.replica_id != 0:
+                continue
+            start = tuple(part.start or 0 for part in shard.index)
+            piece = Slice(tuple(leaf.shape), start, _portable(shard.data))
+            held.append(piece.transposed(torch_axes(leaf.ndim)) if naming.transposed(path) else piece)
+        return held
+
+    return {naming.of(path): slices(path, leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
