@@ -2,7 +2,7 @@
 torch FSDP2 resumes on jax sharded over fsdp, then on jax replicated, then on torch again, each continuing with the
 losses of the uninterrupted run. Every hop is a CLI run in fresh processes (`tpuplex launch` for torch's processes,
 host CPU devices for jax) in the same run folder; a hop resumes from a checkpoint because the later ones are
-removed, as a preempted run would have left them."""
+removed, as a preempted run would have left them. The first run's HF export loads in transformers."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from llama_runs import train_losses, write_llama_run
 from multihost_checks import finish, launch_args, tpuplex, train_args
+
+from tpuplex.engine import checkpoint
 
 EVERY = 2
 """Steps between checkpoints; a chain of n hops trains n x EVERY steps, each hop after the first resuming from the
@@ -69,3 +71,18 @@ def test_a_checkpoint_resumes_across_meshes_and_frameworks(shared_text, tmp_path
                                    err_msg=f"{backend} {mesh} resumed from step {resumed_from}")
         results = json.loads((run / "results.json").read_text())
         assert results["resumed_from"].endswith(f"step-{resumed_from:08d}")
+    check_hf_export(uninterrupted, steps)
+
+
+def check_hf_export(run: Path, step: int) -> None:
+    """`tpuplex export --format hf` of a run whose checkpoint is torch FSDP2's per-process shards: transformers
+    loads it, with the checkpoint's weights."""
+    status, output = finish(tpuplex(["export", str(run), "--format", "hf"]))
+    assert status == 0, output
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(run / "export" / f"step-{step:08d}-hf")
+    stored, _ = checkpoint.load(run / "checkpoints" / f"step-{step:08d}")
+    loaded = model.state_dict()
+    for name, array in stored.params.items():
+        np.testing.assert_array_equal(loaded[name].numpy(), np.asarray(array), err_msg=name)
