@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from llama_runs import train_losses, write_llama_run
 from multihost_checks import finish, launch_args, tpuplex, train_args
+from safetensors import safe_open
 
 from tpuplex.engine import checkpoint
 
@@ -58,8 +59,10 @@ def test_a_checkpoint_resumes_across_meshes_and_frameworks(shared_text, tmp_path
     assert sorted(expected) == list(range(1, steps + 1))
     # Each torch process wrote its own shards: none gathered the state.
     step_dir = uninterrupted / "checkpoints" / f"step-{EVERY:08d}"
-    written = {p.name for p in step_dir.glob("model*.safetensors")}
-    assert written == {"model.safetensors", *(f"model.process-{i:05d}.safetensors" for i in range(1, hops[0][1]))}
+    written = {p.name: held_slices(p) for p in step_dir.glob("model*.safetensors")}
+    assert written.keys() == {"model.safetensors",
+                              *(f"model.process-{i:05d}.safetensors" for i in range(1, hops[0][1]))}
+    assert all(written.values()), written
     shutil.copytree(uninterrupted, run)
     for index, (backend, count, mesh) in enumerate(hops[1:], start=1):
         resumed_from = EVERY * index
@@ -72,6 +75,12 @@ def test_a_checkpoint_resumes_across_meshes_and_frameworks(shared_text, tmp_path
         results = json.loads((run / "results.json").read_text())
         assert results["resumed_from"].endswith(f"step-{resumed_from:08d}")
     check_hf_export(uninterrupted, steps)
+
+
+def held_slices(path: Path) -> int:
+    """How many slices (parts of arrays, not whole ones) a checkpoint file holds."""
+    with safe_open(path, framework="np") as stored:
+        return len(json.loads((stored.metadata() or {}).get(checkpoint.SLICES_METADATA, "{}")))
 
 
 def check_hf_export(run: Path, step: int) -> None:

@@ -71,6 +71,20 @@ def bounds(index: Index, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
 
 
 @dataclasses.dataclass(frozen=True)
+class Zeros:
+    """Zeros of `shape` (Adam's moments before the first step), made a block at a time."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype = np.dtype(np.float32)
+
+    def __getitem__(self, index: Index) -> np.ndarray:
+        return np.zeros([stop - start for start, stop in bounds(index, self.shape)], self.dtype)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.zeros(self.shape, dtype or self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
 class View:
     """`source` transposed by `axes` (None: as it is) and read as `cast` (None: its own dtype), block by block."""
 

@@ -21,14 +21,14 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 import torch
 from tpuplex.params import check_names
 from tpuplex.protocol import PortableState
-from tpuplex.slices import Slice, SliceReader
+from tpuplex.slices import Slice, SliceReader, Zeros
 from tpuplex_torch.devices import Placement
 from tpuplex_torch.step import TorchState
 
 
 def initial(params: Mapping[str, np.ndarray], buffers: Mapping[str, np.ndarray]) -> PortableState:
-    """The state before training: `params` and `buffers`, zero moments, step 0."""
-    zeros = {name: np.zeros(np.shape(array), np.float32) for name, array in params.items()}
+    """The state before training: `params` and `buffers`, zero moments (made a shard at a time), step 0."""
+    zeros = {name: Zeros(tuple(np.shape(array))) for name, array in params.items()}
     return PortableState(params=dict(params), exp_avg=zeros, exp_avg_sq=dict(zeros), step=0, buffers=dict(buffers))
 
 
