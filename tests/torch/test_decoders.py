@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import transformers
+from chat_data import conversation, write_jsonl, write_tokenizer
 from decoder_checks import (  # noqa: F401  (collected here)
     CONFIGS,
     smollm2,
@@ -126,3 +127,24 @@ def test_a_prepared_causal_corpus_trains_as_the_text_in_memory(shared_text, tmp_
         results[form] = json.loads((tmp_path / form / "results.json").read_text())
     assert results["prepared"]["losses"] == results["csv"]["losses"]
     assert list(results["prepared"]["metrics"].values()) == list(results["csv"]["metrics"].values())
+
+
+def test_a_llama_learns_the_answers_of_conversations(tmp_path):
+    """`tpuplex train` on a .jsonl of conversations (rendered by the tokenizer's chat template, one row each, the
+    loss on the answers alone): a tiny Llama from scratch learns to answer "Say W." with W, its held-out answers'
+    loss falling far below the 5.55 of a uniform guess over the 258 tokens."""
+    words = ["apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "glass"]
+    records = [conversation(f"Say {word}.", word) for word in words * 8]
+    write_jsonl(tmp_path / "chat.jsonl", records)
+    model = write_tokenizer(tmp_path / "model")
+    (model / "config.json").write_text(json.dumps({**CONFIGS["llama"], "vocab_size": 258,
+                                                   "max_position_embeddings": 64}))
+    (tmp_path / "config.toml").write_text(
+        '[task]\nname = "causal_lm"\nvalidation_fraction = 0.125\n'
+        f'[model]\ncheckpoint = {json.dumps(str(model))}\ndropout = false\n'
+        f'[data]\ndataset = "say"\ntrain_file = {json.dumps(str(tmp_path / "chat.jsonl"))}\nmax_length = 48\n'
+        '[train]\nlearning_rate = 1e-2\nepochs = 8\nglobal_batch = 8\nwarmup_ratio = 0.05\n'
+        f'[runtime]\noutput_dir = {json.dumps(str(tmp_path / "run"))}\n')
+    assert cli.main(["train", str(tmp_path / "config.toml"), "--backend", "torch"]) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["metrics"]["validation"]["loss"] < 1.0, results["metrics"]

@@ -42,6 +42,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
 from tpuplex.tasks.base import Head, Task, TaskData, check_held_out, framework_modules, token_metrics
+from tpuplex.tasks.causal_lm import chat
 from tpuplex.tasks.causal_lm import data as text
 from tpuplex.tasks.causal_lm.data import Characters, CheckpointTokenizer, CorpusEncoder, NextTokenRows, Vocabulary
 
@@ -68,15 +69,19 @@ class CausalLMData(TaskData):
     windows: NextTokenRows | None = None
     """The training stream when training on random windows of it, else None."""
     seed: int = 0
+    answers: bool = False
+    """Conversations (`chat`): each a row of its own, the loss on its answers alone."""
     per_token: ClassVar[bool] = True
 
     def train_batch(self, batch: Batch, step: int) -> Batch:
+        if self.answers:
+            return chat.answer_rows(batch)
         if self.windows is None:
             return text.next_token_rows(batch)
         return text.random_windows(self.windows, *batch["input_ids"].shape, np.random.default_rng([self.seed, step]))
 
     def eval_batch(self, batch: Batch, index: np.ndarray) -> Batch:
-        return text.next_token_rows(batch)
+        return chat.answer_rows(batch) if self.answers else text.next_token_rows(batch)
 
     def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
         """outputs [N, P, 2]: each position's cross-entropy and whether its most likely token is the target."""
@@ -105,6 +110,11 @@ class CausalLM(Task):
         if not config.data.train_file:
             raise TpuplexError("data.train_file is empty: the causal_lm task trains on raw text, e.g. "
                                'train_file = "input.txt"')
+        if chat.is_chat(Path(config.data.train_file).expanduser()):
+            if options.tokenizer != "checkpoint" or options.sampling != "epochs":
+                raise TpuplexError(f"data.train_file = {config.data.train_file!r} holds conversations: they train "
+                                   'with task.tokenizer = "checkpoint" and task.sampling = "epochs"')
+            return
         for index, spec in enumerate((config.data.train_file, *config.data.eval_files)):
             field = "data.train_file" if index == 0 else f"data.eval_files[{index - 1}]"
             if not is_prepared(spec):
@@ -114,6 +124,8 @@ class CausalLM(Task):
                                    'tokenizer: set task.tokenizer = "checkpoint"')
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData:
+        if chat.is_chat(Path(config.data.train_file).expanduser()):
+            return self._prepare_conversations(config, options, tokenizer_dir)
         data, length = config.data, config.data.max_length
         fingerprint = functools.cache(lambda file: file.fingerprint())  # one pass over a file read twice
         census = functools.cache(lambda file: text.census(file, options.text_column))
@@ -152,6 +164,25 @@ class CausalLM(Task):
         train.check(f"data.train_file {data.train_file}")
         windows = train if options.sampling == "random_windows" else None
         return CausalLMData(data.dataset, train, evaluation, vocabulary, windows, config.train.seed)
+
+    def _prepare_conversations(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData:
+        data, length = config.data, config.data.max_length
+        train = chat.encode(Path(data.train_file).expanduser(), "data.train_file", tokenizer_dir, length)
+        evaluation = {}
+        for index, spec in enumerate(data.eval_files):
+            field, path = f"data.eval_files[{index}]", Path(spec).expanduser()
+            if not chat.is_chat(path):
+                raise TpuplexError(f"{field} = {spec!r} is not a .jsonl file of conversations, as data.train_file "
+                                   "is: give held-out conversations in the same form")
+            evaluation[path.stem] = chat.encode(path, field, tokenizer_dir, length)
+        if not evaluation:  # the last conversations are held out
+            cut = len(train) - max(1, round(len(train) * options.validation_fraction))
+            if cut < 1:
+                raise TpuplexError(f"data.train_file {data.train_file} has {len(train)} conversation(s), too few to "
+                                   f"hold out {options.validation_fraction:.0%}: give more, or data.eval_files")
+            train, evaluation["validation"] = chat.rows(train, 0, cut), chat.rows(train, cut, len(train))
+        return CausalLMData(data.dataset, train, evaluation, CheckpointTokenizer(tokenizer_dir), None,
+                            config.train.seed, answers=True)
 
     def corpus_encoder(self, tokenizer_dir: Path) -> CorpusEncoder:
         return CorpusEncoder(str(tokenizer_dir))

@@ -1,0 +1,182 @@
+"""Chat and instruction data for causal-LM fine-tuning: the loss only on the answers.
+
+A `.jsonl` file whose records hold either
+
+    {"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}, ...]}
+    {"prompt": "...", "completion": "..."}
+
+is a split of conversations (TRL's two formats). `messages` are rendered by the checkpoint's chat template (the
+`chat_template` of its tokenizer_config.json, as transformers' `apply_chat_template` renders it); a prompt and its
+completion are joined as they are, the completion followed by the end-of-text token. Every assistant turn (its
+content and the template's end-of-turn tokens) or completion is an answer: the tokens whose text starts inside one
+carry weight 1, all others 0, so the loss and the held-out loss are the answers' alone.
+
+Shapes stay static without packing: each conversation is one row of its own tokens (an `Encoded` whose per-token
+labels are the answer mask), and the Trainer's length buckets, fitted to the conversations as they are to text
+lengths, pad it; no token ever attends across conversations. A conversation longer than data.max_length + 1 tokens
+is refused, naming its line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpuplex.data.batching import Encoded
+from tpuplex.errors import TpuplexError
+from tpuplex.tasks.causal_lm.data import CheckpointTokenizer
+
+FORMATS = ("messages", "prompt")
+"""The key that marks a record as a conversation (`messages`) or a prompt with its completion (`prompt`)."""
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def is_chat(path: Path) -> bool:
+    """Whether `path` is a `.jsonl` file whose first record is a conversation or a prompt-completion pair."""
+    if path.suffix != ".jsonl" or not path.is_file():
+        return False
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    return False
+                return isinstance(record, dict) and any(key in record for key in FORMATS)
+    return False
+
+
+def encode(path: Path, field: str, tokenizer_dir: Path, max_length: int) -> Encoded:
+    """Each conversation of the `.jsonl` file at `path` as one row of at most max_length + 1 tokens: input_ids
+    [N, max_length + 1] (right-padded), lengths [N], labels [N, max_length + 1] int32 (1 on an answer's tokens)."""
+    tokenizer = CheckpointTokenizer(tokenizer_dir)
+    render = _renderer(tokenizer_dir)
+    rows, answers = [], []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number} ({field})"
+            record = _record(line, where)
+            text, spans = _text_and_answers(record, render, where)
+            encoding = tokenizer.tokenizer.encode(text, add_special_tokens=False)
+            ids = np.asarray(encoding.ids, np.int32)
+            starts = np.asarray([start for start, _ in encoding.offsets], np.int64)
+            mask = np.zeros(len(ids), np.int32)
+            for begin, end in spans:
+                mask |= ((starts >= begin) & (starts < end)).astype(np.int32)
+            if "prompt" in record and tokenizer.end_of_text is not None:  # the completion ends the text
+                ids, mask = np.append(ids, np.int32(tokenizer.end_of_text)), np.append(mask, np.int32(1))
+            if len(ids) > max_length + 1:
+                raise TpuplexError(f"{where} is {len(ids)} tokens long, more than data.max_length + 1 = "
+                                   f"{max_length + 1}: raise data.max_length (at most the model's context) or "
+                                   "shorten that conversation")
+            if not mask[1:].any():
+                raise TpuplexError(f"{where} has no answer tokens to learn from (an empty answer, or only its first "
+                                   "token): give each conversation an assistant answer")
+            rows.append(ids)
+            answers.append(mask)
+    if not rows:
+        raise TpuplexError(f"{path} has no conversations ({field}): give one JSON record per line")
+    width = max_length + 1
+    input_ids = np.zeros((len(rows), width), np.int32)
+    labels = np.zeros((len(rows), width), np.int32)
+    for index, (ids, mask) in enumerate(zip(rows, answers, strict=True)):
+        input_ids[index, : len(ids)], labels[index, : len(ids)] = ids, mask
+    lengths = np.asarray([len(ids) for ids in rows], np.int32)
+    return Encoded(input_ids, np.zeros_like(input_ids), lengths, labels)
+
+
+def rows(encoded: Encoded, first: int, stop: int) -> Encoded:
+    """Conversations [first, stop) of `encoded`."""
+    part = slice(first, stop)
+    return Encoded(encoded.input_ids[part], encoded.token_type_ids[part], encoded.lengths[part], encoded.labels[part])
+
+
+def answer_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A batch of conversation rows [B, L + 1] -> input_ids [B, L], labels [B, L] (the next token) and weight
+    [B, L]: the row's weight where the target is an answer token, else 0."""
+    answer = (batch["attention_mask"][:, 1:] * batch["labels"][:, 1:]).astype(np.float32)
+    return {"input_ids": np.ascontiguousarray(batch["input_ids"][:, :-1]),
+            "labels": np.ascontiguousarray(batch["input_ids"][:, 1:]),
+            "weight": answer * np.asarray(batch["weight"], np.float32)[:, None]}
+
+
+def _record(line: str, where: str) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise TpuplexError(f"{where} is not a JSON record ({error.msg}): write one JSON object per line") from None
+    if not isinstance(record, dict) or not any(key in record for key in FORMATS):
+        raise TpuplexError(f"{where} is not a conversation: give {{\"messages\": [{{\"role\": ..., \"content\": "
+                           "...}, ...]} or {\"prompt\": ..., \"completion\": ...} on every line")
+    return record
+
+
+def _text_and_answers(record: dict[str, Any], render: Callable[..., str] | None,
+                      where: str) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation's text and the character spans [begin, end) of its answers."""
+    if "prompt" in record:
+        prompt, completion = record.get("prompt"), record.get("completion")
+        if not isinstance(prompt, str) or not isinstance(completion, str) or not completion:
+            raise TpuplexError(f"{where}: \"prompt\" and \"completion\" must both be text, the completion not empty")
+        return prompt + completion, [(len(prompt), len(prompt) + len(completion))]
+    messages = record["messages"]
+    if (not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in messages)):
+        raise TpuplexError(f"{where}: \"messages\" must be a list of {{\"role\": one of {', '.join(ROLES)}, "
+                           "\"content\": text}")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise TpuplexError(f"{where} has no assistant turn: a conversation needs an answer to learn from")
+    if render is None:
+        raise TpuplexError(f"{where} is a conversation, but the checkpoint's tokenizer has no chat template "
+                           "(chat_template in tokenizer_config.json): add one, or write the data as "
+                           "{\"prompt\": ..., \"completion\": ...}")
+    text = render(messages)
+    spans = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before, through = render(messages[:index], add_generation_prompt=True), render(messages[: index + 1])
+        if not (text.startswith(before) and text.startswith(through)):
+            raise TpuplexError(f"{where}: the chat template renders a conversation's start differently from the "
+                               "whole, so its answers cannot be found: use a template that renders turns in order")
+        spans.append((len(before), len(through)))
+    return text, spans
+
+
+class _Template:
+    """The checkpoint's chat template, rendered as transformers renders it (a sandboxed jinja2 environment with
+    `raise_exception`, trim_blocks and lstrip_blocks)."""
+
+    def __init__(self, source: str, settings: dict[str, Any]):
+        try:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError:
+            raise TpuplexError("a chat template needs jinja2: pip install jinja2") from None
+
+        def raise_exception(message: str) -> None:
+            raise TpuplexError(f"the chat template refused a conversation: {message}")
+
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        environment.globals["raise_exception"] = raise_exception
+        self._template = environment.from_string(source)
+        self._tokens = {key: str(settings[key]) for key in ("bos_token", "eos_token") if settings.get(key)}
+
+    def __call__(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self._tokens)
+
+
+def _renderer(tokenizer_dir: Path) -> _Template | None:
+    """The chat template of the checkpoint's tokenizer_config.json, or None when it has none."""
+    path = Path(tokenizer_dir) / "tokenizer_config.json"
+    settings = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    for key in ("bos_token", "eos_token"):  # an AddedToken written as a dict
+        if isinstance(settings.get(key), dict):
+            settings[key] = settings[key].get("content")
+    template = settings.get("chat_template")
+    return _Template(template, settings) if isinstance(template, str) and template else None
