@@ -88,3 +88,10 @@ def test_conversations_train_with_the_checkpoints_tokenizer(tmp_path) -> None:
                         "data": {"train_file": str(path), "max_length": 32}})
     with pytest.raises(TpuplexError, match=r"holds conversations: they train with task.tokenizer = \"checkpoint\""):
         TASK.check(config, Options(tokenizer="characters"))
+
+
+def test_answer_accuracy_counts_conversations_whose_every_answer_token_is_the_argmax() -> None:
+    weight = np.array([[0, 1, 1, 0], [0, 0, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0]], np.float32)
+    right = np.array([[0, 1, 1, 0], [1, 1, 0, 1], [1, 0, 0, 0], [1, 1, 1, 1]], np.float32)  # row 0: a wrong prompt
+    outputs = np.stack([np.zeros_like(right), right], axis=-1)                                # token, not counted
+    assert chat.answer_accuracy(outputs, weight) == 2 / 3  # rows 0 and 2 right, row 1 not; row 3 holds no answer

@@ -132,7 +132,8 @@ def test_a_prepared_causal_corpus_trains_as_the_text_in_memory(shared_text, tmp_
 def test_a_llama_learns_the_answers_of_conversations(tmp_path):
     """`tpuplex train` on a .jsonl of conversations (rendered by the tokenizer's chat template, one row each, the
     loss on the answers alone): a tiny Llama from scratch learns to answer "Say W." with W, its held-out answers'
-    loss falling far below the 5.55 of a uniform guess over the 258 tokens."""
+    loss falling far below the 5.55 of a uniform guess over the 258 tokens, most of them answered exactly (5 of 8
+    when measured: `answer_accuracy`, the share greedy decoding answers token for token)."""
     words = ["apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "glass"]
     records = [conversation(f"Say {word}.", word) for word in words * 8]
     write_jsonl(tmp_path / "chat.jsonl", records)
@@ -147,4 +148,5 @@ def test_a_llama_learns_the_answers_of_conversations(tmp_path):
         f'[runtime]\noutput_dir = {json.dumps(str(tmp_path / "run"))}\n')
     assert cli.main(["train", str(tmp_path / "config.toml"), "--backend", "torch"]) == 0
     results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert results["metrics"]["validation"]["loss"] < 1.0, results["metrics"]
+    held_out = results["metrics"]["validation"]
+    assert held_out["loss"] < 1.0 and held_out["answer_accuracy"] >= 0.5, held_out

@@ -84,8 +84,10 @@ class CausalLMData(TaskData):
         return chat.answer_rows(batch) if self.answers else text.next_token_rows(batch)
 
     def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
-        """outputs [N, P, 2]: each position's cross-entropy and whether its most likely token is the target."""
-        return token_metrics(outputs, weight)
+        """outputs [N, P, 2]: each position's cross-entropy and whether its most likely token is the target.
+        Conversations add `answer_accuracy` (`chat.answer_accuracy`)."""
+        metrics = token_metrics(outputs, weight)
+        return {**metrics, "answer_accuracy": chat.answer_accuracy(outputs, weight)} if self.answers else metrics
 
     def pinned_options(self) -> dict[str, Any]:
         return {"characters": self.vocabulary.characters} if isinstance(self.vocabulary, Characters) else {}

@@ -14,7 +14,8 @@ carry weight 1, all others 0, so the loss and the held-out loss are the answers'
 Shapes stay static without packing: each conversation is one row of its own tokens (an `Encoded` whose per-token
 labels are the answer mask), and the Trainer's length buckets, fitted to the conversations as they are to text
 lengths, pad it; no token ever attends across conversations. A conversation longer than data.max_length + 1 tokens
-is refused, naming its line.
+is refused, naming its line. Evaluation adds `answer_accuracy`: the share of held-out conversations answered
+exactly by greedy decoding (`answer_accuracy`).
 """
 
 from __future__ import annotations
@@ -104,6 +105,17 @@ def answer_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"input_ids": np.ascontiguousarray(batch["input_ids"][:, :-1]),
             "labels": np.ascontiguousarray(batch["input_ids"][:, 1:]),
             "weight": answer * np.asarray(batch["weight"], np.float32)[:, None]}
+
+
+def answer_accuracy(outputs: np.ndarray, weight: np.ndarray) -> float:
+    """The share of conversations whose every answer token is the most likely one given the conversation before it
+    (outputs [N, P, 2] as `token_metrics` takes them, weight [N, P] on the answers' tokens). That is exactly the
+    share that greedy decoding answers token for token: where each answer token is the argmax after the true
+    prefix, greedy decoding's prefix stays the true one, through the end-of-turn token, where it stops. (No
+    normalisation of case or spaces: a right answer is the same tokens.)"""
+    answered = weight.sum(axis=1) > 0
+    right = np.all((outputs[..., 1] > 0) | (weight <= 0), axis=1)
+    return float(right[answered].mean()) if answered.any() else 0.0
 
 
 def _record(line: str, where: str) -> dict[str, Any]:
