@@ -153,6 +153,8 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
     generate.add_argument("--seed", type=int, default=0, help="the draws of sampling (default 0)")
     generate.add_argument("--no-cache", action="store_true", help="recompute every step (no key/value cache)")
+    generate.add_argument("--chat", action="store_true",
+                          help="each prompt is a user's message in the checkpoint's chat template; print the answers")
     generate.set_defaults(command=_generate)
 
     export = commands.add_parser("export", help="an HF folder or a TF SavedModel of a checkpoint")
@@ -260,10 +262,11 @@ def _generate(args: argparse.Namespace) -> int:
         raise TpuplexError(f"--prompt-file {args.prompt_file} does not exist: give a UTF-8 text file")
     prompts = args.prompt + ([read_utf8(args.prompt_file)] if args.prompt_file else [])
     result = generate(args.checkpoint, args.backend, prompts, args.tokens, args.temperature, args.top_k, args.seed,
-                      cache=not args.no_cache)
+                      cache=not args.no_cache, chat=args.chat)
     for prompt, text in zip(result.prompts, result.texts, strict=True):
-        print(prompt + text)
-    print(f"{result.ids.size} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s, "
+        print(text if args.chat else prompt + text)
+    tokens = sum(len(ids) for ids in result.ids)
+    print(f"{tokens} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s, "
           f"{'with' if not args.no_cache else 'without'} the key/value cache)", file=sys.stderr)
     return 0
 

@@ -9,6 +9,8 @@ longer prompts keep their last C / 2 tokens, as nanoGPT's sample.py crops) and g
 compiled loop with a key/value cache; the next window continues from the last C / 2 tokens. So a run compiles one
 program for the first bucket and one for every later window, whatever the prompts' lengths. The draws come from
 `numpy.random.default_rng(seed)` (`tpuplex.protocol.Prompts`): a seed gives the same text on every backend.
+With `chat`, each prompt is a user's message rendered by the checkpoint's chat template (ending in the assistant's
+turn), and each answer ends at the end-of-text token.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import numpy as np
 
 from tpuplex.commands import run_folder, workflow
 from tpuplex.errors import TpuplexError
+from tpuplex.params import resolve_checkpoint
 from tpuplex.protocol import Prompts
+from tpuplex.tasks.causal_lm import chat as conversations
 
 SMALLEST_BUCKET = 8
 
@@ -34,12 +38,12 @@ class Generated:
 
     prompts: list[str]
     texts: list[str]
-    ids: np.ndarray
+    ids: list[np.ndarray]
     seconds: float
 
     @property
     def tokens_per_s(self) -> float:
-        return self.ids.size / self.seconds
+        return sum(len(ids) for ids in self.ids) / self.seconds
 
 
 def bucket(length: int, context: int) -> int:
@@ -58,7 +62,7 @@ def left_padded(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndar
 
 
 def generate(path: str | Path, backend_name: str, prompts: list[str], new_tokens: int, temperature: float = 0.0,
-             top_k: int = 0, seed: int = 0, cache: bool = True) -> Generated:
+             top_k: int = 0, seed: int = 0, cache: bool = True, chat: bool = False) -> Generated:
     """`new_tokens` tokens after each of `prompts` from the checkpoint `path` names (see the module)."""
     if new_tokens < 1:
         raise TpuplexError(f"--tokens {new_tokens}: generate at least 1 token")
@@ -77,11 +81,16 @@ def generate(path: str | Path, backend_name: str, prompts: list[str], new_tokens
     if context < 2 * SMALLEST_BUCKET:
         raise TpuplexError(f"the run's context (data.max_length = {context}) is too short to generate in windows: "
                            f"train with data.max_length >= {2 * SMALLEST_BUCKET}")
+    template = conversations.user_turn(resolve_checkpoint(found.config.model.checkpoint)) if chat else None
     experiment, state = workflow.restore(found, backend_name)
     vocabulary = experiment.data.vocabulary
-    rows = [vocabulary.encode(prompt, "the prompt") for prompt in prompts]
+    rows = [vocabulary.encode(template(prompt) if template else prompt, "the prompt") for prompt in prompts]
     if not all(len(row) for row in rows):
         raise TpuplexError("a prompt gives no tokens: give each prompt some text")
+    if chat and max(map(len, rows)) > context // 2:  # cropped, it would lose the template's start
+        raise TpuplexError(f"a --chat prompt is {max(map(len, rows))} tokens in the chat template, more than half the "
+                           f"run's context (data.max_length = {context}): shorten it, or train with a longer "
+                           "data.max_length")
     rng = np.random.default_rng(seed)
     generated: list[np.ndarray] = [np.zeros(0, np.int32) for _ in rows]
     width = bucket(max(map(len, rows)), context)
@@ -96,4 +105,6 @@ def generate(path: str | Path, backend_name: str, prompts: list[str], new_tokens
         generated = [np.concatenate([done, new]) for done, new in zip(generated, tokens, strict=True)]
         width = context // 2
     seconds = time.perf_counter() - started
-    return Generated(prompts, [vocabulary.decode(ids) for ids in generated], np.stack(generated), seconds)
+    if chat:  # an answer ends at the end-of-text token
+        generated = [ids[: np.flatnonzero(np.append(ids == vocabulary.end_of_text, True))[0]] for ids in generated]
+    return Generated(prompts, [vocabulary.decode(ids) for ids in generated], generated, seconds)

@@ -183,6 +183,15 @@ class _Template:
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self._tokens)
 
 
+def user_turn(tokenizer_dir: Path) -> Callable[[str], str]:
+    """A user's message -> the prompt the checkpoint's chat template makes of it, ending in the assistant's turn."""
+    render = _renderer(tokenizer_dir)
+    if render is None:
+        raise TpuplexError(f"the checkpoint's tokenizer ({tokenizer_dir}) has no chat template (chat_template in "
+                           "tokenizer_config.json): generate without --chat")
+    return lambda message: render([{"role": "user", "content": message}], add_generation_prompt=True)
+
+
 def _renderer(tokenizer_dir: Path) -> _Template | None:
     """The chat template of the checkpoint's tokenizer_config.json, or None when it has none."""
     path = Path(tokenizer_dir) / "tokenizer_config.json"
