@@ -174,3 +174,20 @@ def test_a_text_file_of_blank_lines_is_refused_whatever_the_tokenizer(tmp_path, 
                                      "cache_dir": str(tmp_path / "c")}})
         with pytest.raises(TpuplexError, match=r"blank.txt has no text \(data.train_file\)"):
             TASK.prepare(config, Options(tokenizer=tokenizer), minilm_dir)
+
+
+def test_two_eval_files_of_one_name_are_refused_naming_both(tmp_path):
+    """A split is named after its file, for every task: two held.txt files would be one split (one used to be
+    dropped without a word)."""
+    for folder in ("a", "b", "."):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / ("held.txt" if folder != "." else "input.txt")).write_text("abcdefgh" * 20)
+    config = from_dict({"task": {"name": "causal_lm", "tokenizer": "characters"},
+                        "data": {"train_file": str(tmp_path / "input.txt"), "max_length": 10,
+                                 "eval_files": [str(tmp_path / "a" / "held.txt"), str(tmp_path / "b" / "held.txt")],
+                                 "cache_dir": str(tmp_path / "cache")}})
+    options = Options(tokenizer="characters")
+    TASK.check(config, options)
+    with pytest.raises(TpuplexError, match=r"data.eval_files\[0\] = '.*/a/held.txt' and data.eval_files\[1\] = "
+                                           r"'.*/b/held.txt' would both be the split 'held'"):
+        TASK.prepare(config, options, tmp_path)

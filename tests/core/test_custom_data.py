@@ -265,9 +265,10 @@ BAD_FIELDS = {
     "a table option under [data]": ({"data__labels": ["0", "1"]},
                                     "data.labels is an option of the sequence_classification task now: move it under "
                                     "[task]"),
-    "eval file named train": ({"data__eval_files": ["{folder}/train.csv"]}, "would be the split 'train'"),
+    "eval file named train": ({"data__eval_files": ["{folder}/train.csv"]},
+                              "data.train_file and data.eval_files[0] = "),
     "two eval files named dev": ({"data__eval_files": ["{folder}/dev.csv", "{folder}/more/dev.csv"]},
-                                 "are both the split 'dev'"),
+                                 "/more/dev.csv' would both be the split 'dev'"),
     "no eval files": ({"data__eval_files": []}, "data.eval_files is empty"),
     "missing train file": ({"data__train_file": "{folder}/nope.csv"}, "nope.csv' does not exist"),
     "data_dir with train_file": ({"data__data_dir": "{folder}"}, "(--data-dir) is for GLUE tasks"),

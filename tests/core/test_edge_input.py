@@ -173,11 +173,11 @@ def test_eval_files_named_devel_and_test_are_both_evaluated(tmp_path, minilm_dir
 
 @pytest.mark.parametrize(("evals", "test", "fragment"), [
     (["a/dev.tsv", "b/dev.tsv"], "",
-     "data.eval_files[1] = '{tmp}/b/dev.tsv' and data.eval_files[0] = '{tmp}/a/dev.tsv' would both be the split 'dev'"),
+     "data.eval_files[0] = '{tmp}/a/dev.tsv' and data.eval_files[1] = '{tmp}/b/dev.tsv' would both be the split 'dev'"),
     (["test.tsv"], "held/test.conll",
-     "data.eval_files[0] = '{tmp}/test.tsv' and data.test_file = '{tmp}/held/test.conll' would both be the split "
-     "'test'"),
-    (["train.tsv"], "", "and data.train_file would both be the split 'train'"),
+     "data.eval_files holds a file '{tmp}/test.tsv' and data.test_file = '{tmp}/held/test.conll': both would be the "
+     "split 'test'"),
+    (["train.tsv"], "", "data.train_file and data.eval_files[0] = '{tmp}/train.tsv' would both be the split 'train'"),
 ])
 def test_only_files_that_would_be_one_split_are_refused(tmp_path, capsys, minilm_dir, evals, test, fragment) -> None:
     train = "own/train.tsv" if "train.tsv" in evals else "train.conll"

@@ -41,7 +41,15 @@ from tpuplex.data.tables import text_file
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Head, Task, TaskData, check_held_out, framework_modules, token_metrics
+from tpuplex.tasks.base import (
+    Head,
+    Task,
+    TaskData,
+    check_held_out,
+    eval_split_names,
+    framework_modules,
+    token_metrics,
+)
 from tpuplex.tasks.causal_lm import chat
 from tpuplex.tasks.causal_lm import data as text
 from tpuplex.tasks.causal_lm.data import Characters, CheckpointTokenizer, CorpusEncoder, NextTokenRows, Vocabulary
@@ -152,11 +160,12 @@ class CausalLM(Task):
                                                     Path(data.cache_dir).expanduser(), options.text_column,
                                                     fingerprint(file))), vocabulary
 
+        names = eval_split_names(data.eval_files, lambda field, spec: Path(spec).name if is_prepared(spec)
+                                 else text_file(field, spec).name)
         train, vocabulary = read("data.train_file", data.train_file, None)
         evaluation = {}
-        for index, spec in enumerate(data.eval_files):
+        for index, (spec, name) in enumerate(zip(data.eval_files, names, strict=True)):
             field = f"data.eval_files[{index}]"
-            name = Path(spec).name if is_prepared(spec) else text_file(field, spec).name
             evaluation[name] = read(field, spec, vocabulary)[0].check(f"{field} {spec}")
         if not evaluation:  # nanoGPT's split: the first share of the tokens trains, the rest is held out
             cut = int(train.token_count * (1 - options.validation_fraction))
@@ -169,14 +178,16 @@ class CausalLM(Task):
 
     def _prepare_conversations(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData:
         data, length = config.data, config.data.max_length
-        train = chat.encode(Path(data.train_file).expanduser(), "data.train_file", tokenizer_dir, length)
-        evaluation = {}
-        for index, spec in enumerate(data.eval_files):
-            field, path = f"data.eval_files[{index}]", Path(spec).expanduser()
-            if not chat.is_chat(path):
+        def conversations(field: str, spec: str) -> str:
+            if not chat.is_chat(Path(spec).expanduser()):
                 raise TpuplexError(f"{field} = {spec!r} is not a .jsonl file of conversations, as data.train_file "
                                    "is: give held-out conversations in the same form")
-            evaluation[path.stem] = chat.encode(path, field, tokenizer_dir, length)
+            return Path(spec).stem
+
+        names = eval_split_names(data.eval_files, conversations)
+        train = chat.encode(Path(data.train_file).expanduser(), "data.train_file", tokenizer_dir, length)
+        evaluation = {name: chat.encode(Path(spec).expanduser(), f"data.eval_files[{index}]", tokenizer_dir, length)
+                      for index, (spec, name) in enumerate(zip(data.eval_files, names, strict=True))}
         if not evaluation:  # the last conversations are held out
             cut = len(train) - max(1, round(len(train) * options.validation_fraction))
             if cut < 1:

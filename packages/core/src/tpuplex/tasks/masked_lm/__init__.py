@@ -40,7 +40,15 @@ from tpuplex.data.tokenize import tokenizer_hash
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, check_held_out, framework_modules, matmul_weights, token_metrics
+from tpuplex.tasks.base import (
+    Task,
+    TaskData,
+    check_held_out,
+    eval_split_names,
+    framework_modules,
+    matmul_weights,
+    token_metrics,
+)
 from tpuplex.tasks.masked_lm import data as text
 from tpuplex.tasks.masked_lm.heads import FAMILY_HEADS, MaskedLMHead, masked_lm_head
 
@@ -139,11 +147,10 @@ class MaskedLM(Task):
                 return prepared_corpus(field, spec, tokenizer_dir, data.max_length)
             return packed(text_file(field, spec), f"{field} {spec}")
 
-        evaluation = {}
-        for index, spec in enumerate(data.eval_files):
-            field = f"data.eval_files[{index}]"
-            name = Path(spec).name if is_prepared(spec) else text_file(field, spec).name
-            evaluation[name] = split(field, spec)
+        names = eval_split_names(data.eval_files, lambda field, spec: Path(spec).name if is_prepared(spec)
+                                 else text_file(field, spec).name)
+        evaluation = {name: split(f"data.eval_files[{index}]", spec)
+                      for index, (spec, name) in enumerate(zip(data.eval_files, names, strict=True))}
         if evaluation or is_prepared(data.train_file):
             train = split("data.train_file", data.train_file)
         else:  # HF run_mlm's validation_split_percentage: the first share of the documents

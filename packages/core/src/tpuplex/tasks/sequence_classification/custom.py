@@ -37,6 +37,7 @@ from tpuplex.config import DataConfig
 from tpuplex.data.tables import DataFile, Table, read_table, resolve_file
 from tpuplex.errors import TpuplexError
 from tpuplex.metrics import CLASSIFICATION_METRICS, REGRESSION_METRICS
+from tpuplex.tasks.base import eval_split_names
 from tpuplex.tasks.sequence_classification.glue.datasets import Dataset, get_dataset
 from tpuplex.tasks.sequence_classification.glue.files import Examples
 from tpuplex.tasks.sequence_classification.glue.sources import GlueData, Source
@@ -177,16 +178,8 @@ def _metrics(metrics: tuple[str, ...], labels: tuple[str, ...], regression: bool
 def _eval_files(specs: tuple[str, ...]) -> dict[str, DataFile]:
     """Evaluation split name -> file; names must be unique and differ from "train"."""
     files: dict[str, DataFile] = {}
-    for spec in specs:
-        file = resolve_file("data.eval_files", spec)
-        if file.name == "train":
-            raise TpuplexError(f"data.eval_files: {spec!r} would be the split 'train', the training split's name: "
-                               "rename the file (a split is named after its file)")
-        if file.name in files:
-            raise TpuplexError(f"data.eval_files: {files[file.name].spec!r} and {spec!r} are both the split "
-                               f"{file.name!r} (a split is named after its file): rename one")
-        files[file.name] = file
-    return files
+    eval_split_names(specs, lambda field, spec: files.setdefault(spec, resolve_file(field, spec)).name)
+    return {files[spec].name: files[spec] for spec in specs}
 
 
 def file_source(task: Dataset, file: DataFile, labelled: bool) -> Source:

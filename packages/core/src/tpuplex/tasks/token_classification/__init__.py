@@ -38,7 +38,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, framework_modules, matmul_weights
+from tpuplex.tasks.base import Task, TaskData, eval_split_names, framework_modules, matmul_weights
 from tpuplex.tasks.token_classification import data as tagged
 from tpuplex.tasks.token_classification.entities import check_scheme, scores
 from tpuplex.tasks.token_classification.heads import FAMILY_HEADS, TokenClassifierHead, token_classifier_head
@@ -189,18 +189,16 @@ class TokenClassification(Task):
         """train, each eval file (by its name: `devel.tsv` is the split "devel", `test.tsv` "test") and
         data.test_file ("test"), each existing. Only two files that would be one split are refused."""
         data = config.data
-        files, given = {"train": tagged.data_file("data.train_file", data.train_file)}, {"train": "data.train_file"}
-        for index, spec in enumerate(data.eval_files):
-            file, field = tagged.data_file(f"data.eval_files[{index}]", spec), f"data.eval_files[{index}] = {spec!r}"
-            if file.name in files:
-                raise TpuplexError(f"{field} and {given[file.name]} would both be the split {file.name!r} (a split is "
-                                   "named after its file): rename one of the files")
-            files[file.name], given[file.name] = file, field
+        files = {"train": tagged.data_file("data.train_file", data.train_file)}
+        held_out = {}
+        eval_split_names(data.eval_files, lambda field, spec: held_out.setdefault(
+            spec, tagged.data_file(field, spec)).name)
+        files.update({held_out[spec].name: held_out[spec] for spec in data.eval_files})
         if data.test_file:
             if "test" in files:
-                raise TpuplexError(f"{given['test']} and data.test_file = {data.test_file!r} would both be the split "
-                                   "'test': evaluate a labelled test file through data.eval_files alone, or rename "
-                                   "one of the files")
+                raise TpuplexError(f"data.eval_files holds a file {files['test'].spec!r} and data.test_file = "
+                                   f"{data.test_file!r}: both would be the split 'test': evaluate a labelled test "
+                                   "file through data.eval_files alone, or rename one of the files")
             files["test"] = tagged.data_file("data.test_file", data.test_file)
         return files
 
