@@ -191,3 +191,22 @@ def test_two_eval_files_of_one_name_are_refused_naming_both(tmp_path):
     with pytest.raises(TpuplexError, match=r"data.eval_files\[0\] = '.*/a/held.txt' and data.eval_files\[1\] = "
                                            r"'.*/b/held.txt' would both be the split 'held'"):
         TASK.prepare(config, options, tmp_path)
+
+
+@pytest.mark.parametrize(("records", "message"), [
+    ([{"text": "abc def"}, {"text": ["a", "list"]}], r"line 2 after byte 0: its 'text' is a list, not text"),
+    ([{"text": "abc def"}, {"text": 42}], r"line 2 after byte 0: its 'text' is a int, not text"),
+    ([{"text": "abc def"}, {"Text": "abc"}], r"line 2 after byte 0 has no 'text' field \(it has 'Text'\): set "
+                                              r"task.text_column"),
+])
+def test_a_jsonl_record_without_text_is_refused_naming_its_line(tmp_path, records, message):
+    """Records whose text is a list or a number, or under another field, are refused: they used to train on the
+    Python spelling of the value, or be skipped without a word."""
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records * 20))
+    config = from_dict({"task": {"name": "causal_lm", "tokenizer": "characters"},
+                        "data": {"train_file": str(tmp_path / "corpus.jsonl"), "max_length": 10,
+                                 "cache_dir": str(tmp_path / "cache")}})
+    options = Options(tokenizer="characters")
+    with pytest.raises(TpuplexError, match=message):
+        TASK.check(config, options)
+        TASK.prepare(config, options, tmp_path)

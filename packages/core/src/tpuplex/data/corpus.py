@@ -142,11 +142,24 @@ def unit_documents(filesystem: Any, unit: Unit, text_column: str, whole_files: b
                 except json.JSONDecodeError as error:
                     raise TpuplexError(f"{unit.path}: line {number + 1} after byte {begin} is not JSON ({error.msg})"
                                        ": give one JSON object per line") from None
-                value = value.get(text_column) if isinstance(value, dict) else None
-                texts.append("" if value is None else str(value))
+                texts.append(_record_text(value, text_column, f"{unit.path}: line {number + 1} after byte {begin}"))
     else:
         texts = text.splitlines()
     return [document if whole_files else document.strip() for document in texts if document.strip()]
+
+
+def _record_text(record: Any, text_column: str, where: str) -> str:
+    """The text of a .jsonl record: its `text_column`, which must be there and be text (a record without it, or
+    with a list or a number there, would otherwise train on nothing or on its Python spelling)."""
+    if not isinstance(record, dict) or text_column not in record:
+        keys = ", ".join(map(repr, list(record)[:5])) if isinstance(record, dict) else type(record).__name__
+        raise TpuplexError(f"{where} has no {text_column!r} field (it has {keys or 'none'}): set task.text_column to "
+                           "the field that holds each record's text, or give every record one")
+    value = record[text_column]
+    if value is not None and not isinstance(value, str):
+        raise TpuplexError(f"{where}: its {text_column!r} is a {type(value).__name__}, not text: give each record's "
+                           f"{text_column} as a string")
+    return value or ""
 
 
 def document_count(pattern: str, encoder: DocumentEncoder, text_column: str = "text",
