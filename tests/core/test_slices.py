@@ -48,6 +48,8 @@ def test_any_block_of_a_sliced_checkpoint_reads_as_that_block_of_the_whole(tmp_p
     flax = View(kernel, (1, 0), np.dtype(np.float64))
     assert flax.shape == (10, 12)
     np.testing.assert_array_equal(flax[2:5, 6:12], KERNEL.T[2:5, 6:12].astype(np.float64))
+    count = View(stored.buffers["norm.num_batches_tracked"])
+    assert count.shape == () and np.asarray(count).shape == () and int(np.asarray(count)) == 7  # 0-d stays 0-d
 
 
 def test_a_checkpoint_missing_a_slice_is_refused(tmp_path) -> None:

@@ -114,7 +114,7 @@ class View:
             for position, axis in enumerate(self.axes):
                 in_source[axis] = slice(*wanted[position])
             block = np.transpose(self.source[tuple(in_source)], self.axes)
-        return np.ascontiguousarray(block, dtype=self.dtype)
+        return np.asarray(block, dtype=self.dtype, order="C")  # ascontiguousarray would make a 0-d block [1]
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         whole = self[()]
