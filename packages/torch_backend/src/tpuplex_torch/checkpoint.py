@@ -11,7 +11,8 @@ whole.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 from torch.distributed.fsdp import FSDPModule
@@ -35,16 +36,7 @@ def initial(params: Mapping[str, np.ndarray], buffers: Mapping[str, np.ndarray])
 def to_portable(state: TorchState) -> PortableState:
     """Parameters and Adam moments (SGD: the momentum buffer as exp_avg, exp_avg_sq zero) as float32 numpy arrays
     under HF names, and the optimizer step."""
-    params, exp_avg, exp_avg_sq = {}, {}, {}
-    sgd = isinstance(state.optimizer, torch.optim.SGD)
-    _reshard(state.model)
-    for name, parameter in state.model.named_parameters():
-        moments = state.optimizer.state[parameter]
-        params[name] = _snapshot(parameter)
-        exp_avg[name] = _snapshot(moments["momentum_buffer" if sgd else "exp_avg"])
-        exp_avg_sq[name] = np.zeros_like(params[name]) if sgd else _snapshot(moments["exp_avg_sq"])
-    buffers = {name: _snapshot(buffer) for name, buffer in _buffers(state).items()}
-    return PortableState(params=params, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, step=state.step, buffers=buffers)
+    return _read_state(state, _snapshot, np.zeros_like)
 
 
 def to_slices(state: TorchState, process_index: int) -> PortableState:
@@ -61,16 +53,24 @@ def to_slices(state: TorchState, process_index: int) -> PortableState:
         local = _snapshot(tensor.to_local())
         return [Slice(tuple(tensor.shape), tuple(start), local)] if local.size else []
 
+    def zeros(slices: list[Slice]) -> list[Slice]:
+        return [Slice(piece.shape, piece.start, np.zeros_like(piece.data)) for piece in slices]
+
+    return _read_state(state, held, zeros)
+
+
+def _read_state(state: TorchState, read: Callable[[torch.Tensor], Any], zeros: Callable[[Any], Any]) -> PortableState:
+    """The portable state with every tensor as `read` gives it (SGD's missing second moment: `zeros` of the
+    parameter's)."""
     params, exp_avg, exp_avg_sq = {}, {}, {}
     sgd = isinstance(state.optimizer, torch.optim.SGD)
     _reshard(state.model)
     for name, parameter in state.model.named_parameters():
         moments = state.optimizer.state[parameter]
-        params[name] = held(parameter)
-        exp_avg[name] = held(moments["momentum_buffer" if sgd else "exp_avg"])
-        exp_avg_sq[name] = ([Slice(p.shape, p.start, np.zeros_like(p.data)) for p in params[name]] if sgd
-                            else held(moments["exp_avg_sq"]))
-    buffers = {name: held(buffer) for name, buffer in _buffers(state).items()}
+        params[name] = read(parameter)
+        exp_avg[name] = read(moments["momentum_buffer" if sgd else "exp_avg"])
+        exp_avg_sq[name] = zeros(params[name]) if sgd else read(moments["exp_avg_sq"])
+    buffers = {name: read(buffer) for name, buffer in _buffers(state).items()}
     return PortableState(params=params, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, step=state.step, buffers=buffers)
 
 
