@@ -44,3 +44,12 @@ def test_a_backend_that_fails_to_import_says_how_to_reinstall(monkeypatch) -> No
         registry.create("jax", RuntimeConfig())
     assert "is installed but cannot be imported" in str(error.value)
     assert registry.INSTALL["jax"] in str(error.value)
+
+
+def test_a_torch_setting_on_another_backend_is_one_warning_line(capsys) -> None:
+    """One config serves every backend, so a setting only torch reads is named, not refused, elsewhere."""
+    registry.create("numpy", RuntimeConfig(torch_mode="compile"))
+    assert capsys.readouterr().err == ("tpuplex: warning: runtime.torch_mode = 'compile' sets how the torch backend "
+                                       "runs; the numpy backend ignores it\n")
+    registry.create("numpy", RuntimeConfig())
+    assert capsys.readouterr().err == ""

@@ -5,6 +5,7 @@ A backend class is constructed with the run's `RuntimeConfig` and implements `tp
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import entry_points
 
 from tpuplex import sharding
@@ -46,6 +47,9 @@ def create(name: str, runtime: RuntimeConfig) -> Backend:
             f"runtime.mesh = {runtime.mesh} splits parameters over fsdp or tensor, which the {name} backend does not "
             "do (it keeps every parameter whole on each device): train this mesh with --backend jax, or set "
             "runtime.mesh = {data = -1} (docs/sharding.md)")
+    if runtime.torch_mode != "auto" and name != "torch":  # one config serves every backend: a warning, not an error
+        print(f"tpuplex: warning: runtime.torch_mode = {runtime.torch_mode!r} sets how the torch backend runs; the "
+              f"{name} backend ignores it", file=sys.stderr)
     backend = cls(runtime)
     topology = backend.topology()
     if topology.mesh is None:  # a data-only backend: the mesh must still name its devices
