@@ -20,7 +20,7 @@ from tpuplex.kinds.decoder import Decoders
 from tpuplex.models import gguf
 from tpuplex.params import resolve_checkpoint
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
-from tpuplex.tasks.causal_lm import TASK
+from tpuplex.tasks.causal_lm import TASK, chat
 from tpuplex_torch.backend import TorchBackend
 
 VOCAB = 50
@@ -157,7 +157,8 @@ def test_smollm2_tokenizer_matches_transformers_gguf_load(smollm2, shared_text) 
 
 def test_smollm2_from_its_gguf_matches_transformers_gguf_load(backend, smollm2, shared_text) -> None:
     """Tiny Shakespeare through SmolLM2: the backend's per-token losses equal the cross-entropy of transformers'
-    logits (`from_pretrained(gguf_file=...)`, dequantized to float32) within 1e-4, the predicted tokens the same."""
+    logits (`from_pretrained(gguf_file=...)`, dequantized to float32) within 1e-4, the predicted tokens the same;
+    and greedy decoding after a chat prompt gives transformers' `generate` tokens (so the same on every backend)."""
     rows = np.array(shakespeare_ids(smollm2, shared_text)[1][:8 * 17], np.int32).reshape(8, 17)
     batch = {"input_ids": rows[:, :-1], "labels": rows[:, 1:], "weight": np.ones((8, 16), np.float32)}
     file = gguf.smollm2_file()
@@ -165,9 +166,20 @@ def test_smollm2_from_its_gguf_matches_transformers_gguf_load(backend, smollm2, 
                                                                   dtype=torch.float32).eval()
     with torch.no_grad():
         logits = reference(input_ids=torch.from_numpy(batch["input_ids"]).long()).logits
-    del reference
     losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.from_numpy(batch["labels"]).long()
                                                .flatten(), reduction="none").reshape(batch["labels"].shape)
-    outputs = backend.predict(backend.init(smollm2, OptimizerSpec()), batch)
+    state = backend.init(smollm2, OptimizerSpec())
+    outputs = backend.predict(state, batch)
     np.testing.assert_allclose(outputs[..., 0], losses.numpy(), atol=1e-4, rtol=0)
     np.testing.assert_array_equal(outputs[..., 1], (logits.argmax(-1).numpy() == batch["labels"]).astype(np.float32))
+    # Greedy decoding after the chat prompt, with the key/value cache: transformers' tokens, up to its end of turn.
+    from tokenizers import Tokenizer
+
+    question = chat.user_turn(smollm2.checkpoint_dir)("What is the capital of France?")
+    prompt = Tokenizer.from_file(str(smollm2.checkpoint_dir / "tokenizer.json")).encode(question).ids
+    with torch.no_grad():
+        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt):]
+    ids = np.array([prompt], np.int32)
+    generated = backend.generate(state, Prompts(ids, np.ones_like(ids), 40, 0.0, 0, np.zeros((1, 40), np.float32)))
+    np.testing.assert_array_equal(generated[0, : len(expected)], expected.numpy())
+    assert 2 < len(expected) < 40  # it answered and ended its turn
