@@ -257,13 +257,9 @@ class BackendBase:
         return None
 
     def state_to_slices(self, state: Any) -> PortableState:
-        """A backend that holds the state whole everywhere: process 0 writes every array whole."""
-        arrays = self.state_to_arrays(state)
-        if self.topology().process_index == 0:
-            return arrays
-        nothing = {name: [] for name in arrays.params}
-        return PortableState(params=nothing, exp_avg=nothing, exp_avg_sq=nothing, step=arrays.step,
-                             buffers={name: [] for name in arrays.buffers})
+        """A backend that holds the state whole everywhere: its whole arrays, which `checkpoint.save` has process 0
+        write."""
+        return self.state_to_arrays(state)
 
     def train_steps(self, state, batches, learning_rates):
         losses = []
