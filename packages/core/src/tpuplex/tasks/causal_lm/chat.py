@@ -29,7 +29,7 @@ import numpy as np
 
 from tpuplex.data.batching import Encoded
 from tpuplex.errors import TpuplexError
-from tpuplex.tasks.causal_lm.data import CheckpointTokenizer
+from tpuplex.tasks.causal_lm.data import CheckpointTokenizer, next_token_rows
 
 FORMATS = ("messages", "prompt")
 """The key that marks a record as a conversation (`messages`) or a prompt with its completion (`prompt`)."""
@@ -99,12 +99,10 @@ def rows(encoded: Encoded, first: int, stop: int) -> Encoded:
 
 
 def answer_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A batch of conversation rows [B, L + 1] -> input_ids [B, L], labels [B, L] (the next token) and weight
-    [B, L]: the row's weight where the target is an answer token, else 0."""
-    answer = (batch["attention_mask"][:, 1:] * batch["labels"][:, 1:]).astype(np.float32)
-    return {"input_ids": np.ascontiguousarray(batch["input_ids"][:, :-1]),
-            "labels": np.ascontiguousarray(batch["input_ids"][:, 1:]),
-            "weight": answer * np.asarray(batch["weight"], np.float32)[:, None]}
+    """A batch of conversation rows [B, L + 1] -> `next_token_rows`'s input_ids, labels and weight [B, L], the
+    weight kept only where the target is an answer token."""
+    rows = next_token_rows(batch)
+    return {**rows, "weight": rows["weight"] * batch["labels"][:, 1:].astype(np.float32)}
 
 
 def answer_accuracy(outputs: np.ndarray, weight: np.ndarray) -> float:
