@@ -23,7 +23,7 @@ model's inputs and targets (`protocol.head_inputs`) reaches the head as a keywor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -195,19 +195,17 @@ def token_metrics(outputs: np.ndarray, weight: np.ndarray) -> dict[str, float]:
     return {"loss": loss, "perplexity": float(np.exp(loss)), "accuracy": accuracy}
 
 
-def eval_split_names(specs: Sequence[str], name_of: Callable[[str, str], str]) -> list[str]:
-    """The split name of each `data.eval_files` entry (`name_of(field, spec)`), checked by one rule for every task:
-    a split is named after its file, so two files of one name, or a file named like the training split, are
-    refused, naming both."""
-    names: dict[str, str] = {"train": "data.train_file"}
-    for index, spec in enumerate(specs):
-        field = f"data.eval_files[{index}]"
-        name = name_of(field, spec)
-        if name in names:
-            raise TpuplexError(f"{names[name]} and {field} = {spec!r} would both be the split {name!r} (a split is "
-                               "named after its file): rename one of the files")
-        names[name] = f"{field} = {spec!r}"
-    return list(names)[1:]
+def check_split_names(specs: Sequence[str], names: Sequence[str]) -> None:
+    """One rule for every task: the split each `data.eval_files` entry gives (`names`, in order) is its own, as a
+    split is named after its file, so two files of one name, or a file named like the training split, are refused,
+    naming both."""
+    given = {"train": "data.train_file"}
+    for index, (spec, name) in enumerate(zip(specs, names, strict=True)):
+        field = f"data.eval_files[{index}] = {spec!r}"
+        if name in given:
+            raise TpuplexError(f"{given[name]} and {field} would both be the split {name!r} (a split is named after "
+                               "its file): rename one of the files")
+        given[name] = field
 
 
 def check_held_out(config: Any, fraction: float, task: str, held_out: str, example: float) -> None:

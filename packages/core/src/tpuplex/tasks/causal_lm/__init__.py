@@ -46,7 +46,7 @@ from tpuplex.tasks.base import (
     Task,
     TaskData,
     check_held_out,
-    eval_split_names,
+    check_split_names,
     framework_modules,
     token_metrics,
 )
@@ -160,8 +160,9 @@ class CausalLM(Task):
                                                     Path(data.cache_dir).expanduser(), options.text_column,
                                                     fingerprint(file))), vocabulary
 
-        names = eval_split_names(data.eval_files, lambda field, spec: Path(spec).name if is_prepared(spec)
-                                 else text_file(field, spec).name)
+        names = [Path(spec).name if is_prepared(spec) else text_file(f"data.eval_files[{index}]", spec).name
+                 for index, spec in enumerate(data.eval_files)]
+        check_split_names(data.eval_files, names)
         train, vocabulary = read("data.train_file", data.train_file, None)
         evaluation = {}
         for index, (spec, name) in enumerate(zip(data.eval_files, names, strict=True)):
@@ -178,13 +179,12 @@ class CausalLM(Task):
 
     def _prepare_conversations(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData:
         data, length = config.data, config.data.max_length
-        def conversations(field: str, spec: str) -> str:
+        for index, spec in enumerate(data.eval_files):
             if not chat.is_chat(Path(spec).expanduser()):
-                raise TpuplexError(f"{field} = {spec!r} is not a .jsonl file of conversations, as data.train_file "
-                                   "is: give held-out conversations in the same form")
-            return Path(spec).stem
-
-        names = eval_split_names(data.eval_files, conversations)
+                raise TpuplexError(f"data.eval_files[{index}] = {spec!r} is not a .jsonl file of conversations, as "
+                                   "data.train_file is: give held-out conversations in the same form")
+        names = [Path(spec).stem for spec in data.eval_files]
+        check_split_names(data.eval_files, names)
         train = chat.encode(Path(data.train_file).expanduser(), "data.train_file", tokenizer_dir, length)
         evaluation = {name: chat.encode(Path(spec).expanduser(), f"data.eval_files[{index}]", tokenizer_dir, length)
                       for index, (spec, name) in enumerate(zip(data.eval_files, names, strict=True))}

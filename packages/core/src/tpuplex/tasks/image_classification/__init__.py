@@ -38,7 +38,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import ImageFamily
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, check_held_out, eval_split_names, framework_modules
+from tpuplex.tasks.base import Task, TaskData, check_held_out, check_split_names, framework_modules
 from tpuplex.tasks.image_classification.data import ImageSplit, augment, held_out
 from tpuplex.tasks.sequence_classification.heads import ClassifierHead
 from tpuplex.text_files import staged_text
@@ -128,7 +128,7 @@ class ImageClassification(Task):
         every = np.arange(len(train), dtype=np.int64)
         if data.eval_files:
             splits = {}
-            eval_split_names(data.eval_files, lambda field, spec: Path(spec).name)
+            check_split_names(data.eval_files, [Path(spec).name for spec in data.eval_files])
             for index, spec in enumerate(data.eval_files):
                 split = prepared_images(f"data.eval_files[{index}]", spec, size, cache, train.classes)
                 if split.image_shape != train.image_shape:

@@ -44,7 +44,7 @@ from tpuplex.tasks.base import (
     Task,
     TaskData,
     check_held_out,
-    eval_split_names,
+    check_split_names,
     framework_modules,
     matmul_weights,
     token_metrics,
@@ -147,8 +147,9 @@ class MaskedLM(Task):
                 return prepared_corpus(field, spec, tokenizer_dir, data.max_length)
             return packed(text_file(field, spec), f"{field} {spec}")
 
-        names = eval_split_names(data.eval_files, lambda field, spec: Path(spec).name if is_prepared(spec)
-                                 else text_file(field, spec).name)
+        names = [Path(spec).name if is_prepared(spec) else text_file(f"data.eval_files[{index}]", spec).name
+                 for index, spec in enumerate(data.eval_files)]
+        check_split_names(data.eval_files, names)
         evaluation = {name: split(f"data.eval_files[{index}]", spec)
                       for index, (spec, name) in enumerate(zip(data.eval_files, names, strict=True))}
         if evaluation or is_prepared(data.train_file):

@@ -37,7 +37,7 @@ from tpuplex.config import DataConfig
 from tpuplex.data.tables import DataFile, Table, read_table, resolve_file
 from tpuplex.errors import TpuplexError
 from tpuplex.metrics import CLASSIFICATION_METRICS, REGRESSION_METRICS
-from tpuplex.tasks.base import eval_split_names
+from tpuplex.tasks.base import check_split_names
 from tpuplex.tasks.sequence_classification.glue.datasets import Dataset, get_dataset
 from tpuplex.tasks.sequence_classification.glue.files import Examples
 from tpuplex.tasks.sequence_classification.glue.sources import GlueData, Source
@@ -177,9 +177,9 @@ def _metrics(metrics: tuple[str, ...], labels: tuple[str, ...], regression: bool
 
 def _eval_files(specs: tuple[str, ...]) -> dict[str, DataFile]:
     """Evaluation split name -> file; names must be unique and differ from "train"."""
-    files: dict[str, DataFile] = {}
-    eval_split_names(specs, lambda field, spec: files.setdefault(spec, resolve_file(field, spec)).name)
-    return {files[spec].name: files[spec] for spec in specs}
+    files = [resolve_file(f"data.eval_files[{index}]", spec) for index, spec in enumerate(specs)]
+    check_split_names(specs, [file.name for file in files])
+    return {file.name: file for file in files}
 
 
 def file_source(task: Dataset, file: DataFile, labelled: bool) -> Source:

@@ -38,7 +38,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, eval_split_names, framework_modules, matmul_weights
+from tpuplex.tasks.base import Task, TaskData, check_split_names, framework_modules, matmul_weights
 from tpuplex.tasks.token_classification import data as tagged
 from tpuplex.tasks.token_classification.entities import check_scheme, scores
 from tpuplex.tasks.token_classification.heads import FAMILY_HEADS, TokenClassifierHead, token_classifier_head
@@ -189,11 +189,10 @@ class TokenClassification(Task):
         """train, each eval file (by its name: `devel.tsv` is the split "devel", `test.tsv` "test") and
         data.test_file ("test"), each existing. Only two files that would be one split are refused."""
         data = config.data
-        files = {"train": tagged.data_file("data.train_file", data.train_file)}
-        held_out = {}
-        eval_split_names(data.eval_files, lambda field, spec: held_out.setdefault(
-            spec, tagged.data_file(field, spec)).name)
-        files.update({held_out[spec].name: held_out[spec] for spec in data.eval_files})
+        train = tagged.data_file("data.train_file", data.train_file)
+        held_out = [tagged.data_file(f"data.eval_files[{index}]", spec) for index, spec in enumerate(data.eval_files)]
+        check_split_names(data.eval_files, [file.name for file in held_out])
+        files = {"train": train} | {file.name: file for file in held_out}
         if data.test_file:
             if "test" in files:
                 raise TpuplexError(f"data.eval_files holds a file {files['test'].spec!r} and data.test_file = "
