@@ -97,8 +97,8 @@ def convert(path: Path, folder: Path) -> None:
     if fields.get("general.architecture") != "llama":
         raise TpuplexError(f"{path} holds a {fields.get('general.architecture')!r} model: tpuplex reads GGUF files "
                            "of the Llama family (general.architecture = \"llama\")")
-    fields["vocabulary_size"] = len(reader.fields["tokenizer.ggml.tokens"].data)
-    config = _config(fields, {tensor.name for tensor in reader.tensors})
+    config = _config(fields, {tensor.name for tensor in reader.tensors},
+                     len(reader.fields["tokenizer.ggml.tokens"].data))
     weights = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, path)
@@ -112,14 +112,14 @@ def convert(path: Path, folder: Path) -> None:
     _write_tokenizer(reader, fields, folder)
 
 
-def _config(fields: dict[str, Any], tensors: set[str]) -> dict[str, Any]:
-    """The HF Llama config.json of a GGUF file's metadata."""
+def _config(fields: dict[str, Any], tensors: set[str], tokens: int) -> dict[str, Any]:
+    """The HF Llama config.json of a GGUF file's metadata (`tokens`: its vocabulary's length)."""
     def field(key: str) -> Any:
         return fields[f"llama.{key}"]
 
     config = {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
-        "vocab_size": int(fields.get("llama.vocab_size") or fields["vocabulary_size"]),
+        "vocab_size": int(fields.get("llama.vocab_size") or tokens),
         "hidden_size": int(field("embedding_length")), "intermediate_size": int(field("feed_forward_length")),
         "num_hidden_layers": int(field("block_count")), "num_attention_heads": int(field("attention.head_count")),
         "num_key_value_heads": int(fields.get("llama.attention.head_count_kv", field("attention.head_count"))),
