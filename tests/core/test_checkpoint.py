@@ -12,6 +12,7 @@ import pytest
 
 from tpuplex.engine import checkpoint
 from tpuplex.errors import TpuplexError
+from tpuplex.hosts import Hosts
 from tpuplex.protocol import PortableState
 
 
@@ -129,3 +130,16 @@ def test_an_incomplete_directory_is_named_on_load(tmp_path) -> None:
     (path / "optimizer.safetensors").unlink()
     with pytest.raises(TpuplexError, match=r"is damaged or incomplete \(no optimizer.safetensors\)"):
         checkpoint.load(path)
+
+
+def test_a_staging_name_already_taken_is_refused_and_left_as_it_was(tmp_path, monkeypatch) -> None:
+    """The staging directory's name carries a random number; were it taken, the save fails in one line and the
+    directory found there, not made by this save, keeps its files."""
+    monkeypatch.setattr(Hosts, "shared_token", lambda self, what: 0xABCD)
+    taken = tmp_path / ".step-00000001.writing-0000abcd"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    with pytest.raises(TpuplexError, match=r"^could not write checkpoint .*step-00000001 \(File exists\)"):
+        checkpoint.save(tmp_path, state(1), {"step": 1}, keep=2)
+    assert (taken / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [taken.name]

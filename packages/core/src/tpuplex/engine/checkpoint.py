@@ -70,10 +70,14 @@ def save(root: str | Path, state: PortableState, trainer_state: dict[str, Any], 
     final = root / step_dir_name(state.step)
     staging = root / f".{final.name}.writing-{hosts.shared_token('naming the checkpoint being written'):08x}"
 
+    created = False  # only a directory this save made is ever removed
+
     def create() -> None:
+        nonlocal created
         if hosts.writer:
             root.mkdir(parents=True, exist_ok=True)
             staging.mkdir()
+            created = True
 
     def publish() -> None:
         if not hosts.writer:
@@ -90,7 +94,7 @@ def save(root: str | Path, state: PortableState, trainer_state: dict[str, Any], 
                            ("publishing", publish)):
             _together(hosts, f"{what} checkpoint {final.name}", work, final)
     except BaseException:
-        if hosts.writer:
+        if created:
             shutil.rmtree(staging, ignore_errors=True)
         raise
     if hosts.writer:
