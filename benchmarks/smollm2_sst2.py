@@ -42,7 +42,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("runs/smollm2-sst2"))
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    if args.out.exists():
+        raise SystemExit(f"{args.out} already exists: give a new --out (nothing there is overwritten)")
+    args.out.mkdir(parents=True)
     write_conversations(GLUE / "train.tsv", args.out / "train.jsonl", args.train_rows)
     write_conversations(GLUE / "dev.tsv", args.out / "dev.jsonl", None)
     for name, epochs in (("zero-shot", 0), ("fine-tuned", args.epochs)):
