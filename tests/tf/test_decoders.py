@@ -5,6 +5,7 @@ from decoder_checks import (  # noqa: F401  (collected here)
     smollm2,
     test_generation_matches_transformers,
     test_logits_match_transformers,
+    test_lora_training_follows_torch,
     test_smollm2_from_its_gguf_matches_transformers_gguf_load,
     test_training_follows_torch,
 )

@@ -44,6 +44,10 @@ class ModelConfig:
     batch_norm: str = "cross_replica"
     """Batch-norm statistics (ResNets): "cross_replica" over the global batch, so R replicas or processes train
     as one; "per_replica" over each replica's rows (what DDP, pmap and MirroredStrategy do by default)."""
+    lora: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """`[model.lora]`: train LoRA adapters on a frozen decoder (`tpuplex.models.lora`): rank, alpha, dropout,
+    targets; any field given turns LoRA on (e.g. `rank = 8`), PEFT's defaults fill the rest. Empty: every
+    parameter trains."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,7 +348,8 @@ def _coerce(section: str, name: str, hint: Any, value: Any) -> Any:
         return tuple(value)
     if origin is dict:
         if not isinstance(value, dict):
-            raise TpuplexError(f"{field} = {value!r} is not allowed: use a table, e.g. {{data = -1, fsdp = 4}}")
+            example = "{rank = 8}" if field == "model.lora" else "{data = -1, fsdp = 4}"
+            raise TpuplexError(f"{field} = {value!r} is not allowed: use a table, e.g. {example}")
         return dict(value)
     if hint is bool:
         if not isinstance(value, bool):

@@ -97,6 +97,12 @@ class ModelSpec:
     example_batch: two rows shaped as the task's batches (`Task.example_batch`), to build a model's variables.
     batch_norm: "cross_replica" (statistics over the global batch: R replicas train as one) or "per_replica"
         (each replica's own rows, the frameworks' default), for families with batch norm.
+    frozen: names in `params` that keep their initial values: no gradient is computed for them and the optimizer
+        holds no moments of them (`PortableState.exp_avg` lists only the others). A LoRA run's base.
+    lora: the LoRA adapters the decoder builds (`tpuplex.models.lora.Lora`: where, rank, scale, dropout), their
+        initial values among `params`; None without.
+    base_sha256: with `frozen`, the fingerprint of the frozen parameters (`tpuplex.models.lora.fingerprint`), which
+        checkpoints record in place of them.
     """
 
     kind: Any
@@ -114,6 +120,9 @@ class ModelSpec:
     model_arguments: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     example_batch: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
     batch_norm: str = "cross_replica"
+    frozen: frozenset[str] = frozenset()
+    lora: Any = None
+    base_sha256: str = ""
 
     @property
     def num_labels(self) -> int:
@@ -143,7 +152,8 @@ class PortableState:
     """A training state every backend can read: the portable checkpoint's content.
 
     params: HF names -> float32 arrays (same names and layout as `ModelSpec.params`).
-    exp_avg, exp_avg_sq: Adam's first and second moments under the same names (zeros before the first step).
+    exp_avg, exp_avg_sq: Adam's first and second moments under the same names (zeros before the first step), of
+        the trained parameters only (not `ModelSpec.frozen`).
     step: optimizer updates applied so far (Adam's bias-correction count).
     buffers: the model's non-trainable state (batch-norm moving statistics and counts), which the optimizer never
         touches, under the model's own names.

@@ -50,6 +50,7 @@ class _Programs:
     max_length: int
     naming: Naming
     shapes: dict[str, tuple[int, ...]]
+    trained_shapes: dict[str, tuple[int, ...]]
     state_naming: Naming
     state_shapes: dict[str, tuple[int, ...]]
     grad_accum: int
@@ -81,10 +82,11 @@ class JaxBackend(BackendBase):
         kind = kinds_jax.load(model)
         batch_shards = self._topology.batch_shards
         built = kind.build(model, task, optimizer, batch_shards)
-        tx = step.make_optimizer(optimizer, built.params, built.naming)
+        trained, frozen = step.partition_params(built.params, built.naming, model.frozen)
+        tx = step.make_optimizer(optimizer, trained, built.naming)
         # The moments' zeros are made on the host: made on the default device they would be whole on one device.
         with jax.default_device(jax.local_devices(backend="cpu")[0]):
-            host_state = step.TrainState(built.params, tx.init(built.params), built.model_state)
+            host_state = step.TrainState(trained, tx.init(trained), built.model_state, frozen)
         shapes = built.naming.shapes(built.params)
         state_sharding = layout.state_sharding(self.mesh, tx, host_state, built.naming, shapes, self._topology.mesh)
         train = step.make_train_step(built.network, tx, optimizer.grad_accum, batch_shards, model.dropout,
@@ -94,6 +96,7 @@ class JaxBackend(BackendBase):
             train=jax.jit(train, out_shardings=(state_sharding, self._replicated), donate_argnums=(0,)),
             predict=jax.jit(predict, out_shardings=self._rows),
             max_length=built.max_length, naming=built.naming, shapes=shapes,
+            trained_shapes=built.naming.shapes(trained),
             state_naming=built.state_naming, state_shapes=built.state_naming.shapes(built.model_state),
             grad_accum=optimizer.grad_accum, inputs=model.inputs, kind=kind, network=built.network,
             model_inputs=task.model_inputs, state_sharding=state_sharding)
@@ -119,7 +122,7 @@ class JaxBackend(BackendBase):
         programs = self._require_init()
         rows = self._global_rows(batch, programs, 1, _keys(batch, programs.inputs))
         with self._compiles.watching():
-            outputs = programs.predict(state.params, state.model_state, rows)
+            outputs = programs.predict(state.network_params, state.model_state, rows)
         return layout.host_array(outputs)
 
     def state_to_arrays(self, state: step.TrainState) -> PortableState:
@@ -136,11 +139,11 @@ class JaxBackend(BackendBase):
 
     def generate(self, state: step.TrainState, prompts: Prompts) -> np.ndarray:
         programs = self._require_init()
-        return programs.kind.generate(programs.network, state.params, prompts)
+        return programs.kind.generate(programs.network, state.network_params, prompts)
 
     def state_bytes(self, state: step.TrainState) -> int:
         adam = step.adam_state(state.opt_state)
-        return layout.bytes_per_device((state.params, adam.mu, adam.nu))
+        return layout.bytes_per_device((state.params, state.frozen, adam.mu, adam.nu))
 
     def compile_count(self) -> int:
         return self._compiles.count
@@ -148,7 +151,8 @@ class JaxBackend(BackendBase):
     def forward_flops(self, state: step.TrainState, batch: Batch) -> float | None:
         programs = self._require_init()
         rows = {name: np.asarray(batch[name]) for name in (*programs.inputs, *head_inputs(batch, programs.inputs))}
-        return step.forward_flops(programs.network, programs.model_inputs, state.params, state.model_state, rows)
+        return step.forward_flops(programs.network, programs.model_inputs, state.network_params, state.model_state,
+                                  rows)
 
     def host_allgather(self, values: np.ndarray) -> np.ndarray:
         values = np.asarray(values, np.float64)

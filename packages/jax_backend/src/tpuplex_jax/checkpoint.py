@@ -25,7 +25,7 @@ from tpuplex_jax.step import TrainState, adam_state, with_adam_state
 def to_portable(state: TrainState, naming: Naming, state_naming: Naming) -> PortableState:
     """Numpy copies of the parameters, moments and non-trainable state under their portable names."""
     adam = adam_state(state.opt_state)
-    return PortableState(params=to_portable_arrays(_host(state.params), naming),
+    return PortableState(params=to_portable_arrays(_host(state.network_params), naming),
                          exp_avg=to_portable_arrays(_host(adam.mu), naming),
                          exp_avg_sq=to_portable_arrays(_host(adam.nu), naming), step=int(_host(adam.count)),
                          buffers=to_portable_arrays(_host(state.model_state), state_naming))
@@ -34,7 +34,7 @@ def to_portable(state: TrainState, naming: Naming, state_naming: Naming) -> Port
 def to_slices(state: TrainState, naming: Naming, state_naming: Naming) -> PortableState:
     """The slices of the parameters, moments and non-trainable state this process writes to a checkpoint."""
     adam = adam_state(state.opt_state)
-    return PortableState(params=to_portable_slices(state.params, naming),
+    return PortableState(params=to_portable_slices(state.network_params, naming),
                          exp_avg=to_portable_slices(adam.mu, naming), exp_avg_sq=to_portable_slices(adam.nu, naming),
                          step=int(host_array(adam.count)), buffers=to_portable_slices(state.model_state, state_naming))
 
@@ -45,9 +45,9 @@ def from_portable(arrays: PortableState, template: TrainState, programs: Any) ->
 
     Raises TpuplexError (via tpuplex.params.check_names) naming missing, unexpected or mis-shaped entries.
     """
-    for what, named in (("checkpoint parameters", arrays.params), ("checkpoint exp_avg", arrays.exp_avg),
-                        ("checkpoint exp_avg_sq", arrays.exp_avg_sq)):
-        check_names(programs.shapes, named, what)
+    check_names(programs.shapes, arrays.params, "checkpoint parameters")
+    for what, named in (("checkpoint exp_avg", arrays.exp_avg), ("checkpoint exp_avg_sq", arrays.exp_avg_sq)):
+        check_names(programs.trained_shapes, named, what)
     check_names(programs.state_shapes, arrays.buffers, "checkpoint non-trainable state")
     structure, naming = template.params, programs.naming
     adam = optax.ScaleByAdamState(count=np.asarray(arrays.step, dtype=np.int32),
@@ -55,7 +55,8 @@ def from_portable(arrays: PortableState, template: TrainState, programs: Any) ->
                                   nu=flax_views(arrays.exp_avg_sq, structure, naming))
     return TrainState(params=flax_views(arrays.params, structure, naming),
                       opt_state=_host(with_adam_state(template.opt_state, adam)),
-                      model_state=flax_views(arrays.buffers, template.model_state, programs.state_naming))
+                      model_state=flax_views(arrays.buffers, template.model_state, programs.state_naming),
+                      frozen=flax_views(arrays.params, template.frozen, naming))
 
 
 def _host(tree: Any) -> Any:

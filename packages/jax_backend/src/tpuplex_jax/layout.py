@@ -40,7 +40,8 @@ def state_sharding(mesh: jax.sharding.Mesh, optimizer: optax.GradientTransformat
     params = jax.tree_util.tree_map_with_path(of_parameter, state.params)
     opt_state = optax.tree_map_params(optimizer, lambda _, shard: shard, state.opt_state, params,
                                       transform_non_params=lambda _: replicated)
-    return TrainState(params, opt_state, jax.tree.map(lambda _: replicated, state.model_state))
+    return TrainState(params, opt_state, jax.tree.map(lambda _: replicated, state.model_state),
+                      jax.tree_util.tree_map_with_path(of_parameter, state.frozen))
 
 
 def place(state: Any, shardings: Any) -> Any:

@@ -26,6 +26,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import traverse_util
 
 import jax
 from tpuplex.layers.jax import Naming
@@ -37,12 +38,36 @@ BATCH_AXES = ("data", "fsdp")
 
 
 class TrainState(NamedTuple):
-    """Flax parameter tree (float32), the optax state (clip, then injected-hyperparameter AdamW) and the model's
-    other Flax collections (`{"batch_stats": ...}`; empty for most models), which the optimizer never touches."""
+    """Flax parameter tree of what trains (float32), the optax state (clip, then injected-hyperparameter AdamW),
+    the model's other Flax collections (`{"batch_stats": ...}`; empty for most models), which the optimizer never
+    touches, and the parameters that do not train (`ModelSpec.frozen`, a LoRA run's base; empty for most): no
+    gradient, no moments."""
 
     params: Any
     opt_state: Any
     model_state: Any
+    frozen: Any = {}
+
+    @property
+    def network_params(self) -> Any:
+        """Every parameter of the network, as one Flax tree."""
+        return merge_params(self.params, self.frozen)
+
+
+def partition_params(params: Any, naming: Naming, frozen: frozenset[str]) -> tuple[Any, Any]:
+    """A Flax parameter tree -> (the trees of the parameters that train, of those whose portable names are
+    `frozen`)."""
+    flat = traverse_util.flatten_dict(params)
+    held = {path: value for path, value in flat.items() if naming.of(path) in frozen}
+    trained = {path: value for path, value in flat.items() if path not in held}
+    return traverse_util.unflatten_dict(trained), traverse_util.unflatten_dict(held)
+
+
+def merge_params(trained: Any, frozen: Any) -> Any:
+    """The two trees of `partition_params` as one."""
+    if not frozen:
+        return trained
+    return traverse_util.unflatten_dict({**traverse_util.flatten_dict(frozen), **traverse_util.flatten_dict(trained)})
 
 
 def apply(model: nn.Module, model_inputs: Callable, params: Any, model_state: Any, rows: dict, train: bool,
@@ -130,7 +155,8 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, g
         step_key = jax.random.fold_in(jax.random.key(seed), adam_state(state.opt_state).count)
 
         def scaled_loss(params, model_state, micro, key):
-            outputs, model_state = apply(model, model_inputs, params, model_state, micro, True, dropout, key)
+            outputs, model_state = apply(model, model_inputs, merge_params(params, state.frozen), model_state, micro,
+                                         True, dropout, key)
             weighted_sum = jnp.sum(micro["weight"] * unit_losses(outputs, micro))
             return weighted_sum / denominator, (weighted_sum, model_state)
 
@@ -150,7 +176,8 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, g
             (grads, loss_sum, model_state), _ = jax.lax.scan(accumulate, *carry)
         opt_state = optax.tree_utils.tree_set(state.opt_state, learning_rate=learning_rate)
         updates, opt_state = optimizer.update(grads, opt_state, state.params)
-        return TrainState(optax.apply_updates(state.params, updates), opt_state, model_state), loss_sum / denominator
+        return (TrainState(optax.apply_updates(state.params, updates), opt_state, model_state, state.frozen),
+                loss_sum / denominator)
 
     return step
 

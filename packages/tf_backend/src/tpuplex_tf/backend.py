@@ -54,7 +54,8 @@ class TfBackend(BackendBase):
         with self.strategy.scope(), dtype_policy("mixed_bfloat16" if optimizer.bf16 else "float32"):
             self._kind = kinds_tf.load(model_spec)
             built = self._kind.build(model_spec, task, optimizer)
-            steps = Steps(self.strategy, built, optimizer, task, model_spec.inputs, self.jit_compile)
+            steps = Steps(self.strategy, built, optimizer, task, model_spec.inputs, self.jit_compile,
+                          model_spec.frozen)
         checkpoint.load_params(steps, built.params, "the initial parameters")
         checkpoint.load_buffers(steps, built.buffers, "the initial batch-norm statistics")
         self._steps.append(steps)

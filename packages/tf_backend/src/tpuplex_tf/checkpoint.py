@@ -18,17 +18,17 @@ from tpuplex_tf.step import Steps
 
 
 def to_portable(steps: Steps) -> PortableState:
-    """Parameters, Adam moments and the optimizer step as numpy arrays under HF names."""
-    return PortableState(params=_read(steps, steps.variables), exp_avg=_read(steps, steps.exp_avg),
-                         exp_avg_sq=_read(steps, steps.exp_avg_sq), step=int(steps.step.numpy()),
+    """Parameters, Adam moments (of those that train) and the optimizer step as numpy arrays under HF names."""
+    return PortableState(params=_read(_parameters(steps)), exp_avg=_read(_trained(steps, steps.exp_avg)),
+                         exp_avg_sq=_read(_trained(steps, steps.exp_avg_sq)), step=int(steps.step.numpy()),
                          buffers={name: _portable_state(v.numpy())
                                   for name, v in zip(steps.state_names, steps.state_variables, strict=True)})
 
 
 def load_params(steps: Steps, params: Mapping[str, np.ndarray], what: str) -> None:
     """Assign HF-named parameters (torch layout) to the model's variables, after checking names and shapes."""
-    check_names(_hf_shapes(steps), params, what)
-    _write(steps, steps.variables, params)
+    check_names(_hf_shapes(_parameters(steps)), params, what)
+    _write(_parameters(steps), params)
 
 
 def load_buffers(steps: Steps, buffers: Mapping[str, np.ndarray], what: str) -> None:
@@ -41,30 +41,42 @@ def load_buffers(steps: Steps, buffers: Mapping[str, np.ndarray], what: str) -> 
 
 def from_portable(steps: Steps, state: PortableState) -> None:
     """Make `steps` hold exactly `state`: parameters, both moments and the step count."""
-    expected = _hf_shapes(steps)
-    check_names(expected, state.params, "the checkpoint's parameters")
-    check_names(expected, state.exp_avg, "the checkpoint's exp_avg (Adam first moment)")
-    check_names(expected, state.exp_avg_sq, "the checkpoint's exp_avg_sq (Adam second moment)")
-    _write(steps, steps.variables, state.params)
-    _write(steps, steps.exp_avg, state.exp_avg)
-    _write(steps, steps.exp_avg_sq, state.exp_avg_sq)
+    trained = _hf_shapes(_trained(steps, steps.variables))
+    check_names(_hf_shapes(_parameters(steps)), state.params, "the checkpoint's parameters")
+    check_names(trained, state.exp_avg, "the checkpoint's exp_avg (Adam first moment)")
+    check_names(trained, state.exp_avg_sq, "the checkpoint's exp_avg_sq (Adam second moment)")
+    _write(_parameters(steps), state.params)
+    _write(_trained(steps, steps.exp_avg), state.exp_avg)
+    _write(_trained(steps, steps.exp_avg_sq), state.exp_avg_sq)
     load_buffers(steps, state.buffers, "the checkpoint's non-trainable state")
     steps.step.assign(state.step)
 
 
-def _hf_shapes(steps: Steps) -> dict[str, tuple[int, ...]]:
-    """HF name -> torch-layout shape of every model parameter."""
-    return {name: torch_shape(tuple(v.shape)) if transposed else tuple(v.shape)
-            for name, transposed, v in zip(steps.names, steps.transposed, steps.variables, strict=True)}
+Named = Sequence[tuple[str, bool, tf.Variable]]
+"""(HF name, whether the variable is the transpose of the HF tensor, variable) of each array."""
 
 
-def _read(steps: Steps, variables: Sequence[tf.Variable]) -> dict[str, np.ndarray]:
-    return {name: to_torch_layout(v.numpy()) if transposed else v.numpy()
-            for name, transposed, v in zip(steps.names, steps.transposed, variables, strict=True)}
+def _trained(steps: Steps, variables: Sequence[tf.Variable]) -> Named:
+    """`variables` (the parameters that train, or one of their moments) named."""
+    return list(zip(steps.names, steps.transposed, variables, strict=True))
 
 
-def _write(steps: Steps, variables: Sequence[tf.Variable], arrays: Mapping[str, np.ndarray]) -> None:
-    for name, transposed, variable in zip(steps.names, steps.transposed, variables, strict=True):
+def _parameters(steps: Steps) -> Named:
+    """Every parameter, those that train and the frozen ones."""
+    return [*_trained(steps, steps.variables), *steps.frozen]
+
+
+def _hf_shapes(named: Named) -> dict[str, tuple[int, ...]]:
+    """HF name -> torch-layout shape."""
+    return {name: torch_shape(tuple(v.shape)) if transposed else tuple(v.shape) for name, transposed, v in named}
+
+
+def _read(named: Named) -> dict[str, np.ndarray]:
+    return {name: to_torch_layout(v.numpy()) if transposed else v.numpy() for name, transposed, v in named}
+
+
+def _write(named: Named, arrays: Mapping[str, np.ndarray]) -> None:
+    for name, transposed, variable in named:
         array = np.asarray(arrays[name], np.float32)
         variable.assign(from_torch_layout(array) if transposed else array)
 

@@ -53,17 +53,19 @@ class Steps:
     """The compiled programs and the AdamW state of one model.
 
     Attributes:
-        names: HF parameter names, in the order of `variables`, `exp_avg` and `exp_avg_sq`.
+        names: HF names of the parameters that train, in the order of `variables`, `exp_avg` and `exp_avg_sq`.
         transposed: per name, whether the variable is the transpose of the HF tensor (Dense kernels).
-        variables: the model's tf.Variables (Keras layout: Dense kernels are [in, out]).
+        variables: their tf.Variables (Keras layout: Dense kernels are [in, out]).
         exp_avg, exp_avg_sq: Adam moments, one per variable, same shapes.
+        frozen: (HF name, transposed, variable) of each parameter that does not train (`ModelSpec.frozen`, a LoRA
+            run's base): no gradient, no moments.
         step: int64 scalar, optimizer updates applied so far.
         state_names, state_variables: the model's non-trainable state (user models' batch-norm statistics).
         traces: Python traces of the top-level tf.functions (training and prediction programs).
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, built: Built, optimizer: OptimizerSpec, task: TaskModule,
-                 inputs: tuple[str, ...], jit_compile: bool):
+                 inputs: tuple[str, ...], jit_compile: bool, frozen: frozenset[str] = frozenset()):
         self.strategy = strategy
         self.model = model = built.network
         self.keras_layer = built.keras_layer
@@ -74,9 +76,11 @@ class Steps:
         self.state_names, self._state_keras = list(state), list(state.values())
         self.state_variables = [v.value for v in self._state_keras]
         hf_variables = model.hf_variables()
-        self.names = list(hf_variables)
+        self.names = [name for name in hf_variables if name not in frozen]
         self.variables = [hf_variables[name][0].value for name in self.names]
         self.transposed = [hf_variables[name][1] for name in self.names]
+        self.frozen = [(name, transposed, variable.value) for name, (variable, transposed) in hf_variables.items()
+                       if name in frozen]
         self._decays = [decays(name) for name in self.names]
         with strategy.scope():
             self.exp_avg = [tf.Variable(tf.zeros(v.shape), trainable=False) for v in self.variables]

@@ -37,11 +37,13 @@ class TorchBackend(BackendBase):
         task = tasks_torch.load(model_spec.task)
         self._kind = kinds_torch.load(model_spec)
         built = self._kind.build(model_spec, task, optimizer)
+        for name, parameter in built.module.named_parameters():
+            parameter.requires_grad_(name not in model_spec.frozen)
         module = self.placement.shard(
             self._batch_norm_across_processes(built.module, model_spec).to(self.placement.device))
         state = TorchState(module, step.make_optimizer(module, optimizer), optimizer, built.forward,
                            self.placement.compiled(built.forward), task, tuple(built.buffers))
-        return self.state_from_arrays(state, checkpoint.initial(built.params, built.buffers))
+        return self.state_from_arrays(state, checkpoint.initial(built.params, built.buffers, model_spec.frozen))
 
     def _batch_norm_across_processes(self, module: torch.nn.Module, model_spec: ModelSpec) -> torch.nn.Module:
         """Cross-replica batch norm over several processes is torch's SyncBatchNorm (GPUs only); one process, or

@@ -27,9 +27,11 @@ from tpuplex_torch.devices import Placement
 from tpuplex_torch.step import TorchState
 
 
-def initial(params: Mapping[str, np.ndarray], buffers: Mapping[str, np.ndarray]) -> PortableState:
-    """The state before training: `params` and `buffers`, zero moments (made a shard at a time), step 0."""
-    zeros = {name: Zeros(tuple(np.shape(array))) for name, array in params.items()}
+def initial(params: Mapping[str, np.ndarray], buffers: Mapping[str, np.ndarray],
+            frozen: frozenset[str] = frozenset()) -> PortableState:
+    """The state before training: `params` and `buffers`, zero moments of those not `frozen` (made a shard at a
+    time), step 0."""
+    zeros = {name: Zeros(tuple(np.shape(array))) for name, array in params.items() if name not in frozen}
     return PortableState(params=dict(params), exp_avg=zeros, exp_avg_sq=dict(zeros), step=0, buffers=dict(buffers))
 
 
@@ -66,8 +68,10 @@ def _read_state(state: TorchState, read: Callable[[torch.Tensor], Any], zeros: C
     sgd = isinstance(state.optimizer, torch.optim.SGD)
     _reshard(state.model)
     for name, parameter in state.model.named_parameters():
-        moments = state.optimizer.state[parameter]
         params[name] = read(parameter)
+        if not parameter.requires_grad:
+            continue
+        moments = state.optimizer.state[parameter]
         exp_avg[name] = read(moments["momentum_buffer" if sgd else "exp_avg"])
         exp_avg_sq[name] = zeros(params[name]) if sgd else read(moments["exp_avg_sq"])
     buffers = {name: read(buffer) for name, buffer in _buffers(state).items()}
@@ -131,9 +135,10 @@ def restore(state: TorchState, portable: PortableState, placement: Placement) ->
     _reshard(state.model)
     named = dict(state.model.named_parameters())
     expected = {name: tuple(parameter.shape) for name, parameter in named.items()}
+    trained = {name: shape for name, shape in expected.items() if named[name].requires_grad}
     check_names(expected, portable.params, "the checkpoint's parameters")
-    check_names(expected, portable.exp_avg, "the checkpoint's exp_avg moments")
-    check_names(expected, portable.exp_avg_sq, "the checkpoint's exp_avg_sq moments")
+    check_names(trained, portable.exp_avg, "the checkpoint's exp_avg moments")
+    check_names(trained, portable.exp_avg_sq, "the checkpoint's exp_avg_sq moments")
     sgd = isinstance(state.optimizer, torch.optim.SGD)
     # AdamW keeps its step count on the CPU, the fused kernel on the parameters' device.
     step_device = placement.device if state.optimizer.defaults.get("fused") else "cpu"
@@ -142,6 +147,8 @@ def restore(state: TorchState, portable: PortableState, placement: Placement) ->
             parameter.data.copy_(_upload_like(placement, portable.params[name], parameter.data))
         else:
             parameter.data = _like(placement.upload(portable.params[name]), parameter.data)
+        if name not in trained:
+            continue
         if sgd:  # a zero buffer makes the first update's buffer the gradient itself, as torch's first step does
             state.optimizer.state[parameter] = {
                 "momentum_buffer": _upload_like(placement, portable.exp_avg[name], parameter.data)}

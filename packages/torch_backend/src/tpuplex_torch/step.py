@@ -43,8 +43,8 @@ class TorchState:
 
 
 def make_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.Optimizer:
-    """AdamW (or SGD with momentum, `spec.optimizer`) with decay on the parameters `decays(name)` selects and none
-    on the rest.
+    """AdamW (or SGD with momentum, `spec.optimizer`) over the parameters that train (`requires_grad`; a LoRA
+    run's base does not), with decay on those `decays(name)` selects and none on the rest.
 
     Its state (exp_avg, exp_avg_sq, step; SGD's momentum_buffer) is what checkpoints hold; on XLA `adamw_on_xla`
     applies the update.
@@ -52,7 +52,7 @@ def make_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.O
     wait for dozens of launches. On the CPU `foreach`, which updates the same bits as the per-parameter loop in
     fewer, larger kernels (`fused` rounds differently there).
     """
-    named = list(model.named_parameters())
+    named = [(name, parameter) for name, parameter in model.named_parameters() if parameter.requires_grad]
     groups = [{"params": [p for name, p in named if decays(name)], "weight_decay": spec.weight_decay},
               {"params": [p for name, p in named if not decays(name)], "weight_decay": 0.0}]
     kernels = {"fused": True} if fused_update(model) else {"foreach": True}

@@ -6,7 +6,7 @@
     tpuplex launch --processes N [--cpu-devices K] -- train CONFIG --backend NAME ...
     tpuplex eval RUN_OR_CHECKPOINT --backend NAME [--split SPLIT] [--data-dir DIR] [--out FILE]
     tpuplex predict RUN_OR_CHECKPOINT --backend NAME [--split test] [--data-dir DIR] [--out DIR]
-    tpuplex export RUN_OR_CHECKPOINT --format hf|saved_model [--out DIR]
+    tpuplex export RUN_OR_CHECKPOINT --format hf|peft|saved_model|torch_export [--merge] [--out DIR]
     tpuplex generate RUN_OR_CHECKPOINT --backend NAME --prompt TEXT [--tokens N] [--temperature T] [--top-k K]
     tpuplex sweep CONFIG --backend NAME --seeds 1,2,3 [--set ...] [--data-dir DIR]
     tpuplex report RUN... [--out DIR]
@@ -159,7 +159,10 @@ def _parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser("export", help="an HF folder or a TF SavedModel of a checkpoint")
     export.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT", help="a run folder or a checkpoints/step-* folder")
-    export.add_argument("--format", required=True, help="hf or saved_model")
+    export.add_argument("--format", required=True, help="hf, peft (a LoRA run's adapters), saved_model or "
+                        "torch_export")
+    export.add_argument("--merge", action="store_true", help="with --format hf, a LoRA run's adapters folded into "
+                        "its base")
     export.add_argument("--out", type=Path, help="folder to create (default: <run>/export/<step>-<format>)")
     export.set_defaults(command=_export)
 
@@ -282,7 +285,7 @@ def _predict(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from tpuplex.commands import export
 
-    print(f"exported: {export.export(args.checkpoint, args.format, args.out)}")
+    print(f"exported: {export.export(args.checkpoint, args.format, args.out, merge=args.merge)}")
     return 0
 
 

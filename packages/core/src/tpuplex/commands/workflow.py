@@ -32,6 +32,7 @@ def restore(found: run_folder.Found, backend_name: str) -> tuple[Experiment, Any
                            f"{found.run_dir / run_folder.RUN_FILE} has {found.config_hash}: give a checkpoint of this "
                            "run")
     experiment = prepare(found.config, backend_name)
+    arrays = experiment.trainer.with_frozen(arrays, info, found.checkpoint)
     return experiment, experiment.backend.state_from_arrays(experiment.state, arrays)
 
 

@@ -281,7 +281,28 @@ class Trainer:
                 f"{path} was trained on other training data (tokens and labels differ): restore that data to "
                 "resume, or set a new runtime.output_dir")
         at = _Position(int(info["step"]), int(info["epoch"]), int(info["position"]))
-        return ResumePoint(path, arrays, at, tuple(damaged))
+        return ResumePoint(path, self.with_frozen(arrays, info, path), at, tuple(damaged))
+
+    def without_frozen(self, state: PortableState) -> PortableState:
+        """What a checkpoint holds of `state`: the trained parameters; a LoRA run's frozen base is recorded by its
+        fingerprint alone (`with_frozen` puts it back)."""
+        frozen = self.model.frozen if self.model is not None else frozenset()
+        return dataclasses.replace(state, params={name: value for name, value in state.params.items()
+                                                  if name not in frozen})
+
+    def with_frozen(self, arrays: PortableState, info: dict[str, Any], path: Path) -> PortableState:
+        """A checkpoint's state as the backend restores it: with the model's frozen base, checked to be the base
+        the checkpoint's adapters were trained on."""
+        if self.model is None or not self.model.frozen:
+            return arrays
+        recorded = str(info.get("base_sha256", "none"))
+        if recorded != self.model.base_sha256:
+            raise TpuplexError(
+                f"{path} holds LoRA adapters trained on another base model (sha256 {recorded[:16]}; "
+                f"model.checkpoint = {self.config.model.checkpoint!r} is {self.model.base_sha256[:16]}): point "
+                "model.checkpoint at the base the adapters were trained on")
+        base = {name: self.model.params[name] for name in self.model.frozen}
+        return dataclasses.replace(arrays, params={**base, **arrays.params})
 
     def evaluate_split(self, state: Any, split: str, what: str = "evaluation") -> tuple[dict[str, float], Throughput]:
         """The metrics (and "loss") of eval split `split` for `state`, and the work it took."""
@@ -570,7 +591,7 @@ class _Run:
         """Checkpoint the current state, refusing a state whose parameters are no longer finite. Every process writes
         the slices it holds (`checkpoint.save`, collective); none goes on before the checkpoint is in place."""
         trainer, at, hosts = self.trainer, self.at, self.trainer.hosts
-        slices = self.backend.state_to_slices(self.state)
+        slices = trainer.without_frozen(self.backend.state_to_slices(self.state))
         broken = sorted(name for name, held in slices.params.items()
                         if not all(np.all(np.isfinite(piece.data)) for piece in as_slices(held)))
         if hosts.any(bool(broken), f"the finiteness check of step {at.step}"):
@@ -582,6 +603,8 @@ class _Run:
                          "seed": trainer.config.train.seed, "config_hash": trainer.config.hash(),
                          "train_data": trainer.train_data_fingerprint,
                          "metrics": self.metrics}
+        if trainer.model is not None and trainer.model.frozen:
+            trainer_state["base_sha256"] = trainer.model.base_sha256
         checkpoint.save(trainer.checkpoint_root, slices, trainer_state, trainer.config.runtime.keep_checkpoints, hosts)
         path = trainer.checkpoint_root / checkpoint.step_dir_name(at.step)
         self.reporter.record("checkpoint", at.step, path=str(path))

@@ -18,6 +18,7 @@ backends call `build` of the kind a spec names and never ask which kind it is.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,6 +27,7 @@ import numpy as np
 
 from tpuplex import models, params
 from tpuplex.errors import TpuplexError
+from tpuplex.models.lora import Lora, fingerprint
 from tpuplex.plugins import construct
 from tpuplex.protocol import ModelSpec
 
@@ -75,16 +77,32 @@ class ModelKind:
         count), a function of the batch's shapes alone; None where they are not counted (a model of your own)."""
         return None
 
+    def lora(self, config: Any) -> Lora | None:
+        """The LoRA adapters `[model.lora]` asks for (`tpuplex.models.lora`); kinds other than decoders refuse."""
+        if config.model.lora:
+            raise TpuplexError(f"model.lora adapts decoder models, not a {self.name} model: remove [model.lora], or "
+                               "give model.checkpoint a GPT-2 or Llama model (the causal_lm task)")
+        return None
+
     def spec(self, config: Any, task: Any, data: Any) -> ModelSpec:
-        """The model to build for `task` on `data`: the head, the initial state, and what the backends need."""
+        """The model to build for `task` on `data`: the head, the initial state, and what the backends need. With
+        LoRA, the initial state is the base, frozen, and the adapters drawn beside it."""
         head = task.head(self.family, self.arch, self.hf_config, data)
+        lora = self.lora(config)
         initial, buffers = self.initial_state(head, config.train.seed)
-        return ModelSpec(kind=self, task=task, inputs=task.inputs, head=head, hf_config=self.hf_config,
+        spec = ModelSpec(kind=self, task=task, inputs=task.inputs, head=head, hf_config=self.hf_config,
                          family=self.family, arch=self.arch, params=initial, buffers=buffers,
                          dropout=config.model.dropout, checkpoint_dir=self.checkpoint_dir,
                          architecture=config.model.architecture, batch_norm=config.model.batch_norm,
                          model_arguments=self.model_arguments(config, task, data, head),
                          example_batch=task.example_batch(data))
+        return spec if lora is None else with_adapters(spec, lora, config.train.seed)
+
+
+def with_adapters(spec: ModelSpec, lora: Lora, seed: int) -> ModelSpec:
+    """`spec` with LoRA adapters drawn from `seed` beside its parameters, which become the frozen base."""
+    return dataclasses.replace(spec, params={**spec.params, **lora.initial(spec.arch, seed)},
+                               frozen=frozenset(spec.params), lora=lora, base_sha256=fingerprint(spec.params))
 
 
 def family_kinds() -> tuple[type[ModelKind], ...]:
@@ -135,4 +153,4 @@ def framework_module(spec: ModelSpec, framework: str, contract: type) -> Any:
     return construct(spec.kind.frameworks[framework], f"the {spec.kind.name} model's {framework} module", contract)
 
 
-__all__ = ["ModelKind", "family_kinds", "framework_module", "mismatch", "resolve"]
+__all__ = ["ModelKind", "family_kinds", "framework_module", "mismatch", "resolve", "with_adapters"]

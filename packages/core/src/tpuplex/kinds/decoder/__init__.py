@@ -22,6 +22,7 @@ from tpuplex import models
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds import ModelKind
 from tpuplex.models.decoder import initial_params
+from tpuplex.models.lora import Lora
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
 from tpuplex.params import check_names
 
@@ -45,6 +46,9 @@ class Decoders(ModelKind):
                 raise TpuplexError(f"the tokenizer gives token id {encoded.max_token_id} on {split}, but the model "
                                    f"has {self.arch.vocab_size} word embeddings: set vocab_size in "
                                    f"{self.checkpoint_dir / 'config.json'} to at least {encoded.max_token_id + 1}")
+
+    def lora(self, config: Any) -> Lora | None:
+        return Lora.read(config.model.lora, self.family, self.arch) if config.model.lora else None
 
     def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         return initial_decoder_params(self.checkpoint_dir, self.family, self.arch, seed), {}
@@ -84,3 +88,14 @@ def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: i
         loaded[head] = drawn()[head]
     check_names(shapes, loaded, f"the weights in {checkpoint_dir}")
     return loaded
+
+
+def parameter_names(spec: Any) -> dict[str, str]:
+    """Canonical -> HF name of every parameter the decoder of `spec` (a `ModelSpec`) builds: the family's, and
+    its LoRA adapters' (`tpuplex.models.lora`)."""
+    return {**spec.family.hf_names(spec.arch), **(spec.lora.hf_names() if spec.lora else {})}
+
+
+def parameter_shapes(spec: Any) -> dict[str, tuple[int, ...]]:
+    """HF name -> portable shape of every parameter the decoder of `spec` builds."""
+    return {**spec.family.hf_shapes(spec.arch), **(spec.lora.shapes(spec.arch) if spec.lora else {})}

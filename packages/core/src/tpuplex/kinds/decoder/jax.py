@@ -17,9 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax
+from tpuplex.kinds.decoder import parameter_names, parameter_shapes
 from tpuplex.kinds.jax import Built, KindModule
 from tpuplex.layers.jax import ACTIVATIONS, Naming, to_flax
 from tpuplex.models.decoder import DecoderArch
+from tpuplex.models.lora import Lora
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 
@@ -43,11 +45,25 @@ def norm(arch: DecoderArch, dtype: Any, name: str) -> nn.Module:
     return nn.LayerNorm(epsilon=arch.norm_eps, use_bias=arch.norm_bias, dtype=dtype, name=name)
 
 
+class LoraMatrix(nn.Module):
+    """A LoRA matrix, its weight [out, in] in torch's layout in every family (x [..., in] -> [..., out])."""
+
+    features: int
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        weight = self.param("weight", nn.initializers.zeros, (self.features, x.shape[-1]))
+        x, weight = nn.dtypes.promote_dtype(x, weight, dtype=self.dtype)
+        return x @ weight.T
+
+
 class Block(nn.Module):
     """A pre-norm decoder block: [B, T, H] -> ([B, T, H], this layer's updated cache entry or None)."""
 
     arch: DecoderArch
     dtype: Any
+    lora: Lora | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array, cache: tuple | None,
@@ -56,14 +72,23 @@ class Block(nn.Module):
         a = self.arch
         rows, length = x.shape[:2]
         heads, kv, size = a.num_heads, a.num_kv_heads, a.head_dim
-        dense = lambda features, bias, name: nn.Dense(features, use_bias=bias, dtype=self.dtype,  # noqa: E731
-                                                      name=name)
+        lora = self.lora
+
+        def dense(features: int, bias: bool, name: str, h: jax.Array) -> jax.Array:
+            """The projection `name`, with its LoRA adapter when it has one: + scale * B A dropout(h)."""
+            y = nn.Dense(features, use_bias=bias, dtype=self.dtype, name=name)(h)
+            if lora is None or not lora.adapts(f"{self.name}.{name}"):
+                return y
+            low = LoraMatrix(lora.rank, self.dtype, name=f"{name}.lora_A")(
+                nn.Dropout(lora.dropout)(h, deterministic=deterministic))
+            return y + LoraMatrix(features, self.dtype, name=f"{name}.lora_B")(low) * lora.scale
+
         h = norm(a, self.dtype, "attention_norm")(x)
         if a.fused_qkv:
-            query, key, value = jnp.split(dense((heads + 2 * kv) * size, a.attention_bias, "qkv")(h),
+            query, key, value = jnp.split(dense((heads + 2 * kv) * size, a.attention_bias, "qkv", h),
                                           [heads * size, (heads + kv) * size], axis=-1)
         else:
-            query, key, value = (dense(count * size, a.attention_bias, name)(h)
+            query, key, value = (dense(count * size, a.attention_bias, name, h)
                                  for count, name in ((heads, "query"), (kv, "key"), (kv, "value")))
         query = query.reshape(rows, length, heads, size)
         key, value = key.reshape(rows, length, kv, size), value.reshape(rows, length, kv, size)
@@ -80,15 +105,15 @@ class Block(nn.Module):
         scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
         probs = nn.Dropout(a.attention_dropout)(jax.nn.softmax(scores, axis=-1), deterministic=deterministic)
         context = jnp.einsum("bkgts,bskd->btkgd", probs.astype(self.dtype), value).reshape(rows, length, -1)
-        attended = dense(a.hidden_size, a.attention_bias, "attention_output")(context)
+        attended = dense(a.hidden_size, a.attention_bias, "attention_output", context)
         x = x + nn.Dropout(a.residual_dropout)(attended, deterministic=deterministic)
         h = norm(a, self.dtype, "mlp_norm")(x)
-        up = dense(a.intermediate_size, a.mlp_bias, "up")(h)
+        up = dense(a.intermediate_size, a.mlp_bias, "up", h)
         if a.gated_mlp:
-            inner = ACTIVATIONS[a.activation](dense(a.intermediate_size, a.mlp_bias, "gate")(h)) * up
+            inner = ACTIVATIONS[a.activation](dense(a.intermediate_size, a.mlp_bias, "gate", h)) * up
         else:
             inner = ACTIVATIONS[a.activation](up)
-        out = dense(a.hidden_size, a.mlp_bias, "down")(inner)
+        out = dense(a.hidden_size, a.mlp_bias, "down", inner)
         return x + nn.Dropout(a.residual_dropout)(out, deterministic=deterministic), cache
 
 
@@ -102,6 +127,7 @@ class DecoderModel(nn.Module):
 
     arch: DecoderArch
     dtype: Any = jnp.float32
+    lora: Lora | None = None
 
     @nn.compact
     def __call__(self, input_ids: jax.Array, deterministic: bool = True, positions: jax.Array | None = None,
@@ -122,7 +148,7 @@ class DecoderModel(nn.Module):
             mask = mask & key_mask[:, None, :].astype(bool)
         updated = []
         for index in range(a.num_layers):
-            x, entry = Block(a, self.dtype, name=f"block.{index}")(
+            x, entry = Block(a, self.dtype, self.lora, name=f"block.{index}")(
                 x, positions, mask, None if cache is None else cache[index], cache_index, deterministic)
             updated.append(entry)
         x = norm(a, self.dtype, "final_norm")(x)
@@ -192,9 +218,10 @@ class Decoder(KindModule):
     def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec, batch_shards: int) -> Built:
         dtype = jnp.bfloat16 if optimizer.bf16 else jnp.float32
         arch = spec.arch if spec.dropout else spec.arch.without_dropout()
-        naming = Naming(spec.family.hf_names(arch), torch_layout=arch.kernel_layout == "out_in")
-        check_names(spec.family.hf_shapes(arch), spec.params, "model.params")
-        network = DecoderModel(arch, dtype)
+        lora = spec.lora if spec.dropout or spec.lora is None else spec.lora.without_dropout()
+        naming = Naming(parameter_names(spec), torch_layout=arch.kernel_layout == "out_in")
+        check_names(parameter_shapes(spec), spec.params, "model.params")
+        network = DecoderModel(arch, dtype, lora)
         return Built(network, to_flax(spec.params, param_template(network), naming), {}, naming, Naming.native({}),
                      arch.max_length)
 

@@ -17,6 +17,7 @@ import tensorflow as tf
 from tpuplex.kinds.tf import Built, KindModule
 from tpuplex.layers.tf import ACTIVATIONS, Variables, dropout, norm_variables
 from tpuplex.models.decoder import DecoderArch
+from tpuplex.models.lora import PROJECTIONS, Lora
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 
 
@@ -48,9 +49,9 @@ class _Block(keras.layers.Layer):
 
     DROPOUT_SITES = 3
 
-    def __init__(self, arch: DecoderArch, **kwargs):
+    def __init__(self, arch: DecoderArch, index: int, lora: Lora | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.arch = arch
+        self.arch, self.index, self.lora = arch, index, lora
         a = arch
         dense = lambda units, bias, name: keras.layers.Dense(units, use_bias=bias, name=name)  # noqa: E731
         heads, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
@@ -64,6 +65,27 @@ class _Block(keras.layers.Layer):
         self.mlp = {name: dense(units, a.mlp_bias, name) for name, units in
                     (("gate", a.intermediate_size), ("up", a.intermediate_size), ("down", a.hidden_size))
                     if name != "gate" or a.gated_mlp}
+        self.adapters: dict[str, tuple[keras.Variable, keras.Variable]] = {}
+        """Projection -> its LoRA matrices (A [rank, in], B [out, rank], torch's layout in every family)."""
+        if lora is not None:
+            shapes = lora.canonical_shapes(arch)
+            for name in (*self.projections, "attention_output", *self.mlp):
+                module = f"block.{index}.{name}"
+                if lora.adapts(module):
+                    self.adapters[name] = tuple(
+                        self.add_weight(shape=shapes[f"{module}.{matrix}.weight"], initializer="zeros",
+                                        name=f"{name}_{matrix}") for matrix in ("lora_A", "lora_B"))
+
+    def project(self, layer: keras.layers.Dense, h: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
+        """The projection `layer`, with its LoRA adapter when it has one: + scale * B A dropout(h). The adapters'
+        dropout draws at sites of their own (negative), so the base's masks do not move."""
+        y = layer(h)
+        if layer.name not in self.adapters:
+            return y
+        site = -(1 + self.index * len(PROJECTIONS) + PROJECTIONS.index(layer.name))
+        a, b = self.adapters[layer.name]
+        low = tf.matmul(dropout(h, self.lora.dropout, seed, site), tf.cast(a, h.dtype), transpose_b=True)
+        return y + tf.matmul(low, tf.cast(b, h.dtype), transpose_b=True) * self.lora.scale
 
     def call(self, x: tf.Tensor, positions: tf.Tensor, mask: tf.Tensor, cache: tuple | None, cache_index,
              seed: tf.Tensor | None, site: int) -> tuple[tf.Tensor, tuple | None]:
@@ -74,9 +96,10 @@ class _Block(keras.layers.Layer):
         heads, kv, size = a.num_heads, a.num_kv_heads, a.head_dim
         h = self.attention_norm(x)
         if a.fused_qkv:
-            query, key, value = tf.split(self.projections["qkv"](h), [heads * size, kv * size, kv * size], axis=-1)
+            query, key, value = tf.split(self.project(self.projections["qkv"], h, seed),
+                                         [heads * size, kv * size, kv * size], axis=-1)
         else:
-            query, key, value = (self.projections[name](h) for name in ("query", "key", "value"))
+            query, key, value = (self.project(self.projections[name], h, seed) for name in ("query", "key", "value"))
         query = tf.reshape(query, [rows, length, heads, size])
         key, value = tf.reshape(key, [rows, length, kv, size]), tf.reshape(value, [rows, length, kv, size])
         if a.rope_theta:
@@ -94,12 +117,12 @@ class _Block(keras.layers.Layer):
         scores = tf.where(mask[:, None, None], scores, scores.dtype.min)
         probs = dropout(tf.nn.softmax(scores, axis=-1), a.attention_dropout, seed, site)
         context = tf.reshape(tf.einsum("bkgts,bskd->btkgd", probs, value), [rows, length, heads * size])
-        x = x + dropout(self.attention_output(context), a.residual_dropout, seed, site + 1)
+        x = x + dropout(self.project(self.attention_output, context, seed), a.residual_dropout, seed, site + 1)
         h = self.mlp_norm(x)
-        inner = self.mlp["up"](h)
+        inner = self.project(self.mlp["up"], h, seed)
         activation = ACTIVATIONS[a.activation]
-        inner = activation(self.mlp["gate"](h)) * inner if a.gated_mlp else activation(inner)
-        return x + dropout(self.mlp["down"](inner), a.residual_dropout, seed, site + 2), cache
+        inner = activation(self.project(self.mlp["gate"], h, seed)) * inner if a.gated_mlp else activation(inner)
+        return x + dropout(self.project(self.mlp["down"], inner, seed), a.residual_dropout, seed, site + 2), cache
 
     def canonical_variables(self, index: int) -> Variables:
         transposed = self.arch.kernel_layout == "out_in"
@@ -110,6 +133,9 @@ class _Block(keras.layers.Layer):
             found[f"block.{index}.{name}.weight"] = (layer.kernel, transposed)
             if layer.use_bias:
                 found[f"block.{index}.{name}.bias"] = (layer.bias, False)
+        for name, matrices in self.adapters.items():
+            for matrix, variable in zip(("lora_A", "lora_B"), matrices, strict=True):
+                found[f"block.{index}.{name}.{matrix}.weight"] = (variable, False)
         return found
 
 
@@ -118,13 +144,13 @@ class DecoderModel(keras.Model):
     values over S positions, written from `cache_index`), `positions` [B, T] and `key_mask` [B, S], it returns
     (logits, updated cache)."""
 
-    def __init__(self, family, arch: DecoderArch, **kwargs):
+    def __init__(self, family, arch: DecoderArch, lora: Lora | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.family, self.arch = family, arch
+        self.family, self.arch, self.lora = family, arch, lora
         self.word = keras.layers.Embedding(arch.vocab_size, arch.hidden_size, name="word")
         self.position = None if arch.rope_theta else keras.layers.Embedding(arch.max_positions, arch.hidden_size,
                                                                             name="position")
-        self.blocks = [_Block(arch, name=f"block_{index}") for index in range(arch.num_layers)]
+        self.blocks = [_Block(arch, index, lora, name=f"block_{index}") for index in range(arch.num_layers)]
         self.final_norm = _norm(arch, "final_norm")
         self.word.build((None, None))
         self.lm_head = None if arch.tied else self.add_weight(shape=(arch.vocab_size, arch.hidden_size),
@@ -166,7 +192,8 @@ class DecoderModel(keras.Model):
             canonical["lm_head.weight"] = (self.lm_head, False)
         for index, block in enumerate(self.blocks):
             canonical |= block.canonical_variables(index)
-        return {self.family.hf_name(name): found for name, found in canonical.items()}
+        adapters = self.lora.hf_names() if self.lora else {}
+        return {adapters.get(name) or self.family.hf_name(name): found for name, found in canonical.items()}
 
 
 def sample(logits: tf.Tensor, temperature: float, top_k: int, uniform: tf.Tensor) -> tf.Tensor:
@@ -220,7 +247,8 @@ class Decoder(KindModule):
     def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
         """Create the model and its variables (called under the strategy's scope, so they are distributed)."""
         arch = spec.arch if spec.dropout else spec.arch.without_dropout()
-        model = DecoderModel(spec.family, arch)
+        lora = spec.lora if spec.dropout or spec.lora is None else spec.lora.without_dropout()
+        model = DecoderModel(spec.family, arch, lora)
         model(tf.ones([1, 2], tf.int32))  # creates every variable
         return Built(model, spec.params, {})
 

@@ -16,9 +16,11 @@ import numpy as np
 import torch.nn.functional as F
 
 import torch
+from tpuplex.kinds.decoder import parameter_names, parameter_shapes
 from tpuplex.kinds.torch import Built, KindModule
 from tpuplex.layers.torch import ACTIVATIONS
 from tpuplex.models.decoder import DecoderArch
+from tpuplex.models.lora import Lora
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 
@@ -36,10 +38,12 @@ class DecoderModel(torch.nn.Module):
     positions, written in place from `cache_index`), returns (logits, the cache).
     """
 
-    def __init__(self, arch: DecoderArch, hf_names: Mapping[str, str], params: Mapping[str, np.ndarray]):
-        """hf_names: canonical -> HF name of every parameter; params: HF name -> initial value (HF layout)."""
+    def __init__(self, arch: DecoderArch, hf_names: Mapping[str, str], params: Mapping[str, np.ndarray],
+                 lora: Lora | None = None):
+        """hf_names: canonical -> HF name of every parameter; params: HF name -> initial value (HF layout); lora:
+        the adapters among them (`tpuplex.models.lora`), or None."""
         super().__init__()
-        self.arch = arch
+        self.arch, self.lora = arch, lora
         self.slots: dict[str, tuple[torch.nn.Module, str]] = {}
         """Canonical name -> (the module that holds the parameter, its attribute there)."""
         for canonical, hf_name in hf_names.items():
@@ -84,9 +88,9 @@ class DecoderModel(torch.nn.Module):
         heads, kv, size = a.num_heads, a.num_kv_heads, a.head_dim
         h = norm(x, a, p, f"{name}.attention_norm")
         if a.fused_qkv:
-            query, key, value = linear(h, a, p, f"{name}.qkv").split([heads * size, kv * size, kv * size], dim=-1)
+            query, key, value = self.project(h, p, f"{name}.qkv").split([heads * size, kv * size, kv * size], dim=-1)
         else:
-            query, key, value = (linear(h, a, p, f"{name}.{part}") for part in ("query", "key", "value"))
+            query, key, value = (self.project(h, p, f"{name}.{part}") for part in ("query", "key", "value"))
         query = query.view(rows, length, heads, size).transpose(1, 2)
         key, value = (t.view(rows, length, kv, size).transpose(1, 2) for t in (key, value))
         if a.rope_theta:
@@ -97,15 +101,24 @@ class DecoderModel(torch.nn.Module):
         context = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, is_causal=mask is None, scale=1 / math.sqrt(size),
             dropout_p=a.attention_dropout if self.training else 0.0, enable_gqa=kv != heads)
-        attended = linear(context.transpose(1, 2).reshape(rows, length, heads * size), a, p,
-                          f"{name}.attention_output")
+        attended = self.project(context.transpose(1, 2).reshape(rows, length, heads * size), p,
+                                f"{name}.attention_output")
         x = x + F.dropout(attended, a.residual_dropout, self.training)
         h = norm(x, a, p, f"{name}.mlp_norm")
-        inner = ACTIVATIONS[a.activation](linear(h, a, p, f"{name}.{'gate' if a.gated_mlp else 'up'}"))
+        inner = ACTIVATIONS[a.activation](self.project(h, p, f"{name}.{'gate' if a.gated_mlp else 'up'}"))
         if a.gated_mlp:
-            inner = inner * linear(h, a, p, f"{name}.up")
-        out = linear(inner, a, p, f"{name}.down")
+            inner = inner * self.project(h, p, f"{name}.up")
+        out = self.project(inner, p, f"{name}.down")
         return x + F.dropout(out, a.residual_dropout, self.training), cache
+
+    def project(self, x: torch.Tensor, p: Params, name: str) -> torch.Tensor:
+        """The projection `name` of x [..., in] -> [..., out], with its LoRA adapter when it has one:
+        + scale * B A dropout(x)."""
+        y = linear(x, self.arch, p, name)
+        if self.lora is None or not self.lora.adapts(name):
+            return y
+        low = F.linear(F.dropout(x, self.lora.dropout, self.training), p[f"{name}.lora_A.weight"])
+        return y + F.linear(low, p[f"{name}.lora_B.weight"]) * self.lora.scale
 
 
 def linear(x: torch.Tensor, arch: DecoderArch, p: Params, name: str) -> torch.Tensor:
@@ -167,8 +180,9 @@ def logits(model: DecoderModel, batch: Mapping[str, torch.Tensor]) -> torch.Tens
 class Decoder(KindModule):
     def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
         arch = spec.arch if spec.dropout else spec.arch.without_dropout()
-        check_names(spec.family.hf_shapes(arch), spec.params, "model.params")
-        return Built(DecoderModel(arch, spec.family.hf_names(arch), spec.params), logits, spec.params)
+        lora = spec.lora if spec.dropout or spec.lora is None else spec.lora.without_dropout()
+        check_names(parameter_shapes(spec), spec.params, "model.params")
+        return Built(DecoderModel(arch, parameter_names(spec), spec.params, lora), logits, spec.params)
 
     def generate(self, model: DecoderModel, prompts: Prompts) -> np.ndarray:
         """The prompts [B, P] through the model once, then one token per forward with the cache of P + N positions

@@ -1,0 +1,183 @@
+"""LoRA adapters (Hu et al., 2021) on a decoder's projections, as PEFT defines them, framework-free.
+
+An adapted projection computes
+
+    y = base(x) + (alpha / rank) * B A dropout(x)        A [rank, in], B [out, rank]
+
+with the base frozen. A starts as PEFT draws it (`kaiming_uniform_(a=sqrt(5))`: U(-1/sqrt(in), 1/sqrt(in))), here
+from the core's generator so every backend starts from the same numbers, and B at zero, so step 0 is the base
+model. The adapters are parameters like any other (`<HF module>.lora_A.weight`, `.lora_B.weight`, torch layout),
+so the backends' steps, checkpoints and layouts take them as they are; the backends build them where
+`Lora.modules` says, and train nothing else (`ModelSpec.frozen`).
+
+`[model.lora]` (`Lora.read`): rank (8), alpha (8), dropout (0.0), targets (PEFT's defaults for the family: Llama
+`["q_proj", "v_proj"]`, GPT-2 `["c_attn"]`). Targets match HF module names as PEFT's `target_modules` do: a list
+of names, each matching a module called so or ending in `.name`, or one string, a regular expression the whole
+module name must match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tpuplex.errors import TpuplexError
+from tpuplex.models.decoder import DecoderArch, DecoderFamily, canonical_shapes
+
+PEFT_TARGETS = {"llama": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
+"""PEFT's default target modules by model_type (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`)."""
+PROJECTIONS = ("qkv", "query", "key", "value", "attention_output", "gate", "up", "down")
+"""The canonical projections of a decoder block an adapter may sit on."""
+PEFT_PREFIX = "base_model.model."
+"""What PEFT puts before a module's name in `adapter_model.safetensors`."""
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_FIELDS = {
+    "rank": (lambda v: _number(v) and isinstance(v, int) and v > 0, "an integer greater than 0"),
+    "alpha": (lambda v: _number(v) and v > 0, "a number greater than 0"),
+    "dropout": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "targets": (lambda v: isinstance(v, str) and bool(v) or isinstance(v, list) and bool(v)
+                and all(isinstance(t, str) and t for t in v),
+                'a list of module names, e.g. ["q_proj", "v_proj"], or a regular expression'),
+}
+"""[model.lora]'s fields: (accepts the value, what to use instead)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Lora:
+    """The adapters of one run.
+
+    modules: (canonical module, its HF module) of every adapted projection, in the model's order, e.g.
+        ("block.3.query", "model.layers.3.self_attn.q_proj").
+    in_out: the family's kernel layout keeps [in, out] (GPT-2's Conv1D: PEFT's `fan_in_fan_out`). The adapters
+        themselves are [rank, in] and [out, rank] in every family and framework, never transposed.
+    """
+
+    rank: int
+    alpha: float
+    dropout: float
+    targets: tuple[str, ...] | str
+    modules: tuple[tuple[str, str], ...]
+    in_out: bool = False
+
+    def adapts(self, module: str) -> bool:
+        """Whether the canonical projection `module` (`block.3.query`) has an adapter."""
+        return any(module == canonical for canonical, _ in self.modules)
+
+    def without_dropout(self) -> Lora:
+        return dataclasses.replace(self, dropout=0.0)
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank, PEFT's `scaling` (no rsLoRA)."""
+        return self.alpha / self.rank
+
+    @classmethod
+    def read(cls, table: Mapping[str, Any], family: DecoderFamily, arch: DecoderArch) -> Lora:
+        """`[model.lora]` checked against the model: one TpuplexError naming the field and the fix."""
+        for key, value in table.items():
+            if key not in _FIELDS:
+                raise TpuplexError(f"unknown config field model.lora.{key}: [model.lora] has {', '.join(_FIELDS)}")
+            allowed, hint = _FIELDS[key]
+            if not allowed(value):
+                raise TpuplexError(f"model.lora.{key} = {value!r} is not allowed: use {hint}")
+        targets = table.get("targets") or PEFT_TARGETS[family.name]
+        targets = targets if isinstance(targets, str) else tuple(targets)
+        projections = projection_modules(family, arch)
+        modules = {canonical: hf for canonical, hf in projections.items() if _matches(targets, hf)}
+        if not modules:
+            names = sorted({hf.rsplit(".", 1)[-1] for hf in projections.values()})
+            raise TpuplexError(f"model.lora.targets = {targets!r} matches none of the model's projections: use "
+                               f"some of {', '.join(names)}")
+        return cls(table.get("rank", 8), float(table.get("alpha", 8.0)), float(table.get("dropout", 0.0)), targets,
+                   tuple(modules.items()), arch.kernel_layout == "in_out")
+
+    def canonical_shapes(self, arch: DecoderArch) -> dict[str, tuple[int, ...]]:
+        """Canonical name (`block.3.query.lora_A.weight`) -> shape of every adapter matrix: A [rank, in],
+        B [out, rank]."""
+        weights = canonical_shapes(arch)
+        shapes = {}
+        for canonical, _ in self.modules:
+            into, out = weights[f"{canonical}.weight"][:: 1 if self.in_out else -1]
+            shapes[f"{canonical}.lora_A.weight"] = (self.rank, into)
+            shapes[f"{canonical}.lora_B.weight"] = (out, self.rank)
+        return shapes
+
+    def hf_names(self) -> dict[str, str]:
+        """Canonical name -> HF name (`model.layers.3.self_attn.q_proj.lora_A.weight`) of every adapter matrix."""
+        return {f"{canonical}.{matrix}.weight": f"{hf}.{matrix}.weight"
+                for canonical, hf in self.modules for matrix in ("lora_A", "lora_B")}
+
+    def shapes(self, arch: DecoderArch) -> dict[str, tuple[int, ...]]:
+        """HF name -> shape of every adapter matrix."""
+        names = self.hf_names()
+        return {names[canonical]: shape for canonical, shape in self.canonical_shapes(arch).items()}
+
+    def initial(self, arch: DecoderArch, seed: int) -> dict[str, np.ndarray]:
+        """The adapters before training: A as PEFT draws it, from `default_rng([seed, 1])` (a stream of its own,
+        so the base's draw is untouched), B zero."""
+        rng = np.random.default_rng([seed, 1])
+        params = {}
+        for name, shape in self.shapes(arch).items():
+            if ".lora_A." in name:
+                bound = 1.0 / np.sqrt(shape[1])
+                params[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+            else:
+                params[name] = np.zeros(shape, np.float32)
+        return params
+
+    def merged(self, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The base with each adapter folded in (W += scale * B A, in the family's layout), adapters removed:
+        the model `tpuplex export --format hf --merge` writes."""
+        merged = {name: np.asarray(array) for name, array in params.items() if ".lora_" not in name}
+        for _, hf in self.modules:
+            delta = self.scale * (np.asarray(params[f"{hf}.lora_B.weight"], np.float64)
+                                  @ np.asarray(params[f"{hf}.lora_A.weight"], np.float64))
+            weight = merged[f"{hf}.weight"]
+            merged[f"{hf}.weight"] = (weight + (delta.T if self.in_out else delta)).astype(np.float32)
+        return merged
+
+    def peft_config(self, task_type: str, base: str) -> dict[str, Any]:
+        """`adapter_config.json` as PEFT writes it for these adapters on `base` (the base model's name or path)."""
+        return {"peft_type": "LORA", "task_type": task_type, "base_model_name_or_path": base, "r": self.rank,
+                "lora_alpha": self.alpha, "lora_dropout": self.dropout,
+                "target_modules": self.targets if isinstance(self.targets, str) else list(self.targets),
+                "fan_in_fan_out": self.in_out, "bias": "none", "use_rslora": False, "use_dora": False,
+                "init_lora_weights": True, "modules_to_save": None, "inference_mode": True}
+
+
+def projection_modules(family: DecoderFamily, arch: DecoderArch) -> dict[str, str]:
+    """Canonical module -> HF module of every projection an adapter may sit on, in the model's order."""
+    modules = {}
+    for name in canonical_shapes(arch):
+        module, leaf = name.rsplit(".", 1)
+        if leaf == "weight" and module.startswith("block.") and module.rsplit(".", 1)[-1] in PROJECTIONS:
+            modules[module] = family.hf_name(name).removesuffix(".weight")
+    return modules
+
+
+def _matches(targets: tuple[str, ...] | str, module: str) -> bool:
+    """PEFT's rule: a regular expression matches the whole name; a name in a list matches itself or a suffix."""
+    if isinstance(targets, str):
+        return re.fullmatch(targets, module) is not None
+    return any(module == target or module.endswith(f".{target}") for target in targets)
+
+
+def fingerprint(params: Mapping[str, Any]) -> str:
+    """sha256 of parameters (names, dtypes, shapes and bytes, in name order): what a LoRA checkpoint records of
+    the base it was trained on, so its adapters are never put on another base."""
+    digest = hashlib.sha256()
+    for name in sorted(params):
+        array = np.ascontiguousarray(params[name])
+        digest.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
