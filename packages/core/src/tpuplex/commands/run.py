@@ -33,7 +33,7 @@ from tpuplex.engine.run_log import LOG_FILE, TENSORBOARD_DIR, Reporter
 from tpuplex.engine.trainer import Trainer, TrainResult
 from tpuplex.errors import TpuplexError
 from tpuplex.plugins import add_search_path
-from tpuplex.protocol import Backend, OptimizerSpec
+from tpuplex.protocol import Backend, ModelSpec, OptimizerSpec
 from tpuplex.tasks import Task, TaskData
 from tpuplex.text_files import staged_text
 
@@ -123,6 +123,7 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
             "discovered": run.discovered.report(),
             "mesh": run.topology.mesh.report() if run.topology.mesh else f"data={run.topology.batch_shards}",
             "state_bytes_per_device": state_bytes,
+            "parameters": parameter_counts(trainer.model, config.train.optimizer),
             "metrics": result.metrics,
             "step": result.step,
             "total_steps": trainer.total_steps,
@@ -153,6 +154,16 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
             path = write_json_atomic(run.output_dir / RESULTS_FILE, results)
             reporter.say(f"results written to {path}")
     return results
+
+
+def parameter_counts(model: ModelSpec | None, optimizer: str) -> dict[str, int] | None:
+    """The model's parameters, those that train (a LoRA run: the adapters alone) and the bytes of the optimizer's
+    float32 moments of them (AdamW two, SGD one); None for a model of your own, which its framework draws."""
+    if model is None or not model.params:
+        return None
+    total = sum(int(np.prod(np.shape(array))) for array in model.params.values())
+    trained = sum(int(np.prod(np.shape(array))) for name, array in model.params.items() if name not in model.frozen)
+    return {"total": total, "trained": trained, "optimizer_state_bytes": trained * 4 * (1 if optimizer == "sgd" else 2)}
 
 
 def _train_reads(trainer: Trainer) -> list[dict[str, int]] | None:

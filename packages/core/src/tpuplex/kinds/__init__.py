@@ -129,6 +129,7 @@ def resolve(config: Any, task: Any) -> ModelKind:
         kind = found(checkpoint_dir, hf_config, family, arch)
     if kind.name not in task.model_kinds:
         raise TpuplexError(mismatch(config, task, kind))
+    kind.lora(config)  # [model.lora] checked against the model before any data is read
     return kind
 
 
