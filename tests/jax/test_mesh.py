@@ -18,7 +18,9 @@ from safetensors import safe_open
 
 from tpuplex import models, sharding
 from tpuplex.engine import checkpoint
+from tpuplex.kinds import with_adapters
 from tpuplex.kinds.decoder import Decoders
+from tpuplex.models.lora import Lora
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.causal_lm import TASK as CAUSAL_LM
 from tpuplex.testing.specs import image_family_spec
@@ -103,6 +105,21 @@ def check_same_numbers(spec: ModelSpec, mesh: dict, batches: list, optimizer: Op
 @pytest.mark.parametrize("mesh", [{"data": 2, "fsdp": 4}, {"data": 2, "fsdp": 2, "tensor": 2}], ids=str)
 def test_llama_sharded_trains_as_replicated(tmp_path, mesh, steps) -> None:
     check_same_numbers(llama_spec(tmp_path / "llama"), mesh, token_batches(steps))
+
+
+def test_lora_over_a_sharded_frozen_base_trains_as_replicated(tmp_path) -> None:
+    """LoRA on every projection of a base split over fsdp = 4: the same numbers as replicated, the base's weights
+    held as shards (a quarter of each large one a device) and never changed, moments of the adapters alone."""
+    base = llama_spec(tmp_path / "llama")
+    spec = with_adapters(base, Lora.read({"rank": 8, "targets": ["q_proj", "v_proj", "up_proj", "down_proj"]},
+                                         base.family, base.arch), seed=2)
+    check_same_numbers(spec, {"data": 2, "fsdp": 4}, token_batches(5))
+    _, arrays, _, state = train(spec, {"data": 2, "fsdp": 4}, token_batches(2))
+    assert set(arrays.exp_avg) == set(spec.params) - spec.frozen
+    for name in spec.frozen:
+        np.testing.assert_array_equal(arrays.params[name], spec.params[name])
+    down = state.frozen["block.0"]["down"]["kernel"]
+    assert down.addressable_shards[0].data.size == down.size // 4
 
 
 @pytest.mark.parametrize("steps", [pytest.param(5, id="fast"), pytest.param(20, id="full", marks=pytest.mark.long)])

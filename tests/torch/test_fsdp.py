@@ -25,8 +25,8 @@ def config(shared_text, tmp_path_factory) -> Path:
     return write_llama_run(tmp_path_factory.mktemp("fsdp"), shared_text, STEPS, STEPS)
 
 
-def launched(config: Path, output_dir: Path, mesh: str) -> dict:
-    status, output = finish(tpuplex(launch_args(4, 0, config, "torch", output_dir, f"runtime.mesh={mesh}")))
+def launched(config: Path, output_dir: Path, mesh: str, *sets: str) -> dict:
+    status, output = finish(tpuplex(launch_args(4, 0, config, "torch", output_dir, f"runtime.mesh={mesh}", *sets)))
     assert status == 0, output
     return json.loads((output_dir / "results.json").read_text())
 
@@ -59,6 +59,23 @@ def test_fsdp_on_four_processes_trains_as_replicated(config, replicated, tmp_pat
                                        err_msg=name)
     fsdp = 4 if mesh == "{fsdp = 4}" else 2
     assert results["state_bytes_per_device"] <= 1.1 * expected["state_bytes_per_device"] / fsdp
+
+
+@pytest.mark.long
+def test_lora_over_a_base_sharded_by_fsdp_trains_as_replicated(config, tmp_path) -> None:
+    """LoRA on a base FSDP2 splits over 4 processes (the base frozen in its shards): the losses and adapters of
+    the same LoRA run replicated over the 4 processes, the checkpoint the adapters' slices alone."""
+    lora = 'model.lora={rank = 8, targets = ["q_proj", "v_proj", "down_proj"]}'
+    expected, results = launched(config, tmp_path / "data", "{data = 4}", lora), launched(
+        config, tmp_path / "fsdp", "{fsdp = 4}", lora)
+    assert "FSDP2" in results["topology"] and results["parameters"] == expected["parameters"]
+    np.testing.assert_allclose(losses(tmp_path / "fsdp"), losses(tmp_path / "data"), rtol=1e-5)
+    (want, _), (have, _) = (checkpoint.load(tmp_path / run / "checkpoints" / f"step-{STEPS:08d}")
+                            for run in ("data", "fsdp"))
+    assert have.params.keys() == want.params.keys() == have.exp_avg.keys()
+    assert all(".lora_" in name for name in have.params)
+    for name, array in want.params.items():
+        np.testing.assert_allclose(np.asarray(have.params[name]), np.asarray(array), rtol=0, atol=1e-5, err_msg=name)
 
 
 def test_a_tensor_axis_is_refused_in_one_line() -> None:
