@@ -12,6 +12,7 @@ from chat_data import conversation, write_jsonl, write_tokenizer
 from tokenizers import Tokenizer
 
 from tpuplex.config import from_dict
+from tpuplex.data.batching import Encoded
 from tpuplex.errors import TpuplexError
 from tpuplex.tasks.causal_lm import TASK, Options, chat
 
@@ -22,6 +23,11 @@ def answers_of(encoded, tokenizer_dir: Path) -> list[str]:
             for ids, mask, n in zip(encoded.input_ids, encoded.labels, encoded.lengths, strict=True)]
 
 
+def encode_file(path: Path, tokenizer_dir: Path, max_length: int) -> Encoded:
+    return chat.encode(chat.jsonl_records(path, "data.train_file"), f"{path} (data.train_file)", tokenizer_dir,
+                       max_length)
+
+
 def test_only_the_answers_carry_weight(tmp_path) -> None:
     tokenizer_dir = write_tokenizer(tmp_path / "tokenizer")
     two_turns = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
@@ -30,7 +36,7 @@ def test_only_the_answers_carry_weight(tmp_path) -> None:
     review = {"prompt": "Review: great film. Sentiment:", "completion": " positive"}
     path = write_jsonl(tmp_path / "chat.jsonl", [conversation("Capital of France?", "Paris."), two_turns, review])
     assert chat.is_chat(path)
-    encoded = chat.encode(path, "data.train_file", tokenizer_dir, 96)
+    encoded = encode_file(path, tokenizer_dir, 96)
     assert encoded.input_ids.shape == (3, 97) and encoded.labels.shape == (3, 97)
     assert answers_of(encoded, tokenizer_dir) == ["Paris.<|im_end|>\n", "4<|im_end|>\n6<|im_end|>\n",
                                                   " positive<|im_end|>"]
@@ -70,16 +76,15 @@ def test_a_bad_conversation_is_one_line_naming_it(tmp_path, case) -> None:
     records, message = BAD[case]
     path = write_jsonl(tmp_path / "chat.jsonl", records)
     with pytest.raises(TpuplexError, match=message):
-        chat.encode(path, "data.train_file", write_tokenizer(tmp_path / "tokenizer"), 32)
+        encode_file(path, write_tokenizer(tmp_path / "tokenizer"), 32)
 
 
 def test_messages_without_a_chat_template_are_refused_and_prompts_are_not(tmp_path) -> None:
     tokenizer_dir = write_tokenizer(tmp_path / "tokenizer", template=None)
     with pytest.raises(TpuplexError, match=r"the checkpoint's tokenizer has no chat template"):
-        chat.encode(write_jsonl(tmp_path / "chat.jsonl", [conversation("q", "a")]), "data.train_file",
-                    tokenizer_dir, 32)
+        encode_file(write_jsonl(tmp_path / "chat.jsonl", [conversation("q", "a")]), tokenizer_dir, 32)
     pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "q:", "completion": "a"}])
-    assert answers_of(chat.encode(pairs, "data.train_file", tokenizer_dir, 32), tokenizer_dir) == ["a<|im_end|>"]
+    assert answers_of(encode_file(pairs, tokenizer_dir, 32), tokenizer_dir) == ["a<|im_end|>"]
 
 
 def test_conversations_train_with_the_checkpoints_tokenizer(tmp_path) -> None:
@@ -95,3 +100,48 @@ def test_answer_accuracy_counts_conversations_whose_every_answer_token_is_the_ar
     right = np.array([[0, 1, 1, 0], [1, 1, 0, 1], [1, 0, 0, 0], [1, 1, 1, 1]], np.float32)  # row 0: a wrong prompt
     outputs = np.stack([np.zeros_like(right), right], axis=-1)                                # token, not counted
     assert chat.answer_accuracy(outputs, weight) == 2 / 3  # rows 0 and 2 right, row 1 not; row 3 holds no answer
+
+
+SST2_PROMPT = "Review: {{ sentence }}\nPositive or negative?"
+SST2_ANSWER = "{{ ['negative', 'positive'][label | int] }}"
+
+
+def test_a_table_becomes_conversations_by_its_templates(tmp_path) -> None:
+    """task.prompt_template and task.answer_template (jinja2 over the columns) make each row of a table a
+    conversation: the user's message and the answer, rendered by the chat template; the held-out file is a table
+    too, its split named after it."""
+    tokenizer_dir = write_tokenizer(tmp_path / "tokenizer")
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\ngreat film\t1\ndull\t0\nfine\t1\n")
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\nawful\t0\n")
+    task = {"name": "causal_lm", "tokenizer": "checkpoint", "prompt_template": SST2_PROMPT,
+            "answer_template": SST2_ANSWER}
+    config = from_dict({"task": task, "data": {"train_file": str(tmp_path / "train.tsv"), "max_length": 96,
+                                               "eval_files": [str(tmp_path / "dev.tsv")]}})
+    options = Options(tokenizer="checkpoint", prompt_template=SST2_PROMPT, answer_template=SST2_ANSWER)
+    TASK.check(config, options)
+    data = TASK.prepare(config, options, tokenizer_dir)
+    assert data.answers and list(data.eval) == ["dev"]
+    assert answers_of(data.train, tokenizer_dir) == ["positive<|im_end|>\n", "negative<|im_end|>\n",
+                                                    "positive<|im_end|>\n"]
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    first = tokenizer.decode(data.train.input_ids[0, : data.train.lengths[0]].tolist(), skip_special_tokens=False)
+    assert first.startswith("<|im_start|>user\nReview: great film\nPositive or negative?<|im_end|>")
+
+
+@pytest.mark.parametrize(("prompt", "answer", "message"), [
+    (SST2_PROMPT, "", r"task.prompt_template and task.answer_template make a table's rows conversations together"),
+    ("{{ sentense }}", SST2_ANSWER, r"task.prompt_template reads the column 'sentense', which .*train.tsv "
+                                    r"\(data.train_file\) does not have"),
+    ("{{ sentence }}", "{{ ['a', 'b'][label | int + 5] }}", r"task.answer_template cannot render .*train.tsv line 2"),
+    ("{{ sentence", SST2_ANSWER, r"task.prompt_template = '\{\{ sentence' is not a jinja2 template"),
+    (SST2_PROMPT, "{{ '' }}", r"train.tsv line 2 \(data.train_file\): task.answer_template renders an empty answer"),
+])
+def test_bad_templates_are_one_line(tmp_path, prompt, answer, message) -> None:
+    tokenizer_dir = write_tokenizer(tmp_path / "tokenizer")
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\ngreat film\t1\ndull\t0\n")
+    task = {"name": "causal_lm", "tokenizer": "checkpoint", "prompt_template": prompt, "answer_template": answer}
+    config = from_dict({"task": task, "data": {"train_file": str(tmp_path / "train.tsv"), "max_length": 96}})
+    options = Options(tokenizer="checkpoint", prompt_template=prompt, answer_template=answer)
+    with pytest.raises(TpuplexError, match=message):
+        TASK.check(config, options)
+        TASK.prepare(config, options, tokenizer_dir)

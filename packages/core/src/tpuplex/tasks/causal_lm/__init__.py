@@ -6,6 +6,7 @@
     validation_fraction = 0.1       # without data.eval_files: the last 10% of the tokens are held out (nanoGPT's)
     sampling = "epochs"             # or "random_windows": nanoGPT's get_batch (see below)
     text_column = "text"            # the column of .jsonl/.csv/.tsv/.parquet files
+    prompt_template = ""            # with answer_template: each row of a table a conversation (see chat.py)
 
     [data]
     train_file = "input.txt"        # a .txt file is one document; tables give one per row (see data.py);
@@ -34,10 +35,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from tpuplex.data.batching import Encoded
 from tpuplex.data.corpus import SUFFIXES as CORPUS_SUFFIXES
 from tpuplex.data.corpus import pack_stream
 from tpuplex.data.shards import is_prepared
-from tpuplex.data.tables import text_file
+from tpuplex.data.tables import resolve_file, text_file
 from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
@@ -66,6 +68,11 @@ class Options:
     text_column: str = "text"
     characters: str = ""
     """The character vocabulary (tokenizer = "characters"): built from data.train_file when empty; recorded."""
+    prompt_template: str = ""
+    answer_template: str = ""
+    """jinja2 templates over a table's columns making each row a conversation (`chat.table_records`): the user's
+    message and the assistant's answer, e.g. "Review: {{ sentence }}" and "{{ ['negative', 'positive'][label |
+    int] }}". Both or neither."""
 
 
 @dataclasses.dataclass
@@ -120,7 +127,10 @@ class CausalLM(Task):
         if not config.data.train_file:
             raise TpuplexError("data.train_file is empty: the causal_lm task trains on raw text, e.g. "
                                'train_file = "input.txt"')
-        if chat.is_chat(Path(config.data.train_file).expanduser()):
+        if bool(options.prompt_template) != bool(options.answer_template):
+            raise TpuplexError("task.prompt_template and task.answer_template make a table's rows conversations "
+                               "together: set both (the user's message and the answer), or neither")
+        if self.conversations(config, options):
             if options.tokenizer != "checkpoint" or options.sampling != "epochs":
                 raise TpuplexError(f"data.train_file = {config.data.train_file!r} holds conversations: they train "
                                    'with task.tokenizer = "checkpoint" and task.sampling = "epochs"')
@@ -133,8 +143,13 @@ class CausalLM(Task):
                 raise TpuplexError(f"{field} = {spec!r} is a prepared corpus, tokenized with a checkpoint's "
                                    'tokenizer: set task.tokenizer = "checkpoint"')
 
+    @staticmethod
+    def conversations(config: Any, options: Options) -> bool:
+        """Whether the run trains on conversations: a table with task.prompt_template, or a chat .jsonl."""
+        return bool(options.prompt_template) or chat.is_chat(Path(config.data.train_file).expanduser())
+
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData:
-        if chat.is_chat(Path(config.data.train_file).expanduser()):
+        if self.conversations(config, options):
             return self._prepare_conversations(config, options, tokenizer_dir)
         data, length = config.data, config.data.max_length
         fingerprint = functools.cache(lambda file: file.fingerprint())  # one pass over a file read twice
@@ -179,15 +194,28 @@ class CausalLM(Task):
 
     def _prepare_conversations(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData:
         data, length = config.data, config.data.max_length
-        for index, spec in enumerate(data.eval_files):
-            if not chat.is_chat(Path(spec).expanduser()):
-                raise TpuplexError(f"data.eval_files[{index}] = {spec!r} is not a .jsonl file of conversations, as "
-                                   "data.train_file is: give held-out conversations in the same form")
-        names = [Path(spec).stem for spec in data.eval_files]
+        fields = [f"data.eval_files[{index}]" for index in range(len(data.eval_files))]
+        if options.prompt_template:
+            names = [resolve_file(field, spec).name for field, spec in zip(fields, data.eval_files, strict=True)]
+
+            def encode(field: str, spec: str) -> Encoded:
+                records = chat.table_records(resolve_file(field, spec), options.prompt_template,
+                                             options.answer_template, tokenizer_dir)
+                return chat.encode(records, f"{spec} ({field})", tokenizer_dir, length)
+        else:
+            for field, spec in zip(fields, data.eval_files, strict=True):
+                if not chat.is_chat(Path(spec).expanduser()):
+                    raise TpuplexError(f"{field} = {spec!r} is not a .jsonl file of conversations, as "
+                                       "data.train_file is: give held-out conversations in the same form")
+            names = [Path(spec).stem for spec in data.eval_files]
+
+            def encode(field: str, spec: str) -> Encoded:
+                records = chat.jsonl_records(Path(spec).expanduser(), field)
+                return chat.encode(records, f"{spec} ({field})", tokenizer_dir, length)
         check_split_names(data.eval_files, names)
-        train = chat.encode(Path(data.train_file).expanduser(), "data.train_file", tokenizer_dir, length)
-        evaluation = {name: chat.encode(Path(spec).expanduser(), f"data.eval_files[{index}]", tokenizer_dir, length)
-                      for index, (spec, name) in enumerate(zip(data.eval_files, names, strict=True))}
+        train = encode("data.train_file", data.train_file)
+        evaluation = {name: encode(field, spec)
+                      for field, spec, name in zip(fields, data.eval_files, names, strict=True)}
         if not evaluation:  # the last conversations are held out
             cut = len(train) - max(1, round(len(train) * options.validation_fraction))
             if cut < 1:

@@ -5,7 +5,9 @@ A `.jsonl` file whose records hold either
     {"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}, ...]}
     {"prompt": "...", "completion": "..."}
 
-is a split of conversations (TRL's two formats). `messages` are rendered by the checkpoint's chat template (the
+is a split of conversations (TRL's two formats). So is any table (`tpuplex.data.tables`: .tsv, .csv, .jsonl,
+.parquet) with `task.prompt_template` and `task.answer_template`, jinja2 templates over its columns that give each
+row's user message and answer (`table_records`), so a labelled dataset is instruction data where it lies. `messages` are rendered by the checkpoint's chat template (the
 `chat_template` of its tokenizer_config.json, as transformers' `apply_chat_template` renders it); a prompt and its
 completion are joined as they are, the completion followed by the end-of-text token. Every assistant turn (its
 content and the template's end-of-turn tokens) or completion is an answer: the tokens whose text starts inside one
@@ -21,13 +23,14 @@ exactly by greedy decoding (`answer_accuracy`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tpuplex.data.batching import Encoded
+from tpuplex.data.tables import DataFile, read_table
 from tpuplex.errors import TpuplexError
 from tpuplex.tasks.causal_lm.data import CheckpointTokenizer, next_token_rows
 
@@ -51,38 +54,68 @@ def is_chat(path: Path) -> bool:
     return False
 
 
-def encode(path: Path, field: str, tokenizer_dir: Path, max_length: int) -> Encoded:
-    """Each conversation of the `.jsonl` file at `path` as one row of at most max_length + 1 tokens: input_ids
-    [N, max_length + 1] (right-padded), lengths [N], labels [N, max_length + 1] int32 (1 on an answer's tokens)."""
+def jsonl_records(path: Path, field: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, record) of each conversation of the `.jsonl` file at `path` (`field` names it in messages)."""
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                where = f"{path}:{number} ({field})"
+                yield where, _record(line, where)
+
+
+def table_records(file: DataFile, prompt: str, answer: str, tokenizer_dir: Path) -> Iterator[tuple[str, dict]]:
+    """(where, record) of each row of a table (`tpuplex.data.tables`) made a conversation by the jinja2 templates
+    `prompt` and `answer` over its columns (task.prompt_template and task.answer_template, as lm-evaluation-
+    harness's doc_to_text and doc_to_target): the user's message and the assistant's answer, or, for a tokenizer
+    without a chat template, a prompt and its completion."""
+    templates = _row_templates(prompt, answer)
+    table = read_table(file, (), optional=sorted(set().union(*(names for _, names in templates.values()))))
+    for option, (_, names) in templates.items():
+        if missing := sorted(names - set(table.columns)):
+            raise TpuplexError(f"{option} reads the column {missing[0]!r}, which {file.path} ({file.field}) does not "
+                               "have: write the file's column names in the templates")
+    chat_form = _renderer(tokenizer_dir) is not None
+    for row in range(len(table)):
+        values = {column: values[row] for column, values in table.columns.items()}
+        where = f"{table.where(row)} ({file.field})"
+        question, reply = (_render_row(template, values, option, where)
+                           for option, (template, _) in templates.items())
+        if not reply.strip():
+            raise TpuplexError(f"{where}: task.answer_template renders an empty answer, nothing to learn: fix the "
+                               "template or the row")
+        yield where, ({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]}
+                      if chat_form else {"prompt": question, "completion": reply})
+
+
+def encode(records: Iterable[tuple[str, dict[str, Any]]], source: str, tokenizer_dir: Path,
+           max_length: int) -> Encoded:
+    """Each conversation of `records` ((where, record) pairs from `source`: `jsonl_records`, `table_records`) as
+    one row of at most max_length + 1 tokens: input_ids [N, max_length + 1] (right-padded), lengths [N], labels
+    [N, max_length + 1] int32 (1 on an answer's tokens)."""
     tokenizer = CheckpointTokenizer(tokenizer_dir)
     render = _renderer(tokenizer_dir)
     rows, answers = [], []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number} ({field})"
-            record = _record(line, where)
-            text, spans = _text_and_answers(record, render, where)
-            encoding = tokenizer.tokenizer.encode(text, add_special_tokens=False)
-            ids = np.asarray(encoding.ids, np.int32)
-            starts = np.asarray([start for start, _ in encoding.offsets], np.int64)
-            mask = np.zeros(len(ids), np.int32)
-            for begin, end in spans:
-                mask |= ((starts >= begin) & (starts < end)).astype(np.int32)
-            if "prompt" in record and tokenizer.end_of_text is not None:  # the completion ends the text
-                ids, mask = np.append(ids, np.int32(tokenizer.end_of_text)), np.append(mask, np.int32(1))
-            if len(ids) > max_length + 1:
-                raise TpuplexError(f"{where} is {len(ids)} tokens long, more than data.max_length + 1 = "
-                                   f"{max_length + 1}: raise data.max_length (at most the model's context) or "
-                                   "shorten that conversation")
-            if not mask[1:].any():
-                raise TpuplexError(f"{where} has no answer tokens to learn from (an empty answer, or only its first "
-                                   "token): give each conversation an assistant answer")
-            rows.append(ids)
-            answers.append(mask)
+    for where, record in records:
+        text, spans = _text_and_answers(record, render, where)
+        encoding = tokenizer.tokenizer.encode(text, add_special_tokens=False)
+        ids = np.asarray(encoding.ids, np.int32)
+        starts = np.asarray([start for start, _ in encoding.offsets], np.int64)
+        mask = np.zeros(len(ids), np.int32)
+        for begin, end in spans:
+            mask |= ((starts >= begin) & (starts < end)).astype(np.int32)
+        if "prompt" in record and tokenizer.end_of_text is not None:  # the completion ends the text
+            ids, mask = np.append(ids, np.int32(tokenizer.end_of_text)), np.append(mask, np.int32(1))
+        if len(ids) > max_length + 1:
+            raise TpuplexError(f"{where} is {len(ids)} tokens long, more than data.max_length + 1 = "
+                               f"{max_length + 1}: raise data.max_length (at most the model's context) or "
+                               "shorten that conversation")
+        if not mask[1:].any():
+            raise TpuplexError(f"{where} has no answer tokens to learn from (an empty answer, or only its first "
+                               "token): give each conversation an assistant answer")
+        rows.append(ids)
+        answers.append(mask)
     if not rows:
-        raise TpuplexError(f"{path} has no conversations ({field}): give one JSON record per line")
+        raise TpuplexError(f"{source} has no conversations: give one JSON record per line")
     width = max_length + 1
     input_ids = np.zeros((len(rows), width), np.int32)
     labels = np.zeros((len(rows), width), np.int32)
@@ -179,6 +212,33 @@ class _Template:
 
     def __call__(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self._tokens)
+
+
+def _row_templates(prompt: str, answer: str) -> dict[str, tuple[Any, set[str]]]:
+    """task.prompt_template and task.answer_template compiled (a column name they misspell fails when rendered),
+    each with the columns it reads."""
+    from jinja2 import StrictUndefined, TemplateSyntaxError, meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    environment = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+    compiled = {}
+    for option, source in (("task.prompt_template", prompt), ("task.answer_template", answer)):
+        try:
+            parsed = environment.parse(source)
+            compiled[option] = environment.from_string(source), meta.find_undeclared_variables(parsed)
+        except TemplateSyntaxError as error:
+            raise TpuplexError(f"{option} = {source!r} is not a jinja2 template ({error.message}): write the "
+                               "columns as {{ column }}") from None
+    return compiled
+
+
+def _render_row(template: Any, values: dict[str, Any], option: str, where: str) -> str:
+    from jinja2 import TemplateError
+
+    try:
+        return template.render(**values)
+    except TemplateError as error:
+        raise TpuplexError(f"{option} cannot render {where} ({error}): fix the template") from None
 
 
 def user_turn(tokenizer_dir: Path) -> Callable[[str], str]:
