@@ -1,13 +1,17 @@
-"""SmolLM2-135M-Instruct on SST-2 as a chat task: zero-shot, then fully fine-tuned on the answers, tpuplex's CLI.
+"""SmolLM2-135M-Instruct on SST-2 as instructions: tpuplex's LoRA example beside the same recipe in transformers +
+peft with HF's Trainer, run alternately on this machine, and the base model zero-shot.
 
-    python benchmarks/smollm2_sst2.py --backend torch --train-rows 64 --epochs 2 --out runs/smollm2-sst2
+    python benchmarks/smollm2_sst2.py --seeds 1,2,3 --out runs/smollm2-bench [--backends jax,tf] [--full]
 
-Each SST-2 sentence (../shared/glue/SST-2) becomes a conversation: the user gives the review and asks "Is this review
-positive or negative? Answer with one word.", the assistant answers `positive` or `negative`. The first
-`--train-rows` training sentences train, all 872 dev sentences are held out. Two runs of `tpuplex train` with
-`model.checkpoint = "smollm2"`: `train.epochs = 0` (the base model, evaluated only) and `--epochs` of full
-fine-tuning (AdamW, lr 5e-5, warmup 0.1, batch 8, dropout off); each prints its dev `answer_accuracy` (the share of
-dev answers greedy decoding gives token for token, end of turn included) and the answer tokens' loss.
+tpuplex: `tpuplex train examples/smollm2/sst2_lora.toml --backend torch --set train.seed=S` (LoRA rank 8, alpha 16
+on q_proj and v_proj; 48 steps of 8 conversations; AdamW lr 1e-3, linear decay after 10% warmup, weight decay
+0.01, clip 1.0; loss on the answers alone; all 872 dev conversations evaluated). The peer: the same model (the HF
+folder `model.checkpoint = "smollm2"` converts the GGUF into), the same conversations rendered by the same chat
+template through `tokenizer.apply_chat_template`, labels -100 outside the answer, `peft.get_peft_model` with the
+same LoraConfig, `transformers.Trainer` with the same optimizer, schedule, batch and steps (its own shuffled order
+and dynamic padding), seed S; its dev answer_accuracy computed as tpuplex's (every answer token the argmax). Each
+seed runs tpuplex, then the peer. `--backends` adds one seed of the LoRA example on each; `--full` one run of
+examples/smollm2/sst2_full.toml (every parameter trained). Writes <out>/summary.json and prints a table.
 """
 
 from __future__ import annotations
@@ -15,63 +19,130 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-GLUE = Path(__file__).resolve().parents[2] / "shared" / "glue" / "SST-2"
-QUESTION = "Review: {sentence}\nIs this review positive or negative? Answer with one word."
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "smollm2" / "sst2_lora.toml"
+FULL = REPO / "examples" / "smollm2" / "sst2_full.toml"
 
 
-def write_conversations(source: Path, out: Path, rows: int | None) -> None:
-    with source.open(encoding="utf-8", newline="") as handle:
-        examples = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))[:rows]
-    with out.open("w", encoding="utf-8") as handle:
-        for example in examples:
-            answer = "positive" if example["label"] == "1" else "negative"
-            messages = [{"role": "user", "content": QUESTION.format(sentence=example["sentence"].strip())},
-                        {"role": "assistant", "content": answer}]
-            handle.write(json.dumps({"messages": messages}) + "\n")
+def tpuplex_run(config: Path, backend: str, out: Path, *sets: str) -> dict:
+    """`tpuplex train` of `config` into `out`; its results.json."""
+    command = [sys.executable, "-m", "tpuplex", "train", str(config), "--backend", backend,
+               "--set", f"runtime.output_dir={json.dumps(str(out))}", *(arg for s in sets for arg in ("--set", s))]
+    subprocess.run(command, check=True)
+    results = json.loads((out / "results.json").read_text())
+    dev = results["metrics"]["dev"]
+    return {"answer_accuracy": dev["answer_accuracy"], "answer_loss": dev["loss"],
+            "train_tokens_per_s": results["train"]["tokens_per_s"], "train_seconds": results["train"]["seconds"],
+            "parameters": results["parameters"]}
+
+
+def peer_run(seed: int, out: Path) -> dict:
+    """The example's recipe in transformers + peft + HF's Trainer (see the module doc)."""
+    import numpy as np
+    import peft
+    import torch
+    import transformers
+
+    from tpuplex import config as tpuplex_config
+    from tpuplex.engine.schedule import warmup_steps
+    from tpuplex.params import resolve_checkpoint
+
+    settings = tpuplex_config.load(EXAMPLE)
+    train, lora, options = settings.train, settings.model.lora, settings.task.options
+    folder = resolve_checkpoint(settings.model.checkpoint)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    prompt = options["prompt_template"].replace("{{ sentence }}", "{sentence}")
+
+    def conversations(path: Path) -> list[dict]:
+        with path.open(encoding="utf-8", newline="") as handle:
+            rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+        encoded = []
+        for row in rows:
+            user = [{"role": "user", "content": prompt.format(sentence=row["sentence"])}]
+            answer = {"role": "assistant", "content": ["negative", "positive"][int(row["label"])]}
+            start = len(tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=True,
+                                                      return_dict=True)["input_ids"])
+            ids = tokenizer.apply_chat_template([*user, answer], tokenize=True, return_dict=True)["input_ids"]
+            encoded.append({"input_ids": ids, "attention_mask": [1] * len(ids),
+                            "labels": [-100] * start + ids[start:]})
+        return encoded
+
+    train_rows, dev_rows = (conversations(Path(spec)) for spec in (settings.data.train_file,
+                                                                    settings.data.eval_files[0]))
+    transformers.set_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=0.0,
+                                                       target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    args = transformers.TrainingArguments(
+        output_dir=str(out), max_steps=train.max_steps, per_device_train_batch_size=train.global_batch,
+        learning_rate=train.learning_rate, lr_scheduler_type="linear",
+        warmup_steps=warmup_steps(train.max_steps, train.warmup_ratio), weight_decay=train.weight_decay,
+        max_grad_norm=train.clip_norm, adam_epsilon=train.adam_epsilon, seed=seed, data_seed=seed,
+        logging_steps=8, save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
+        include_num_input_tokens_seen="non_padding")
+    collator = transformers.DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=train_rows, data_collator=collator)
+    metrics = trainer.train().metrics
+    tokens = trainer.state.num_input_tokens_seen
+
+    model.eval()
+    right = []
+    with torch.no_grad():
+        for first in range(0, len(dev_rows), 32):
+            batch = collator(dev_rows[first:first + 32])
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            predicted, targets = logits[:, :-1].argmax(-1), batch["labels"][:, 1:]
+            answer = targets != -100
+            right += ((predicted == targets) | ~answer).all(dim=1).tolist()
+    return {"answer_accuracy": float(np.mean(right)), "train_tokens_per_s": tokens / metrics["train_runtime"],
+            "train_seconds": metrics["train_runtime"]}
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.mean(values):.4f} (min {min(values):.4f}, max {max(values):.4f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default="torch")
-    parser.add_argument("--train-rows", type=int, default=64)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=Path("runs/smollm2-sst2"))
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--backends", default="", help="one LoRA seed on each of these too, e.g. jax,tf")
+    parser.add_argument("--full", action="store_true", help="one run of every parameter fine-tuned")
+    parser.add_argument("--out", type=Path, default=Path("runs/smollm2-bench"))
     args = parser.parse_args()
     if args.out.exists():
         raise SystemExit(f"{args.out} already exists: give a new --out (nothing there is overwritten)")
     args.out.mkdir(parents=True)
-    write_conversations(GLUE / "train.tsv", args.out / "train.jsonl", args.train_rows)
-    write_conversations(GLUE / "dev.tsv", args.out / "dev.jsonl", None)
-    for name, epochs in (("zero-shot", 0), ("fine-tuned", args.epochs)):
-        config = args.out / f"{name}.toml"
-        config.write_text(f"""[task]
-name = "causal_lm"
-tokenizer = "checkpoint"
-[model]
-checkpoint = "smollm2"
-dropout = false
-[data]
-dataset = "sst2"
-train_file = "train.jsonl"
-eval_files = ["dev.jsonl"]
-max_length = 128
-[train]
-epochs = {epochs}
-learning_rate = 5e-5
-warmup_ratio = 0.1
-global_batch = 8
-seed = {args.seed}
-[runtime]
-output_dir = "{(args.out / name).resolve()}"
-""")
-        subprocess.run([sys.executable, "-m", "tpuplex", "train", str(config), "--backend", args.backend], check=True)
-        dev = json.loads((args.out / name / "results.json").read_text())["metrics"]["dev"]
-        print(f"{name}: dev answer_accuracy {dev['answer_accuracy']:.4f}, answer loss {dev['loss']:.4f}", flush=True)
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    started = time.strftime("%Y-%m-%d %H:%M")
+    summary: dict = {"started": started, "seeds": seeds, "tpuplex": {}, "peer": {}}
+    summary["zero_shot"] = tpuplex_run(EXAMPLE, "torch", args.out / "zero-shot", "train.max_steps=0")
+    for seed in seeds:
+        summary["tpuplex"][seed] = tpuplex_run(EXAMPLE, "torch", args.out / f"tpuplex-{seed}", f"train.seed={seed}")
+        summary["peer"][seed] = peer_run(seed, args.out / f"peer-{seed}")
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for backend in filter(None, args.backends.split(",")):
+        summary[f"tpuplex-{backend}"] = tpuplex_run(EXAMPLE, backend, args.out / f"tpuplex-{backend}",
+                                                    f"train.seed={seeds[0]}")
+    if args.full:
+        summary["full"] = tpuplex_run(FULL, "torch", args.out / "full", f"train.seed={seeds[0]}")
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    print(f"zero-shot base: dev answer_accuracy {summary['zero_shot']['answer_accuracy']:.4f}")
+    for who in ("tpuplex", "peer"):
+        runs = list(summary[who].values())
+        print(f"{who} LoRA, seeds {args.seeds}: dev answer_accuracy {spread([r['answer_accuracy'] for r in runs])}, "
+              f"train tokens/s {spread([r['train_tokens_per_s'] for r in runs])}")
+    for key in (k for k in summary if k.startswith("tpuplex-") or k == "full"):
+        run = summary[key]
+        print(f"{key}: dev answer_accuracy {run['answer_accuracy']:.4f}, train tokens/s "
+              f"{run['train_tokens_per_s']:.1f}, optimizer state {run['parameters']['optimizer_state_bytes']:,} B")
 
 
 if __name__ == "__main__":

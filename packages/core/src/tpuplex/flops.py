@@ -76,14 +76,16 @@ def cpu_matmul_flops(size: int = 1024, repeats: int = 5) -> float:
 def train_flops(spec, batch, framework_forward: Callable[[], float | None] = lambda: None) -> float | None:
     """Model FLOPs of one training step on `batch`: 3x the forward of the kind's network and the task's head, or,
     for a network the kind does not count (a model of your own, head included), 3x `framework_forward()`, the
-    framework's count; None when neither counts."""
+    framework's count; None when neither counts. Over a frozen base (LoRA) 2x: the backward computes the
+    activations' gradients but no weight's (a slight undercount: the attention's weightless products still cost
+    2x their forward backwards, and the adapters' own small products are not counted)."""
     network = spec.kind.forward_flops(spec, batch)
     if network is None:
         forward = framework_forward()
     else:
         head = spec.task.head_flops(spec, batch)
         forward = None if head is None else network + head
-    return None if forward is None else 3.0 * forward
+    return None if forward is None else (2.0 if spec.frozen else 3.0) * forward
 
 
 def rates(step_flops: float | None, seconds: float, peak_flops_per_s: float) -> dict[str, float | None]:

@@ -478,18 +478,19 @@ class _Run:
         # Only the batches this run trains on are built (and their records read), however far input runs ahead.
         epoch = itertools.islice(trainer.train_batcher.train_batches(at.epoch, at.position), stop - at.step)
         first_step = at.step + 1
-        prefetcher = Prefetcher((trainer.data.train_batch(batch, first_step + offset)
+        # The Batcher's batch rides along with the task's: its attention_mask counts the real tokens.
+        prefetcher = Prefetcher(((batch, trainer.data.train_batch(batch, first_step + offset))
                                  for offset, batch in enumerate(epoch)), trainer.config.runtime.prefetch)
         batches = _Lookahead(prefetcher)
         try:
             while at.step < stop:
                 started, waited = time.perf_counter(), prefetcher.waited
-                group = self._next_group(batches, stop)
+                read, group = zip(*self._next_group(batches, stop), strict=True)
                 self.profiler.before_step(at.step + 1)
-                losses = self._run_group(group)
+                losses = self._run_group(list(group))
                 elapsed = time.perf_counter() - started
                 step_flops = [trainer.train_flops(batch, self.state) for batch in group]
-                for batch, batch_flops in zip(group, step_flops, strict=True):
+                for batch, batch_flops in zip(read, step_flops, strict=True):
                     self.train_throughput = self.train_throughput.add(batch, batch_flops)
                 self.train_throughput = self.train_throughput.timed(elapsed, prefetcher.waited - waited)
                 self._after_steps(losses, step_flops)
@@ -506,15 +507,15 @@ class _Run:
             self.compiles_by_epoch[at.epoch] = self.backend.compile_count()
             self.reporter.record("epoch", at.step, epoch=at.epoch, compiles=self.compiles_by_epoch[at.epoch])
 
-    def _next_group(self, batches: _Lookahead, stop: int) -> list[Batch]:
-        """The next 1 or `steps_per_execution` batches: a whole group only if it ends at or before the next
-        evaluation/checkpoint/profile boundary and all its batches share one shape."""
+    def _next_group(self, batches: _Lookahead, stop: int) -> list[tuple[Batch, Batch]]:
+        """The next 1 or `steps_per_execution` (Batcher's batch, task's batch) pairs: a whole group only if it ends
+        at or before the next evaluation/checkpoint/profile boundary and all its batches share one shape."""
         k = self.trainer.config.train.steps_per_execution
         group = [next(batches)]
         if k > 1 and self.cadence.next_boundary(self.at.step, stop) - self.at.step >= k:
-            shape = shapes(group[0])
+            shape = shapes(group[0][1])
             # A shape change may cut the group short; `_run_group` then runs its batches one by one.
-            while len(group) < k and batches.peek() is not None and shapes(batches.peek()) == shape:
+            while len(group) < k and batches.peek() is not None and shapes(batches.peek()[1]) == shape:
                 group.append(next(batches))
         return group
 
@@ -613,21 +614,21 @@ class _Run:
 
 
 class _Lookahead:
-    """An iterator with one item of lookahead (`peek` returns None at the end)."""
+    """An iterator with one item of lookahead (`peek` returns None at the end): (Batcher's batch, task's batch)."""
 
     _END = object()
 
-    def __init__(self, items: Iterator[Batch]):
+    def __init__(self, items: Iterator[tuple[Batch, Batch]]):
         self._items = items
         self._next: Any = next(items, self._END)
 
-    def __next__(self) -> Batch:
+    def __next__(self) -> tuple[Batch, Batch]:
         if self._next is self._END:
             raise StopIteration
         item, self._next = self._next, next(self._items, self._END)
         return item
 
-    def peek(self) -> Batch | None:
+    def peek(self) -> tuple[Batch, Batch] | None:
         return None if self._next is self._END else self._next
 
 
