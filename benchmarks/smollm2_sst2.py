@@ -122,7 +122,8 @@ def main() -> None:
     seeds = [int(seed) for seed in args.seeds.split(",")]
     started = time.strftime("%Y-%m-%d %H:%M")
     summary: dict = {"started": started, "seeds": seeds, "tpuplex": {}, "peer": {}}
-    summary["zero_shot"] = tpuplex_run(EXAMPLE, "torch", args.out / "zero-shot", "train.max_steps=0")
+    summary["zero_shot"] = tpuplex_run(EXAMPLE, "torch", args.out / "zero-shot", "train.max_steps=0",
+                                       "train.epochs=0")
     for seed in seeds:
         summary["tpuplex"][seed] = tpuplex_run(EXAMPLE, "torch", args.out / f"tpuplex-{seed}", f"train.seed={seed}")
         summary["peer"][seed] = peer_run(seed, args.out / f"peer-{seed}")
