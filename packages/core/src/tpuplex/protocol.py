@@ -11,11 +11,13 @@ a text task's are TEXT_INPUTS,
     token_type_ids  int32   [B, L]   segment ids (0 first sentence, 1 second)
     attention_mask  int32   [B, L]   1 for real tokens, 0 for padding
 
-an image task's `images` uint8 [B, H, W, 3] (RGB pixels; each task module scales them on the device). The task
+an image task's `images` uint8 [B, H, W, 3] (RGB pixels; each task module scales them on the device), a speech
+task's `features` float32 [B, T, mel] (log-mel frames) with its `attention_mask` [B, T]. The task
 (`tpuplex.tasks`) adds its TARGETS: `labels` and `weight`, whose shape is that of the task's loss units ([B] for
 sequence classification, [B, L] per token for masked-LM pre-training). A unit of weight 0 (a padding row, an
-unmasked token) counts for nothing. Any further entry is an input of the task's head (`head_inputs`). Backends
-keep uint8 arrays as they are and give other integer arrays the framework's index type.
+unmasked token) counts for nothing. Any further entry is an input of the task's head (`head_inputs`). What an
+input becomes on the device is one rule, `device_dtype`: floating arrays float32, uint8 as it is, other integers
+the framework's index type.
 
 Semantics every backend implements the same way:
 - loss = sum(weight * unit_loss) / max(sum(weight), 1) over the global batch, `unit_loss` the task's (its backend
@@ -48,6 +50,16 @@ from tpuplex.errors import TpuplexError
 Batch = Mapping[str, np.ndarray]
 TEXT_INPUTS: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask")
 TARGETS: tuple[str, ...] = ("labels", "weight")
+
+
+def device_dtype(array: np.ndarray, index: Any) -> Any:
+    """The dtype a backend gives an input array on its devices: float32 for floating arrays (log-mel features),
+    uint8 as it is (pixels), and `index` (the framework's index type: int64 for torch, int32 for tf) for every
+    other integer array (token ids, masks, positions)."""
+    kind = np.asarray(array).dtype
+    if kind.kind == "f":
+        return np.float32
+    return np.uint8 if kind == np.uint8 else index
 
 
 def batch_rows(batch: Mapping[str, Any]) -> int:

@@ -33,6 +33,7 @@ from tpuplex.protocol import (
     PortableState,
     Prompts,
     batch_rows,
+    device_dtype,
     head_inputs,
 )
 from tpuplex.tasks import jax as tasks_jax
@@ -187,6 +188,8 @@ class JaxBackend(BackendBase):
                 f"data.max_length to at most {programs.max_length}")
         mine = process_rows(global_batch, jax.process_index(), jax.process_count())
         rows = {name: np.asarray(batch[name])[mine] for name in keys}
+        rows = {name: value if name in TARGETS else value.astype(device_dtype(value, np.int32), copy=False)
+                for name, value in rows.items()}
         if "labels" in rows:
             rows.setdefault("weight", np.ones(rows["labels"].shape, np.float32))
         return {name: jax.make_array_from_process_local_data(self._rows, value, (global_batch, *value.shape[1:]))

@@ -45,7 +45,7 @@ import tensorflow as tf
 from tpuplex.data.batching import check_divisible, check_micro_batches
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.tf import Built
-from tpuplex.protocol import Batch, OptimizerSpec, batch_rows, decays, head_inputs
+from tpuplex.protocol import Batch, OptimizerSpec, batch_rows, decays, device_dtype, head_inputs
 from tpuplex.tasks.tf import TaskModule
 
 
@@ -296,14 +296,12 @@ class Steps:
 
 
 def _train_array(batch: Batch, key: str) -> np.ndarray:
-    """One training input as the dtype the program takes: uint8 (images) as it is, other inputs int32; a batch
-    without `weight` counts every row."""
+    """One training input as the dtype the program takes (`tpuplex.protocol.device_dtype`, index type int32);
+    labels as they are; a batch without `weight` counts every row."""
     if key == "weight":
         return np.asarray(batch.get("weight", np.ones(np.shape(batch["labels"]))), np.float32)
     array = np.asarray(batch[key])
-    if key == "labels" or array.dtype == np.uint8:
-        return array
-    return array.astype(np.int32, copy=False)
+    return array if key == "labels" else array.astype(device_dtype(array, np.int32), copy=False)
 
 
 def _assign(variable: tf.Variable, value: tf.Tensor):

@@ -40,7 +40,7 @@ from tpuplex.data.batching import check_divisible
 from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
 from tpuplex.hosts import process_rows
-from tpuplex.protocol import TARGETS, Batch, batch_rows
+from tpuplex.protocol import TARGETS, Batch, batch_rows, device_dtype
 
 if TYPE_CHECKING:
     from tpuplex.kinds.torch import Forward
@@ -66,12 +66,11 @@ def claim(runtime: RuntimeConfig) -> Placement:
 
 
 def host_tensors(batch: Batch) -> dict[str, torch.Tensor]:
-    """A host batch as CPU tensors: the model's and the head's inputs int64 (uint8 arrays, images
-    [B, H, W, 3], as they are), the task's labels int64 (float32 for regression) and weight float32 of the labels'
-    shape ([B], or [B, L] per token; ones when the batch has none). A predict batch may come without labels."""
-    tensors = {key: torch.from_numpy(np.ascontiguousarray(array) if array.dtype == np.uint8 else
-                                     np.asarray(array, dtype=np.int64))
-               for key, array in ((key, np.asarray(value)) for key, value in batch.items()) if key not in TARGETS}
+    """A host batch as CPU tensors: the model's and the head's inputs as `tpuplex.protocol.device_dtype` says
+    (index type int64), the task's labels int64 (float32 for regression) and weight float32 of the labels' shape
+    ([B], or [B, L] per token; ones when the batch has none). A predict batch may come without labels."""
+    tensors = {key: torch.from_numpy(np.ascontiguousarray(value, dtype=device_dtype(value, np.int64)))
+               for key, value in batch.items() if key not in TARGETS}
     if "labels" not in batch:
         return tensors
     labels = np.asarray(batch["labels"])

@@ -7,9 +7,11 @@ A `.jsonl` file whose records hold either
 
 is a split of conversations (TRL's two formats). So is any table (`tpuplex.data.tables`: .tsv, .csv, .jsonl,
 .parquet) with `task.prompt_template` and `task.answer_template`, jinja2 templates over its columns that give each
-row's user message and answer (`table_records`), so a labelled dataset is instruction data where it lies. `messages` are rendered by the checkpoint's chat template (the
-`chat_template` of its tokenizer_config.json, as transformers' `apply_chat_template` renders it); a prompt and its
-completion are joined as they are, the completion followed by the end-of-text token. Every assistant turn (its
+row's user message and answer (`table_records`), so a labelled dataset is instruction data where it lies.
+
+`messages` are rendered by the checkpoint's chat template (the `chat_template` of its tokenizer_config.json, as
+transformers' `apply_chat_template` renders it); a prompt and its completion are joined as they are, the
+completion followed by the end-of-text token. Every assistant turn (its
 content and the template's end-of-turn tokens) or completion is an answer: the tokens whose text starts inside one
 carry weight 1, all others 0, so the loss and the held-out loss are the answers' alone.
 
