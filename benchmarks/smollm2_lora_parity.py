@@ -41,9 +41,9 @@ def peft_difference(run: Path, out: Path) -> float:
     """The largest |per-token loss| difference on dev conversations between tpuplex's torch backend and
     transformers + peft loading `tpuplex export --format peft` of `run` on the base model."""
     import peft
-    import torch
     import transformers
 
+    import torch
     from tpuplex.commands import export, run_folder, workflow
 
     folder = export.export(run, "peft", out / "peft")

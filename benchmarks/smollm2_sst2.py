@@ -46,9 +46,9 @@ def peer_run(seed: int, out: Path) -> dict:
     """The example's recipe in transformers + peft + HF's Trainer (see the module doc)."""
     import numpy as np
     import peft
-    import torch
     import transformers
 
+    import torch
     from tpuplex import config as tpuplex_config
     from tpuplex.engine.schedule import warmup_steps
     from tpuplex.params import resolve_checkpoint
