@@ -154,7 +154,8 @@ def test_an_interrupted_sweep_keeps_its_finished_seeds(write_config, tmp_path) -
     (["eval", "{run}", "--backend", "numpy", "--split", "test"], "has no evaluation split 'test'"),
     (["predict", "{run}", "--backend", "numpy", "--split", "dev_matched"], "has no split 'dev_matched'"),
     (["predict", "{run}", "--backend", "numpy"], "test.tsv does not exist"),
-    (["export", "{run}", "--format", "onnx"], "unknown export format 'onnx': use one of hf, peft, saved_model, torch_export"),
+    (["export", "{run}", "--format", "onnx"],
+     "unknown export format 'onnx': use one of hf, peft, saved_model, torch_export"),
     (["sweep", "{config}", "--backend", "numpy", "--seeds", "1,x"], "is not a comma-separated list of integers"),
     (["report", "{empty}"], "has no results.json"),
 ])
