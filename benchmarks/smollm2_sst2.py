@@ -58,14 +58,14 @@ def peer_run(seed: int, out: Path) -> dict:
     folder = resolve_checkpoint(settings.model.checkpoint)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    prompt = options["prompt_template"].replace("{{ sentence }}", "{sentence}")
+    prompt = options["prompt_template"].replace("{{ sentence | trim }}", "{sentence}")
 
     def conversations(path: Path) -> list[dict]:
         with path.open(encoding="utf-8", newline="") as handle:
             rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
         encoded = []
         for row in rows:
-            user = [{"role": "user", "content": prompt.format(sentence=row["sentence"])}]
+            user = [{"role": "user", "content": prompt.format(sentence=row["sentence"].strip())}]
             answer = {"role": "assistant", "content": ["negative", "positive"][int(row["label"])]}
             start = len(tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=True,
                                                       return_dict=True)["input_ids"])

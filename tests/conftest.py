@@ -92,6 +92,12 @@ def shared_images() -> Path:
 
 
 @pytest.fixture(scope="session")
+def shared_audio() -> Path:
+    """../shared/audio beside the repository: recordings with transcripts (fsdd; see its README.md)."""
+    return shared_folder("audio", "the shared audio data")
+
+
+@pytest.fixture(scope="session")
 def flowers_data(shared_images, tmp_path_factory):
     """The flower photos prepared once a session at 32 x 32, 64 of them as the training split
     (tests/common/image_checks.py); the tests read it and never change it."""

@@ -3,6 +3,7 @@
     text    an HF text encoder family (BERT, RoBERTa, DistilBERT, ELECTRA, ALBERT) with the task's head
     image   an HF image family (ResNet, ViT)
     decoder an HF decoder language model family (GPT-2, Llama)
+    speech  a speech model family (a Conformer for CTC)
     own     your own network (`model.architecture`) in the backend's framework (`tpuplex.models.user`)
 
     kind = kinds.resolve(config, task)    # the ModelKind of this run, checked against the task's `model_kinds`
@@ -109,9 +110,10 @@ def family_kinds() -> tuple[type[ModelKind], ...]:
     """The kinds a checkpoint's family resolves to, in the order they are asked."""
     from tpuplex.kinds.decoder import Decoders
     from tpuplex.kinds.image import ImageFamilies
+    from tpuplex.kinds.speech import SpeechFamilies
     from tpuplex.kinds.text import TextEncoders
 
-    return TextEncoders, ImageFamilies, Decoders
+    return TextEncoders, ImageFamilies, Decoders, SpeechFamilies
 
 
 def resolve(config: Any, task: Any) -> ModelKind:

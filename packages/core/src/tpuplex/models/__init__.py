@@ -15,6 +15,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.models.albert import ALBERT
 from tpuplex.models.architecture import ACTIVATIONS, BLOCK_MODULES, Architecture, canonical_shapes
 from tpuplex.models.bert import BERT
+from tpuplex.models.conformer import CONFORMER, SpeechFamily
 from tpuplex.models.decoder import DecoderArch, DecoderFamily
 from tpuplex.models.distilbert import DISTILBERT
 from tpuplex.models.electra import ELECTRA
@@ -27,20 +28,22 @@ from tpuplex.models.roberta import ROBERTA
 FAMILIES: tuple[Family, ...] = (BERT, ROBERTA, DISTILBERT, ELECTRA, ALBERT)
 IMAGE_FAMILIES: tuple[ImageFamily, ...] = (RESNET, VIT)
 DECODER_FAMILIES: tuple[DecoderFamily, ...] = (GPT2, LLAMA)
+SPEECH_FAMILIES: tuple[SpeechFamily, ...] = (CONFORMER,)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for family in FAMILIES for t in family.model_types)
 IMAGE_MODEL_TYPES: tuple[str, ...] = tuple(t for family in IMAGE_FAMILIES for t in family.model_types)
 DECODER_MODEL_TYPES: tuple[str, ...] = tuple(t for family in DECODER_FAMILIES for t in family.model_types)
+SPEECH_MODEL_TYPES: tuple[str, ...] = tuple(t for family in SPEECH_FAMILIES for t in family.model_types)
 
 
-def family_of(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> Family | ImageFamily | DecoderFamily:
+def family_of(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> Any:
     """The family whose `model_type` the config names; one clear error naming the supported ones otherwise."""
     model_type = hf_config.get("model_type")
-    for family in (*FAMILIES, *IMAGE_FAMILIES, *DECODER_FAMILIES):
+    for family in (*FAMILIES, *IMAGE_FAMILIES, *DECODER_FAMILIES, *SPEECH_FAMILIES):
         if model_type in family.model_types:
             return family
     raise TpuplexError(f"model_type {model_type!r} in {path} is not supported: tpuplex builds "
-                       f"{', '.join(SUPPORTED_MODEL_TYPES)} encoders, {', '.join(IMAGE_MODEL_TYPES)} image models and "
-                       f"{', '.join(DECODER_MODEL_TYPES)} decoders")
+                       f"{', '.join(SUPPORTED_MODEL_TYPES)} encoders, {', '.join(IMAGE_MODEL_TYPES)} image models, "
+                       f"{', '.join(DECODER_MODEL_TYPES)} decoders and {', '.join(SPEECH_MODEL_TYPES)} speech models")
 
 
 def architecture_of(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> tuple[Family, Architecture]:
@@ -51,5 +54,6 @@ def architecture_of(hf_config: Mapping[str, Any], path: Path | str = "config.jso
 
 
 __all__ = ["ACTIVATIONS", "BLOCK_MODULES", "DECODER_FAMILIES", "DECODER_MODEL_TYPES", "FAMILIES", "IMAGE_FAMILIES",
-           "IMAGE_MODEL_TYPES", "SUPPORTED_MODEL_TYPES", "Architecture", "DecoderArch", "DecoderFamily", "Family",
-           "ImageFamily", "architecture_of", "canonical_shapes", "family_of"]
+           "IMAGE_MODEL_TYPES", "SPEECH_FAMILIES", "SPEECH_MODEL_TYPES", "SUPPORTED_MODEL_TYPES", "Architecture",
+           "DecoderArch", "DecoderFamily", "Family", "ImageFamily", "SpeechFamily", "architecture_of",
+           "canonical_shapes", "family_of"]

@@ -24,6 +24,7 @@ BUILTIN: dict[str, str] = {
     "token_classification": "tpuplex.tasks.token_classification:TASK",
     "image_classification": "tpuplex.tasks.image_classification:TASK",
     "causal_lm": "tpuplex.tasks.causal_lm:TASK",
+    "speech_recognition": "tpuplex.tasks.speech_recognition:TASK",
 }
 
 

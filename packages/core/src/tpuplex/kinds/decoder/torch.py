@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import torch
 from tpuplex.kinds.decoder import parameter_names, parameter_shapes
 from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import ACTIVATIONS
+from tpuplex.layers.torch import ACTIVATIONS, register_parameters
 from tpuplex.models.decoder import DecoderArch
 from tpuplex.models.lora import Lora
 from tpuplex.params import check_names
@@ -44,17 +44,9 @@ class DecoderModel(torch.nn.Module):
         the adapters among them (`tpuplex.models.lora`), or None."""
         super().__init__()
         self.arch, self.lora = arch, lora
-        self.slots: dict[str, tuple[torch.nn.Module, str]] = {}
+        registered = register_parameters(self, {hf_name: params[hf_name] for hf_name in hf_names.values()})
+        self.slots = {canonical: registered[hf_name] for canonical, hf_name in hf_names.items()}
         """Canonical name -> (the module that holds the parameter, its attribute there)."""
-        for canonical, hf_name in hf_names.items():
-            *path, leaf = hf_name.split(".")
-            owner = self
-            for part in path:
-                if not hasattr(owner, part):
-                    owner.add_module(part, torch.nn.Module())
-                owner = getattr(owner, part)
-            owner.register_parameter(leaf, torch.nn.Parameter(torch.from_numpy(np.array(params[hf_name]))))
-            self.slots[canonical] = (owner, leaf)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, cache: Cache | None = None,
                 cache_index: int = 0, key_mask: torch.Tensor | None = None) -> torch.Tensor | tuple:

@@ -1,0 +1,197 @@
+"""Recordings as the speech task reads them: decoded once (`soundfile`), turned into log-mel features in numpy
+(the same numbers for every backend), and written to prepared shards with their frame counts and transcripts.
+
+Features (`LogMel`), TensorFlowASR's and `tf.signal`'s recipe, so a serving graph can compute them with TF's ops:
+
+    frames     Hann-windowed (periodic) frames of `frame_ms`, every `hop_ms`, no padding at the ends
+    power      |rfft(frame, n_fft)|^2, n_fft the power of 2 at or above the frame's samples
+    mel        the power through `mel_bins` triangular filters on HTK's mel scale from 0 Hz to the Nyquist
+               frequency (`tf.signal.linear_to_mel_weight_matrix`), then log(mel + 1e-6)
+    normalised each mel bin to mean 0 and variance 1 over the utterance's frames (TensorFlowASR's
+               `normalize_feature`)
+
+A prepared speech folder (`tpuplex.data.shards`) holds per utterance: `features` float32 [F, mel_bins] (F the
+longest utterance's frames, zeros after its own), `frames` int32, `text` and `path` (UTF-8 bytes, zero-padded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpuplex.data import shards
+from tpuplex.data.tables import DataFile, read_table
+from tpuplex.errors import TpuplexError
+
+EPSILON = 1e-6
+FORMAT = "speech"
+"""The `meta["task"]` of a prepared speech folder."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LogMel:
+    """The feature settings (`task.*` of the speech task)."""
+
+    sample_rate: int = 16000
+    mel_bins: int = 80
+    frame_ms: float = 25.0
+    hop_ms: float = 10.0
+
+    @property
+    def frame_length(self) -> int:
+        return int(round(self.sample_rate * self.frame_ms / 1000))
+
+    @property
+    def hop_length(self) -> int:
+        return int(round(self.sample_rate * self.hop_ms / 1000))
+
+    @property
+    def fft_length(self) -> int:
+        return 1 << (self.frame_length - 1).bit_length()
+
+    def frames(self, samples: int) -> int:
+        """Feature frames of a recording of `samples` samples (0 when shorter than one frame)."""
+        return 0 if samples < self.frame_length else 1 + (samples - self.frame_length) // self.hop_length
+
+    def __call__(self, audio: np.ndarray) -> np.ndarray:
+        """float32 [frames, mel_bins] of mono samples float32 [n] in [-1, 1] (n at least one frame)."""
+        count = self.frames(len(audio))
+        starts = np.arange(count)[:, None] * self.hop_length + np.arange(self.frame_length)[None, :]
+        window = np.hanning(self.frame_length + 1)[:-1]  # periodic, as tf.signal.hann_window
+        spectrum = np.fft.rfft(audio[starts].astype(np.float64) * window, n=self.fft_length)
+        power = spectrum.real ** 2 + spectrum.imag ** 2
+        mel = np.log(power @ mel_matrix(self.mel_bins, self.fft_length // 2 + 1, self.sample_rate) + EPSILON)
+        normalised = (mel - mel.mean(axis=0)) / np.sqrt(mel.var(axis=0) + EPSILON)
+        return normalised.astype(np.float32)
+
+
+def mel_matrix(mel_bins: int, spectrum_bins: int, sample_rate: int) -> np.ndarray:
+    """float64 [spectrum_bins, mel_bins]: `tf.signal.linear_to_mel_weight_matrix` from 0 Hz to the Nyquist
+    frequency (HTK's mel scale, triangles that meet at their neighbours' centres, no weight on the DC bin)."""
+    def mel(hertz: np.ndarray) -> np.ndarray:
+        return 1127.0 * np.log1p(hertz / 700.0)
+
+    linear = mel(np.linspace(0.0, sample_rate / 2, spectrum_bins)[1:])[:, None]
+    edges = np.linspace(mel(np.float64(0.0)), mel(np.float64(sample_rate / 2)), mel_bins + 2)
+    lower, centre, upper = edges[:-2], edges[1:-1], edges[2:]
+    weights = np.maximum(0.0, np.minimum((linear - lower) / (centre - lower), (upper - linear) / (upper - centre)))
+    return np.concatenate([np.zeros((1, mel_bins)), weights])
+
+
+def require_soundfile() -> Any:
+    try:
+        import soundfile
+    except ImportError:
+        raise TpuplexError("reading audio needs soundfile: pip install 'tpuplex-core[audio]' (or soundfile)") from None
+    return soundfile
+
+
+def read_recording(path: Path, settings: LogMel, max_seconds: float, where: str) -> np.ndarray:
+    """Mono samples float32 [n] of the audio file at `path` (WAV, FLAC, OGG: what libsndfile reads), checked: one
+    TpuplexError naming the file (and `where`, its manifest row) for a file that is missing or unreadable, not
+    mono, not at `settings.sample_rate`, shorter than one feature frame or longer than `max_seconds`."""
+    soundfile = require_soundfile()
+    if not path.is_file():
+        raise TpuplexError(f"{path} does not exist ({where}): give audio paths relative to the manifest's folder")
+    try:
+        audio, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    except (RuntimeError, soundfile.LibsndfileError, ValueError) as error:
+        raise TpuplexError(f"{path} cannot be read as audio ({where}: {error}): give a WAV, FLAC or OGG file, "
+                           "whole") from None
+    if audio.shape[1] != 1:
+        raise TpuplexError(f"{path} has {audio.shape[1]} channels ({where}): tpuplex reads mono recordings; mix it "
+                           "down (e.g. sox in.wav -c 1 out.wav)")
+    if rate != settings.sample_rate:
+        raise TpuplexError(f"{path} is sampled at {rate} Hz, task.sample_rate is {settings.sample_rate} ({where}): "
+                           f"set task.sample_rate = {rate} for data at that rate, or resample the file (tpuplex "
+                           "does not resample)")
+    seconds = len(audio) / rate
+    if settings.frames(len(audio)) == 0:
+        raise TpuplexError(f"{path} holds {len(audio)} samples, less than one {settings.frame_ms:g} ms frame "
+                           f"({where}): remove the empty recording from the manifest")
+    if seconds > max_seconds:
+        raise TpuplexError(f"{path} lasts {seconds:.1f} s, more than task.max_seconds = {max_seconds:g} ({where}): "
+                           "cut it into utterances, or raise task.max_seconds (every batch is padded to the longest)")
+    return audio[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A manifest's utterances: audio paths (resolved against the manifest's folder) and transcripts, with where
+    each row is ("<file> line 7")."""
+
+    file: DataFile
+    paths: tuple[Path, ...]
+    texts: tuple[str, ...]
+    rows: tuple[str, ...]
+
+    def key(self, settings: LogMel, max_seconds: float) -> str:
+        """What the prepared features depend on: the settings, and every row's path, size, time and text."""
+        digest = hashlib.sha256(json.dumps([dataclasses.asdict(settings), max_seconds]).encode())
+        for path, text in zip(self.paths, self.texts, strict=True):
+            stat = path.stat() if path.is_file() else None
+            digest.update(f"{path}\0{stat and stat.st_size}\0{stat and stat.st_mtime_ns}\0{text}\n".encode())
+        return digest.hexdigest()[:16]
+
+
+def read_manifest(file: DataFile, audio_column: str, text_column: str) -> Manifest:
+    """The utterances of a .tsv/.csv/.jsonl/.parquet manifest (`tpuplex.data.tables`), paths relative to its
+    folder."""
+    table = read_table(file, (audio_column, text_column))
+    paths = tuple((file.path.parent / str(value)).resolve() for value in table.columns[audio_column])
+    texts = tuple(str(value) for value in table.columns[text_column])
+    return Manifest(file, paths, texts, tuple(table.where(row) for row in range(len(table))))
+
+
+def prepare(manifest: Manifest, folder: Path, settings: LogMel, max_seconds: float) -> shards.Shards:
+    """Every utterance of `manifest` read, checked and turned into features, written to the prepared folder
+    `folder` (whole or not at all: `tpuplex.data.shards.ShardWriter`)."""
+    features = []
+    for path, row in zip(manifest.paths, manifest.rows, strict=True):
+        features.append(settings(read_recording(path, settings, max_seconds, f"{row} of {manifest.file.field}")))
+    texts = [text.encode("utf-8") for text in manifest.texts]
+    paths = [str(path).encode("utf-8") for path in manifest.paths]
+    longest = max(len(f) for f in features)
+    fields = {"features": shards.Field("float32", (longest, settings.mel_bins)), "frames": shards.Field("int32"),
+              "text": shards.Field("uint8", (max(map(len, texts)),)),
+              "path": shards.Field("uint8", (max(map(len, paths)),))}
+    meta = {"task": FORMAT, "settings": dataclasses.asdict(settings), "max_seconds": max_seconds,
+            "source": str(manifest.file.path)}
+    with shards.ShardWriter(folder, fields, columns=("frames",), meta=meta) as writer:
+        for feature, text, path in zip(features, texts, paths, strict=True):
+            padded = np.zeros((1, longest, settings.mel_bins), np.float32)
+            padded[0, : len(feature)] = feature
+            writer.add(features=padded, frames=np.array([len(feature)]), text=_padded(text, fields["text"]),
+                       path=_padded(path, fields["path"]))
+    return shards.open_shards(folder)
+
+
+def _padded(value: bytes, field: shards.Field) -> np.ndarray:
+    row = np.zeros((1, *field.shape), np.uint8)
+    row[0, : len(value)] = np.frombuffer(value, np.uint8)
+    return row
+
+
+def decode_strings(rows: np.ndarray) -> list[str]:
+    """uint8 [n, width] zero-padded UTF-8 -> n strings."""
+    return [bytes(row).rstrip(b"\0").decode("utf-8") for row in rows]
+
+
+def prepared(manifest: Manifest, cache: Path, settings: LogMel, max_seconds: float) -> shards.Shards:
+    """The prepared features of `manifest` in `cache`, prepared on first use (and again when a file, a
+    transcript or a setting changed)."""
+    folder = cache / f"{manifest.file.path.stem}-{manifest.key(settings, max_seconds)}"
+    if shards.is_prepared(folder):
+        return shards.open_shards(folder)
+    return prepare(manifest, folder, settings, max_seconds)
+
+
+def characters(texts: Sequence[str]) -> str:
+    """The sorted characters of `texts`: a character vocabulary (CTC's blank is id 0, character i is id i + 1)."""
+    return "".join(sorted(set("".join(texts))))

@@ -1,0 +1,45 @@
+"""Speech recognition in PyTorch: the model's call, each utterance's CTC loss and the predict outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch.nn.functional as F
+
+import torch
+from tpuplex.tasks import torch as tasks_torch
+from tpuplex.tasks.speech_recognition.data import BLANK
+
+
+class Module(tasks_torch.TaskModule):
+    def model_inputs(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """features float32 [b, T, mel] and attention_mask [b, T]."""
+        return batch["features"], batch["attention_mask"]
+
+    def unit_losses(self, outputs: tuple, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """float32 [b]: each utterance's CTC loss over its transcript's length (HF's "mean" reduction); 0 where
+        the model's frames cannot hold the transcript (`feasible`), as HF's `ctc_zero_infinity`."""
+        logits, frames = outputs
+        fits = feasible(frames, batch["labels"])
+        labels = torch.where(fits[:, None], batch["labels"], BLANK)  # no transcript: a finite loss, and 0 by where
+        label_lengths = (labels != BLANK).sum(dim=1)
+        log_probs = F.log_softmax(logits.float(), dim=-1).transpose(0, 1)  # [T', b, V]
+        losses = F.ctc_loss(log_probs, labels, frames.clamp(min=0), label_lengths, blank=BLANK, reduction="none")
+        return torch.where(fits, losses / label_lengths.clamp(min=1), torch.zeros_like(losses))
+
+    def predict_outputs(self, outputs: tuple, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """float32 [b, T, 2]: each output frame's most likely symbol (-1 past the utterance's output frames, and
+        on to the T input frames) and the utterance's loss."""
+        logits, frames = outputs
+        rows, length = batch["features"].shape[:2]
+        ids = logits.argmax(dim=-1)
+        ids = torch.where(torch.arange(ids.shape[1], device=ids.device)[None, :] < frames[:, None], ids, -1)
+        ids = F.pad(ids, (0, length - ids.shape[1]), value=-1).float()
+        losses = self.unit_losses(outputs, batch)[:, None].expand(rows, length)
+        return torch.stack([ids, losses], dim=-1)
+
+
+def feasible(frames: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """bool [b]: whether T' frames can align the transcript: one frame a symbol, and a blank between repeats."""
+    repeats = ((labels[:, 1:] == labels[:, :-1]) & (labels[:, 1:] != BLANK)).sum(dim=1)
+    return frames >= (labels != BLANK).sum(dim=1) + repeats

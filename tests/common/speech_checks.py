@@ -1,0 +1,84 @@
+"""The speech tests every backend session runs (tests/<backend>/test_speech.py imports them): a small Conformer
+trained with CTC on real recordings (../shared/audio/fsdd, 48 training and 12 dev utterances) through the CLI, 20
+dropout-off steps with SpecAugment, against the torch backend: the same losses, and the same transcripts and error
+rates from one checkpoint."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fresh_process import tpuplex
+
+CONFORMER = {"model_type": "conformer_ctc", "hidden_size": 32, "num_layers": 2, "num_heads": 4, "ffn_multiplier": 2,
+             "conv_kernel": 7, "subsampling_channels": 8}
+STEPS = 20
+
+
+def write_manifest(source: Path, out: Path, rows: int) -> Path:
+    """The first `rows` utterances of an FSDD manifest, their paths made absolute."""
+    with source.open(encoding="utf-8", newline="") as handle:
+        read = list(csv.DictReader(handle, delimiter="\t"))[:rows]
+    out.write_text("path\ttext\n" + "".join(f"{(source.parent / row['path']).resolve()}\t{row['text']}\n"
+                                            for row in read), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def speech_run(shared_audio, tmp_path_factory) -> dict:
+    """The config, and the torch backend's run of it (the reference every backend is held to)."""
+    root = tmp_path_factory.mktemp("speech")
+    fsdd = shared_audio / "fsdd"
+    (root / "conformer").mkdir()
+    (root / "conformer" / "config.json").write_text(json.dumps(CONFORMER))
+    config = root / "config.toml"
+    config.write_text(
+        '[task]\nname = "speech_recognition"\nsample_rate = 8000\nmel_bins = 24\ntime_mask_frames = 10\n'
+        f'[model]\ncheckpoint = {json.dumps(str(root / "conformer"))}\ndropout = false\n'
+        f'[data]\ndataset = "fsdd"\ntrain_file = {json.dumps(str(write_manifest(fsdd / "train.tsv", root / "train.tsv", 48)))}\n'
+        f'eval_files = [{json.dumps(str(write_manifest(fsdd / "dev.tsv", root / "dev.tsv", 12)))}]\n'
+        f'bucket_count = 2\ncache_dir = {json.dumps(str(root / "cache"))}\n'
+        f'[train]\nlearning_rate = 3e-3\nmax_steps = {STEPS}\nglobal_batch = 8\nseed = 3\n'
+        '[runtime]\nlog_every = 1\n')
+    return {"root": root, "config": config, "torch": train(config, "torch", root / "torch")}
+
+
+def train(config: Path, backend: str, out: Path) -> Path:
+    tpuplex("train", str(config), "--backend", backend, "--set", f"runtime.output_dir={json.dumps(str(out))}")
+    return out
+
+
+def losses(run: Path) -> np.ndarray:
+    entries = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    return np.array([entry["loss"] for entry in entries if entry["event"] == "train"])
+
+
+def test_ctc_training_follows_torch_on_real_recordings(backend_name, speech_run) -> None:
+    """20 steps: every loss within 1e-4 (relative) of the torch backend's, and the model learns."""
+    run = train(speech_run["config"], backend_name, speech_run["root"] / backend_name)
+    expected, found = losses(speech_run["torch"]), losses(run)
+    assert len(found) == len(expected) == STEPS
+    np.testing.assert_allclose(found, expected, rtol=1e-4)
+    assert expected[-5:].mean() < 0.8 * expected[:5].mean()
+    results = json.loads((run / "results.json").read_text())
+    assert results["train"]["tokens"] > 0 and set(results["metrics"]["dev"]) == {"wer", "cer", "loss"}
+
+
+def test_the_torch_checkpoint_transcribes_alike(backend_name, speech_run) -> None:
+    """The torch run's checkpoint evaluated and predicted on this backend: torch's loss (1e-5), error rates and
+    transcripts, one line per dev recording."""
+    run = speech_run["torch"]
+    metrics, transcripts = {}, {}
+    for name in dict.fromkeys(("torch", backend_name)):
+        tpuplex("predict", str(run), "--backend", name, "--split", "dev", "--out", str(run / f"predicted-{name}"))
+        tpuplex("eval", str(run), "--backend", name, "--out", str(run / f"eval-{name}.json"))
+        transcripts[name] = (run / f"predicted-{name}" / "dev.tsv").read_text().splitlines()
+        metrics[name] = json.loads((run / f"eval-{name}.json").read_text())["metrics"]["dev"]
+    assert transcripts[backend_name] == transcripts["torch"]
+    assert transcripts["torch"][0] == "path\ttranscript" and len(transcripts["torch"]) == 13
+    ours, theirs = metrics[backend_name], metrics["torch"]
+    assert (ours["wer"], ours["cer"]) == (theirs["wer"], theirs["cer"])
+    assert abs(ours["loss"] - theirs["loss"]) <= 1e-5 * theirs["loss"]
