@@ -149,3 +149,20 @@ def test_profiler_writes_a_trace(spec, tmp_path):
     xla.stop_profile()
     assert any(path.is_file() for path in Path(tmp_path).rglob("*"))
 
+
+
+def test_speech_recognition_is_refused_on_torch_xla_in_one_line(tmp_path):
+    """torch's CTC has no XLA lowering: the speech task is refused when the model is built, naming why and what to
+    use instead (the jax backend runs it on a TPU)."""
+    from tpuplex.kinds.speech import SpeechFamilies
+    from tpuplex.models.conformer import CONFORMER, ConformerArch, initial_params
+    from tpuplex.protocol import ModelSpec
+    from tpuplex.tasks.speech_recognition import TASK, SpeechHead
+
+    arch, head = ConformerArch(hidden_size=8, num_layers=1, num_heads=2, subsampling_channels=4), SpeechHead(5, 16)
+    kind = SpeechFamilies(tmp_path, {"model_type": "conformer_ctc"}, CONFORMER, arch)
+    spec = ModelSpec(kind=kind, task=TASK, head=head, inputs=TASK.inputs, family=CONFORMER, arch=arch,
+                     params=initial_params(arch, 16, 5, 0))
+    with pytest.raises(TpuplexError, match=r"the speech_recognition task does not run on torch_xla: torch's "
+                                           r"ctc_loss has no XLA lowering .*use --backend jax"):
+        backend("xla", 4).init(spec, OptimizerSpec())

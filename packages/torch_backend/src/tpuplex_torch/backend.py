@@ -35,6 +35,9 @@ class TorchBackend(BackendBase):
 
     def init(self, model_spec: ModelSpec, optimizer: OptimizerSpec) -> TorchState:
         task = tasks_torch.load(model_spec.task)
+        if self.placement.mode == "xla" and task.not_on_xla:
+            raise TpuplexError(f"the {task.name} task does not run on torch_xla: {task.not_on_xla}; use "
+                               "--backend jax on a TPU (or torch on a GPU or CPU)")
         self._kind = kinds_torch.load(model_spec)
         built = self._kind.build(model_spec, task, optimizer)
         for name, parameter in built.module.named_parameters():

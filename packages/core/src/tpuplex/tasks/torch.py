@@ -25,6 +25,8 @@ class TaskModule(abc.ABC):
 
     name: str = ""
     """The task's name, set by `load`."""
+    not_on_xla: str = ""
+    """Why the task cannot run on torch_xla (an op with no XLA lowering); empty: it can."""
 
     def head_config(self, head: Any) -> dict[str, Any]:
         """The HF config fields that size the head (`num_labels`); none by default."""

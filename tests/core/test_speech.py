@@ -1,0 +1,131 @@
+"""The speech task's framework-free half (`tpuplex.tasks.speech_recognition`, `tpuplex.data.audio`): recordings
+prepared into log-mel shards once, the character vocabulary, batches of static shape, SpecAugment from the seed,
+greedy CTC decoding, and one clear line for each kind of bad audio."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile
+
+from tpuplex.config import from_dict
+from tpuplex.data import audio
+from tpuplex.errors import TpuplexError
+from tpuplex.tasks import get, options
+from tpuplex.tasks.speech_recognition.data import Vocabulary, spec_augment
+
+RATE = 8000
+TASK = get("speech_recognition")
+
+
+def tone(seconds: float, frequency: float = 440.0) -> np.ndarray:
+    time = np.arange(int(RATE * seconds)) / RATE
+    return (0.3 * np.sin(2 * np.pi * frequency * time)).astype(np.float32)
+
+
+def write_data(folder, recordings: dict[str, tuple[np.ndarray, str]], rate: int = RATE) -> str:
+    """Wav files and a manifest (path relative to it, text) -> the manifest's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = ["path\ttext"]
+    for name, (samples, text) in recordings.items():
+        soundfile.write(folder / name, samples, rate, subtype="PCM_16")
+        lines.append(f"{name}\t{text}")
+    (folder / "train.tsv").write_text("\n".join(lines) + "\n")
+    return str(folder / "train.tsv")
+
+
+def prepare(tmp_path, manifest: str, **task):
+    config = from_dict({"task": {"name": "speech_recognition", "sample_rate": RATE, "mel_bins": 16, **task},
+                        "data": {"train_file": manifest, "cache_dir": str(tmp_path / "cache")},
+                        "train": {"seed": 1}})
+    chosen = options(TASK, config.task.options)
+    TASK.check(config, chosen)
+    return TASK.prepare(config, chosen, None)
+
+
+def test_recordings_become_features_labels_and_static_batches(tmp_path) -> None:
+    recordings = {f"u{i}.wav": (tone(0.3 + 0.1 * i, 200 + 100 * i), text)
+                  for i, text in enumerate(["one two", "three", "four five six", "seven", "eight nine", "zero"])}
+    data = prepare(tmp_path, write_data(tmp_path / "audio", recordings), validation_fraction=0.3)
+    assert data.vocabulary.characters == " efghinorstuvwxz" and data.vocabulary.size == 17
+    assert len(data.train) == 4 and len(data.eval["validation"]) == 2
+    frames = audio.LogMel(RATE, 16).frames
+    assert sorted(data.train.lengths.tolist() + data.eval["validation"].lengths.tolist()) == sorted(
+        frames(len(samples)) for samples, _ in recordings.values())
+    rows = data.train.rows(np.arange(4), 40)
+    assert rows["features"].shape == (4, 40, 16) and rows["features"].dtype == np.float32
+    assert rows["attention_mask"].sum(axis=1).tolist() == np.minimum(data.train.lengths, 40).tolist()
+    assert rows["labels"].shape == (4, len("four five six"))
+    spelled = ["".join(data.vocabulary.characters[i - 1] for i in row if i) for row in rows["labels"]]
+    assert spelled == list(data.train.texts)
+    # Prepared once: a second run reads the same folder.
+    again = prepare(tmp_path, str(tmp_path / "audio" / "train.tsv"), validation_fraction=0.3)
+    assert again.train.shards.location == data.train.shards.location
+
+
+def test_features_are_normalised_log_mel_frames() -> None:
+    settings = audio.LogMel(RATE, 16, 25.0, 10.0)
+    features = settings(tone(1.0))
+    assert features.shape == (settings.frames(RATE), 16) == (98, 16)
+    np.testing.assert_allclose(features.mean(axis=0), 0.0, atol=1e-4)
+    matrix = audio.mel_matrix(16, 129, RATE)
+    assert matrix.shape == (129, 16) and not matrix[0].any() and np.all(matrix.max(axis=0) > 0.5)
+
+
+def test_greedy_ctc_merges_repeats_and_drops_blanks() -> None:
+    vocabulary = Vocabulary("abc")
+    assert vocabulary.decode(np.array([0, 1, 1, 0, 1, 2, 2, 0, 3, -1, -1])) == "aabc"
+
+
+def test_spec_augment_masks_are_drawn_from_the_seed() -> None:
+    features = np.ones((2, 50, 16), np.float32)
+    frames = np.array([50, 30])
+    first = spec_augment(features, frames, np.random.default_rng([1, 1, 7]), 2, 10, 2, 4)
+    again = spec_augment(features, frames, np.random.default_rng([1, 1, 7]), 2, 10, 2, 4)
+    np.testing.assert_array_equal(first, again)
+    assert 0 < (first == 0).mean() < 0.6
+    assert np.all(first[1, 30:] == first[1, 30:31])  # time masks stay inside the utterance's 30 frames
+
+
+def stereo(path):
+    soundfile.write(path, np.stack([tone(0.5)] * 2, axis=1), RATE)
+
+
+BAD = {
+    "a missing file": (lambda folder: None, "missing.wav does not exist"),
+    "a truncated file": (lambda folder: (folder / "bad.wav").write_bytes(b"RIFF\x00\x00"),
+                         "bad.wav cannot be read as audio"),
+    "a wrong sample rate": (lambda folder: soundfile.write(folder / "bad.wav", tone(0.5), 16000),
+                            "bad.wav is sampled at 16000 Hz, task.sample_rate is 8000"),
+    "stereo": (lambda folder: stereo(folder / "bad.wav"), "bad.wav has 2 channels"),
+    "no samples": (lambda folder: soundfile.write(folder / "bad.wav", np.zeros(0, np.float32), RATE),
+                   "bad.wav holds 0 samples, less than one 25 ms frame"),
+    "a 10-minute file": (lambda folder: soundfile.write(folder / "bad.wav", np.zeros(600 * RATE, np.float32), RATE),
+                         "bad.wav lasts 600.0 s, more than task.max_seconds = 30"),
+}
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_audio_is_one_line_naming_the_file_and_nothing_is_prepared(tmp_path, case) -> None:
+    write, message = BAD[case]
+    folder = tmp_path / "audio"
+    manifest = write_data(folder, {"good.wav": (tone(0.5), "one")})
+    write(folder)
+    name = "missing.wav" if case == "a missing file" else "bad.wav"
+    with open(manifest, "a") as handle:
+        handle.write(f"{name}\ttwo\n")
+    with pytest.raises(TpuplexError, match=message) as error:
+        prepare(tmp_path, manifest, validation_fraction=0.5)
+    assert "line 3" in str(error.value)
+    assert not (tmp_path / "cache" / "audio").exists() or not any((tmp_path / "cache" / "audio").iterdir())
+
+
+def test_a_held_out_transcript_outside_the_vocabulary_is_named(tmp_path) -> None:
+    folder = tmp_path / "audio"
+    write_data(folder, {"a.wav": (tone(0.5), "one"), "b.wav": (tone(0.5), "two")})
+    (folder / "dev.tsv").write_text("path\ttext\nb.wav\tten!\n")
+    config = from_dict({"task": {"name": "speech_recognition", "sample_rate": RATE, "mel_bins": 16},
+                        "data": {"train_file": str(folder / "train.tsv"), "eval_files": [str(folder / "dev.tsv")],
+                                 "cache_dir": str(tmp_path / "cache")}})
+    with pytest.raises(TpuplexError, match=r"b.wav \(data.eval_files\[0\]\) has '!', characters the training"):
+        TASK.prepare(config, options(TASK, config.task.options), None)
