@@ -11,3 +11,30 @@ from speech_checks import (  # noqa: F401  (collected here)
 @pytest.fixture(scope="module")
 def backend_name() -> str:
     return "tf"
+
+
+def test_the_saved_model_transcribes_wav_bytes_as_predict_does(speech_run, shared_audio, tmp_path):
+    """`tpuplex export --format saved_model` of the torch run: fed the 20 dev recordings as wav bytes, its
+    transcripts are `tpuplex predict`'s; its features, computed in the graph, are `tpuplex.data.audio`'s (1e-4)."""
+    import csv
+
+    import numpy as np
+    import soundfile
+    import tensorflow as tf
+    from fresh_process import tpuplex
+
+    from tpuplex.data.audio import LogMel
+    from tpuplex.tasks.speech_recognition.tf import log_mel
+
+    run, exported = speech_run["torch"], tmp_path / "saved"
+    tpuplex("predict", str(run), "--backend", "tf", "--split", "dev", "--out", str(tmp_path / "predicted"))
+    tpuplex("export", str(run), "--format", "saved_model", "--out", str(exported))
+    with (tmp_path / "predicted" / "dev.tsv").open(encoding="utf-8", newline="") as handle:
+        predicted = list(csv.DictReader(handle, delimiter="\t"))
+    wavs = [open(row["path"], "rb").read() for row in predicted]
+    served = tf.saved_model.load(str(exported)).signatures["serving_default"](audio=tf.constant(wavs))
+    assert [text.decode() for text in served["transcripts"].numpy()] == [row["transcript"] for row in predicted]
+    assert len(predicted) == 20
+    samples, _ = soundfile.read(predicted[0]["path"], dtype="float32")
+    settings = LogMel(8000, 24)
+    np.testing.assert_allclose(log_mel(tf.constant(samples), settings).numpy(), settings(samples), atol=1e-4)

@@ -177,6 +177,7 @@ class Ops(Protocol):
     def einsum(self, equation: str, *operands: Any) -> Any: ...
     def shape(self, x: Any) -> tuple[Any, ...]: ...                             # static where known
     def constant(self, array: np.ndarray) -> Any: ...
+    def positions(self, frames: Any, width: int) -> Any: ...                     # `positions` as a tensor
     def dropout(self, x: Any, rate: float, site: int) -> Any: ...
     def frame_mask(self, lengths: Any, frames: int) -> Any: ...                  # float [B, frames]: t < lengths
 
@@ -192,7 +193,7 @@ def forward(ops: Ops, p: Mapping[str, Any], arch: ConformerArch, features: Any, 
     x = ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (rows, out_frames, channels * bins))
     h = arch.hidden_size
     x = ops.linear(x, p["subsampling.linear.weight"], p["subsampling.linear.bias"])
-    x = ops.dropout(x + ops.constant(positions(out_frames, h))[None], arch.dropout, 0)
+    x = ops.dropout(x + ops.positions(out_frames, h)[None], arch.dropout, 0)
     real = ops.frame_mask(ConformerArch.output_frames(lengths), out_frames)  # [B, T'] 1.0 on the utterance
     site = 1
     for index in range(arch.num_layers):

@@ -10,7 +10,7 @@ import numpy as np
 import jax
 from tpuplex.kinds.jax import Built, KindModule
 from tpuplex.layers.jax import Naming, to_flax
-from tpuplex.models.conformer import ConformerArch, forward
+from tpuplex.models.conformer import ConformerArch, forward, positions
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 
 
@@ -56,6 +56,9 @@ class JaxOps:
 
     def constant(self, array: np.ndarray):
         return jnp.asarray(array)
+
+    def positions(self, frames, width):
+        return self.constant(positions(frames, width))
 
     def dropout(self, x, rate, site):
         return nn.Dropout(rate)(x, deterministic=self.deterministic) if rate else x

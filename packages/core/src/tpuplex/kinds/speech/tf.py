@@ -9,8 +9,11 @@ import tensorflow as tf
 
 from tpuplex.kinds.tf import Built, KindModule
 from tpuplex.layers.tf import Variables, dropout
-from tpuplex.models.conformer import ConformerArch, forward
+from tpuplex.models.conformer import ConformerArch, forward, positions
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+
+SERVED_FRAMES = 4096
+"""The most frames after subsampling a SavedModel takes: 164 s of audio at a 10 ms hop."""
 
 
 class TfOps:
@@ -55,6 +58,13 @@ class TfOps:
     def constant(self, array: np.ndarray):
         return tf.constant(array)
 
+    def positions(self, frames, width):
+        """The table for `frames` rows: a constant where they are known when traced (training), else rows of one
+        for SERVED_FRAMES (a SavedModel takes recordings of any length up to that)."""
+        if isinstance(frames, int):
+            return tf.constant(positions(frames, width))
+        return tf.constant(positions(SERVED_FRAMES, width))[:frames]
+
     def dropout(self, x, rate, site):
         return dropout(x, rate, self.seed, site)
 
@@ -87,5 +97,6 @@ class SpeechModel(keras.Model):
 class SpeechFamily(KindModule):
     def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
         arch = spec.arch if spec.dropout else spec.arch.without_dropout()
-        return Built(SpeechModel(arch, {name: tuple(np.shape(array)) for name, array in spec.params.items()}),
-                     spec.params, {})
+        model = SpeechModel(arch, {name: tuple(np.shape(array)) for name, array in spec.params.items()})
+        model(spec.example_batch["features"], spec.example_batch["attention_mask"])  # built, as Keras' export asks
+        return Built(model, spec.params, {})

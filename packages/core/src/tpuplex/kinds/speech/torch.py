@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import torch
 from tpuplex.kinds.torch import Built, KindModule
 from tpuplex.layers.torch import register_parameters
-from tpuplex.models.conformer import ConformerArch, forward
+from tpuplex.models.conformer import ConformerArch, forward, positions
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 
 
@@ -53,6 +53,9 @@ class TorchOps:
 
     def constant(self, array: np.ndarray):
         return torch.from_numpy(array).to(self.device)
+
+    def positions(self, frames, width):
+        return self.constant(positions(frames, width))
 
     def dropout(self, x, rate, site):
         return F.dropout(x, rate, self.training)
