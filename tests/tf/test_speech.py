@@ -1,11 +1,21 @@
-"""Speech recognition on the tf backend: tests/common/speech_checks.py's checks."""
+"""Speech recognition on the tf backend: tests/common/speech_checks.py's checks, and the SavedModel that takes wav
+bytes."""
 
+import csv
+
+import numpy as np
 import pytest
+import soundfile
+import tensorflow as tf
+from fresh_process import tpuplex
 from speech_checks import (  # noqa: F401  (collected here)
     speech_run,
     test_ctc_training_follows_torch_on_real_recordings,
     test_the_torch_checkpoint_transcribes_alike,
 )
+
+from tpuplex.data.audio import LogMel
+from tpuplex.tasks.speech_recognition.tf import log_mel
 
 
 @pytest.fixture(scope="module")
@@ -13,19 +23,9 @@ def backend_name() -> str:
     return "tf"
 
 
-def test_the_saved_model_transcribes_wav_bytes_as_predict_does(speech_run, shared_audio, tmp_path):
+def test_the_saved_model_transcribes_wav_bytes_as_predict_does(speech_run, tmp_path):  # noqa: F811
     """`tpuplex export --format saved_model` of the torch run: fed the 20 dev recordings as wav bytes, its
     transcripts are `tpuplex predict`'s; its features, computed in the graph, are `tpuplex.data.audio`'s (1e-4)."""
-    import csv
-
-    import numpy as np
-    import soundfile
-    import tensorflow as tf
-    from fresh_process import tpuplex
-
-    from tpuplex.data.audio import LogMel
-    from tpuplex.tasks.speech_recognition.tf import log_mel
-
     run, exported = speech_run["torch"], tmp_path / "saved"
     tpuplex("predict", str(run), "--backend", "tf", "--split", "dev", "--out", str(tmp_path / "predicted"))
     tpuplex("export", str(run), "--format", "saved_model", "--out", str(exported))
