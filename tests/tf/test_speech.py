@@ -24,9 +24,9 @@ def backend_name() -> str:
 
 
 def test_the_saved_model_transcribes_wav_bytes_as_predict_does(speech_run, tmp_path):  # noqa: F811
-    """`tpuplex export --format saved_model` of the torch run: fed the 20 dev recordings as wav bytes, its
+    """`tpuplex export --format saved_model` of a torch checkpoint: fed the 20 dev recordings as wav bytes, its
     transcripts are `tpuplex predict`'s; its features, computed in the graph, are `tpuplex.data.audio`'s (1e-4)."""
-    run, exported = speech_run["torch"], tmp_path / "saved"
+    run, exported = speech_run["initial"], tmp_path / "saved"
     tpuplex("predict", str(run), "--backend", "tf", "--split", "dev", "--out", str(tmp_path / "predicted"))
     tpuplex("export", str(run), "--format", "saved_model", "--out", str(exported))
     with (tmp_path / "predicted" / "dev.tsv").open(encoding="utf-8", newline="") as handle:
