@@ -25,7 +25,8 @@ def _write_subset(real: Path, copy: Path) -> None:
     if real.is_file():
         copy.parent.mkdir(parents=True, exist_ok=True)
         lines = PLAIN_TEXT_LINES if real.suffix == ".txt" else TEXT_LINES
-        copy.write_text(_first_lines(real.read_text(encoding="utf-8-sig"), lines), encoding="utf-8")
+        text = _first_lines(real.read_text(encoding="utf-8-sig"), lines)
+        copy.write_text(_absolute_paths(text, real.parent) if text.startswith("path\t") else text, encoding="utf-8")
         return
     for child in sorted(real.iterdir()):
         if child.is_dir() and not any(grandchild.is_dir() for grandchild in child.iterdir()):
@@ -36,6 +37,14 @@ def _write_subset(real: Path, copy: Path) -> None:
             _write_subset(child, copy / child.name)
         elif child.suffix in (".tsv", ".conll", ".txt", ".annotated"):
             _write_subset(child, copy / child.name)
+
+
+def _absolute_paths(text: str, folder: Path) -> str:
+    """A manifest of files (a `path` column first, relative to its own folder) with its paths made absolute: the
+    cut copy lives elsewhere, the recordings stay where they are."""
+    header, *rows = text.splitlines(keepends=True)
+    return header + "".join(f"{(folder / row.split(chr(9), 1)[0]).resolve()}\t{row.split(chr(9), 1)[1]}"
+                            for row in rows)
 
 
 def _first_lines(text: str, count: int) -> str:

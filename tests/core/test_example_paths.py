@@ -29,7 +29,8 @@ def test_an_example_loads_to_the_same_run_from_the_root_and_from_its_folder(path
     for given in (data.train_file, *data.eval_files, data.test_file):
         assert not given or Path(given).is_absolute() and Path(given).exists(), given
     checkpoint = from_root.model.checkpoint
-    assert checkpoint == "minilm" or Path(checkpoint).is_absolute() and (Path(checkpoint) / "config.json").is_file()
+    assert checkpoint in ("minilm", "smollm2") or (Path(checkpoint).is_absolute()
+                                                   and (Path(checkpoint) / "config.json").is_file())
 
 
 def test_a_path_on_the_command_line_stays_relative_to_where_the_command_runs(tmp_path, monkeypatch) -> None:

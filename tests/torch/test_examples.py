@@ -51,18 +51,21 @@ def subset_root(tmp_path_factory) -> Path:
 
 RUNNABLE = [p for p in EXAMPLES if runnable(p)]
 LONG_EVEN_AS_SUBSET = {REPO / "examples" / "shakespeare_char" / "gpu.toml",
-                       *(REPO / "examples" / "glue" / "configs" / f"{name}.toml" for name in ("sst2", "rte"))}
+                       *(REPO / "examples" / "glue" / "configs" / f"{name}.toml" for name in ("sst2", "rte")),
+                       *(REPO / "examples" / "smollm2" / f"sst2_{name}.toml" for name in ("lora", "full"))}
 """gpu.toml: two steps of 64 x 256 tokens on a 10.7M-parameter GPT take 30-40 s on 2 cores (cpu.toml covers the
 code). SST-2 and RTE: 30-46 s each, the same code and settings as the MRPC and WNLI configs but their files
-(tests/core/test_example_paths.py loads them)."""
+(tests/core/test_example_paths.py loads them). The SmolLM2 examples: 135M parameters read and evaluated on 300
+conversations, minutes; tests/torch/test_lora.py runs LoRA through the CLI on a small Llama, and each backend's
+SmolLM2 check reads the same model."""
 CASES = [pytest.param(path, scale, id=f"{path.relative_to(REPO)}-{scale}",
                       marks=pytest.mark.long if scale == "all" or path in LONG_EVEN_AS_SUBSET else ())
          for path in RUNNABLE for scale in ("subset", "all")]
 
 
 @pytest.mark.parametrize(("path", "scale"), CASES)
-def test_the_example_trains_as_documented(path, scale, shared_glue, shared_text, shared_images, prepared_cache,
-                                          subset_root, tmp_path):
+def test_the_example_trains_as_documented(path, scale, shared_glue, shared_text, shared_images, shared_audio,
+                                          prepared_cache, subset_root, tmp_path):
     loaded = config.load(path)
     # Every example runs from the repository root (a config's own paths are relative to its file, so they hold from
     # any folder: tests/core/test_example_paths.py loads each from its own folder too).
