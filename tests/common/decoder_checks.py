@@ -22,7 +22,7 @@ from tpuplex.kinds.decoder import Decoders
 from tpuplex.models import gguf
 from tpuplex.models.lora import Lora
 from tpuplex.params import resolve_checkpoint
-from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
+from tpuplex.protocol import ModelSpec, OptimizerSpec, PortableState, Prompts
 from tpuplex.tasks.causal_lm import TASK, chat
 from tpuplex_torch.backend import TorchBackend
 
@@ -66,6 +66,15 @@ def token_batch(rows: int = 8, length: int = 16, seed: int = 0) -> dict[str, np.
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "weight": np.ones((rows, length), np.float32)}
 
 
+def twenty_steps(backend, spec: ModelSpec, peak_rate: float) -> tuple[list[float], PortableState]:
+    """The losses of 20 steps on 4 batches in turn (warmup over 5 steps to `peak_rate`), and the final state."""
+    state, found = backend.init(spec, OptimizerSpec(weight_decay=0.1)), []
+    for index in range(20):
+        state, loss = backend.train_step(state, token_batch(seed=index % 4), peak_rate * min(1.0, (index + 1) / 5))
+        found.append(loss)
+    return found, backend.state_to_arrays(state)
+
+
 @pytest.mark.parametrize("model_type", [*FAMILIES, "gpt2-bias-free"])
 def test_logits_match_transformers(backend, tmp_path: Path, model_type: str) -> None:
     """The backend's per-token losses equal the cross-entropy of transformers' logits to 1e-4, and so do its
@@ -87,20 +96,11 @@ def test_training_follows_torch(backend, tmp_path: Path, model_type: str) -> Non
     """20 steps, dropout off, give the torch backend's losses to 1e-3 (relative), really train, and keep the
     family's HF names and shapes."""
     spec = decoder_spec(tmp_path, model_type)
-    batches = [token_batch(seed=index % 4) for index in range(20)]
-
-    def losses(on) -> tuple[list[float], object]:
-        state, found = on.init(spec, OptimizerSpec(weight_decay=0.1)), []
-        for index, batch in enumerate(batches):
-            state, loss = on.train_step(state, batch, 3e-3 * min(1.0, (index + 1) / 5))
-            found.append(loss)
-        return found, state
-
-    expected, _ = losses(TorchBackend(RuntimeConfig()))
-    found, state = losses(backend)
+    expected, _ = twenty_steps(TorchBackend(RuntimeConfig()), spec, 3e-3)
+    found, state = twenty_steps(backend, spec, 3e-3)
     np.testing.assert_allclose(found, expected, rtol=1e-3)
     assert np.mean(expected[-4:]) < np.mean(expected[:4]) - 0.1
-    params = backend.state_to_arrays(state).params
+    params = state.params
     assert {name: array.shape for name, array in params.items()} == spec.family.hf_shapes(spec.arch)
 
 
@@ -121,17 +121,8 @@ def test_lora_training_follows_torch(backend, tmp_path: Path, model_type: str) -
     spec = lora_spec(decoder_spec(tmp_path, model_type), rank=4, alpha=8,
                      targets=["c_attn", "c_proj", "c_fc"] if model_type == "gpt2" else
                      ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    batches = [token_batch(seed=index % 4) for index in range(20)]
-
-    def run(on) -> tuple[list[float], object]:
-        state, found = on.init(spec, OptimizerSpec(weight_decay=0.1)), []
-        for index, batch in enumerate(batches):
-            state, loss = on.train_step(state, batch, 1e-2 * min(1.0, (index + 1) / 5))
-            found.append(loss)
-        return found, on.state_to_arrays(state)
-
-    expected, _ = run(TorchBackend(RuntimeConfig()))
-    found, state = run(backend)
+    expected, _ = twenty_steps(TorchBackend(RuntimeConfig()), spec, 1e-2)
+    found, state = twenty_steps(backend, spec, 1e-2)
     np.testing.assert_allclose(found, expected, rtol=1e-4)
     assert np.mean(expected[-4:]) < np.mean(expected[:4]) - 0.03  # random tokens, a rank-4 adapter: it learns some
     adapters = set(spec.params) - spec.frozen

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tpuplex.errors import TpuplexError
+from tpuplex.models.architecture import drawn_as_hf
 from tpuplex.models.family import ConfigReader
 
 MODEL_TYPE = "conformer_ctc"
@@ -137,17 +138,8 @@ def parameter_shapes(arch: ConformerArch, mel_bins: int, vocab_size: int) -> dic
 
 def initial_params(arch: ConformerArch, mel_bins: int, vocab_size: int, seed: int) -> dict[str, np.ndarray]:
     """Every parameter drawn from `default_rng(seed)`: weights N(0, initializer_range), biases 0, norms 1."""
-    rng = np.random.default_rng(seed)
-    params = {}
-    for name, shape in parameter_shapes(arch, mel_bins, vocab_size).items():
-        module, leaf = name.rsplit(".", 1)
-        if leaf == "bias":
-            params[name] = np.zeros(shape, np.float32)
-        elif module.endswith("norm"):
-            params[name] = np.ones(shape, np.float32)
-        else:
-            params[name] = (rng.standard_normal(shape) * arch.initializer_range).astype(np.float32)
-    return params
+    return drawn_as_hf(parameter_shapes(arch, mel_bins, vocab_size), np.random.default_rng(seed),
+                       lambda module: arch.initializer_range)
 
 
 def positions(frames: int, width: int) -> np.ndarray:
