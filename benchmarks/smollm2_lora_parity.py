@@ -49,7 +49,8 @@ def peft_difference(run: Path, out: Path) -> float:
     folder = export.export(run, "peft", out / "peft")
     experiment, state = workflow.restore(run_folder.locate(run), "torch")
     dev = next(iter(experiment.data.eval.values()))
-    batch = experiment.data.eval_batch(dev.rows(np.arange(16), dev.max_length), np.arange(16))
+    rows = {**dev.rows(np.arange(16), dev.max_length), "weight": np.ones(16, np.float32)}
+    batch = experiment.data.eval_batch(rows, np.arange(16))
     batch["weight"] = np.ones_like(batch["labels"], np.float32)
     ours = experiment.backend.predict(state, batch)[..., 0]
     base = transformers.AutoModelForCausalLM.from_pretrained(experiment.model_dir, dtype=torch.float32)
