@@ -99,7 +99,7 @@ def bert_flops_per_row(config: dict, length: int, head_positions: float) -> floa
 def peak_flops(device: str) -> tuple[float, str]:
     """The chip's dense bf16 peak (`tpuplex.flops`), or this CPU's measured rate."""
     from tpuplex import flops
-    from tpuplex.devices import Topology
+    from tpuplex.hardware import Topology
 
     if device == "cuda":
         import torch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpuplex import devices
+from tpuplex import hardware as devices
 from tpuplex.errors import TpuplexError
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tpuplex import flops, models
-from tpuplex.devices import Topology
+from tpuplex.hardware import Topology
 from tpuplex.kinds.decoder import Decoders
 from tpuplex.kinds.image import ImageFamilies
 from tpuplex.kinds.own import OwnModel

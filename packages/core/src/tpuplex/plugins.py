@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import ConfigError
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -20,7 +20,7 @@ def check_import_path(architecture: str) -> None:
     """Raise one clear error unless `architecture` looks like `package.module:Attribute` (with `{backend}`
     allowed in the module part)."""
     if not IMPORT_PATH.match(architecture.replace("{backend}", "backend")):
-        raise TpuplexError(f"model.architecture = {architecture!r} is not an import path: write "
+        raise ConfigError(f"model.architecture = {architecture!r} is not an import path: write "
                            "\"package.module:ClassName\" (or leave it empty for the checkpoint's own family)")
 
 
@@ -39,7 +39,7 @@ def import_object(path: str, field: str) -> Any:
         for part in attribute.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as error:
-        raise TpuplexError(f"{field} cannot be imported ({type(error).__name__}: {error}): make {module_name} "
+        raise ConfigError(f"{field} cannot be imported ({type(error).__name__}: {error}): make {module_name} "
                            "importable (pip install -e your package, or add its folder to PYTHONPATH)") from None
     return found
 
@@ -49,5 +49,5 @@ def construct(path: str, what: str, contract: type) -> Any:
     names it in the one clear error (a framework module of a task or a model kind)."""
     found = import_object(path, what)
     if not (isinstance(found, type) and issubclass(found, contract)):
-        raise TpuplexError(f"{what} ({path}) is not a {contract.__module__}.{contract.__qualname__}: subclass it")
+        raise ConfigError(f"{what} ({path}) is not a {contract.__module__}.{contract.__qualname__}: subclass it")
     return found()

@@ -44,8 +44,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
+from tpuplex.hardware import Topology
 
 Batch = Mapping[str, np.ndarray]
 TEXT_INPUTS: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask")

@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 
 from tpuplex import sharding
 from tpuplex.config import RuntimeConfig
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import ConfigError
 from tpuplex.protocol import Backend
 
 GROUP = "tpuplex.backends"
@@ -32,18 +32,18 @@ def create(name: str, runtime: RuntimeConfig) -> Backend:
     if name not in found:
         installed = ", ".join(sorted(found)) or "none"
         if name in INSTALL:
-            raise TpuplexError(f"backend {name!r} is not installed (installed: {installed}): {INSTALL[name]}")
-        raise TpuplexError(
+            raise ConfigError(f"backend {name!r} is not installed (installed: {installed}): {INSTALL[name]}")
+        raise ConfigError(
             f"backend {name!r} is not known: use one of {', '.join(sorted(set(INSTALL) | set(found)))}"
         )
     try:
         cls = found[name].load()
     except ImportError as error:
-        raise TpuplexError(
+        raise ConfigError(
             f"backend {name!r} is installed but cannot be imported ({error}): reinstall it with {INSTALL.get(name)}"
         ) from None
     if not getattr(cls, "shards_parameters", False) and sharding.asks_to_shard(runtime.mesh):
-        raise TpuplexError(
+        raise ConfigError(
             f"runtime.mesh = {runtime.mesh} splits parameters over fsdp or tensor, which the {name} backend does not "
             "do (it keeps every parameter whole on each device): train this mesh with --backend jax, or set "
             "runtime.mesh = {data = -1} (docs/sharding.md)")

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import ConfigError
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
 """The mesh's axes, outermost first: devices that share a `data` index are neighbours (a host's chips on a pod)."""
@@ -73,13 +73,13 @@ def check_request(request: Mapping[str, Any]) -> None:
     integers (or -1), or more than one -1."""
     for axis, size in request.items():
         if axis not in MESH_AXES:
-            raise TpuplexError(f"runtime.mesh has the axis {axis!r}: the axes are {', '.join(MESH_AXES)} "
+            raise ConfigError(f"runtime.mesh has the axis {axis!r}: the axes are {', '.join(MESH_AXES)} "
                                "(e.g. runtime.mesh = {data = -1, fsdp = 4})")
         if isinstance(size, bool) or not isinstance(size, int) or not (size > 0 or size == -1):
-            raise TpuplexError(f"runtime.mesh.{axis} = {size!r} is not allowed: use a positive integer, or -1 for "
+            raise ConfigError(f"runtime.mesh.{axis} = {size!r} is not allowed: use a positive integer, or -1 for "
                                "the devices the other axes leave")
     if sum(size == -1 for size in request.values()) > 1:
-        raise TpuplexError(f"runtime.mesh = {dict(request)} has more than one -1: let one axis fill with the devices "
+        raise ConfigError(f"runtime.mesh = {dict(request)} has more than one -1: let one axis fill with the devices "
                            "left and give the others their sizes")
 
 
@@ -98,10 +98,10 @@ def resolve(request: Mapping[str, int], devices: int) -> Mesh:
     filled = [axis for axis, size in sizes.items() if size == -1]
     if filled:
         if devices % fixed:
-            raise TpuplexError(_mismatch(request, devices, f"the other axes' {fixed} does not divide them"))
+            raise ConfigError(_mismatch(request, devices, f"the other axes' {fixed} does not divide them"))
         sizes[filled[0]] = devices // fixed
     elif fixed != devices:
-        raise TpuplexError(_mismatch(request, devices, f"its axes multiply to {fixed}"))
+        raise ConfigError(_mismatch(request, devices, f"its axes multiply to {fixed}"))
     return Mesh(**sizes)
 
 

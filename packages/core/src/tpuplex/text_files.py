@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 
 
 def read_utf8(path: Path) -> str:
@@ -22,7 +22,7 @@ def read_utf8(path: Path) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         line = raw.count(b"\n", 0, error.start) + 1
-        raise TpuplexError(f"{path} is not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}): save it as "
+        raise DataError(f"{path} is not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}): save it as "
                            "UTF-8, e.g. iconv -f latin1 -t utf-8") from None
 
 

@@ -19,8 +19,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 import jax
 from tpuplex.config import RuntimeConfig
 from tpuplex.data.batching import check_micro_batches
-from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
+from tpuplex.hardware import Topology
 from tpuplex.hosts import process_rows
 from tpuplex.kinds import jax as kinds_jax
 from tpuplex.layers.jax import Naming

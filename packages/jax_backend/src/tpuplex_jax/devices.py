@@ -18,8 +18,8 @@ from jax.experimental import mesh_utils
 import jax
 from tpuplex import sharding
 from tpuplex.config import RuntimeConfig
-from tpuplex.devices import OVERRIDE_ENV, Topology, discover
 from tpuplex.errors import TpuplexError
+from tpuplex.hardware import OVERRIDE_ENV, Topology, discover
 
 DETAIL = "jax.jit GSPMD"
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")

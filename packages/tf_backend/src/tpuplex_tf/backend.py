@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpuplex.config import RuntimeConfig
-from tpuplex.devices import Topology
+from tpuplex.hardware import Topology
 from tpuplex.kinds import tf as kinds_tf
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState, Prompts
 from tpuplex.tasks import tf as tasks_tf

@@ -5,7 +5,7 @@
     several GPUs / CPU devices    MirroredStrategy (CPU: the host split into logical devices)
     otherwise                     OneDeviceStrategy
 
-The core's `tpuplex.devices.discover` decides the kind (honouring `runtime.device`); this module confirms it with
+The core's `tpuplex.hardware.discover` decides the kind (honouring `runtime.device`); this module confirms it with
 TensorFlow and reports the strategy, the replica count and whether the steps are XLA-compiled in `Topology.detail`.
 """
 
@@ -19,8 +19,8 @@ import os
 import tensorflow as tf
 
 from tpuplex.config import RuntimeConfig
-from tpuplex.devices import Topology, discover
 from tpuplex.errors import TpuplexError
+from tpuplex.hardware import Topology, discover
 
 JIT_ENV = "TPUPLEX_TF_JIT"
 

@@ -9,8 +9,8 @@ import numpy as np
 
 import torch
 from tpuplex.config import RuntimeConfig
-from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
+from tpuplex.hardware import Topology
 from tpuplex.kinds import torch as kinds_torch
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState, Prompts
 from tpuplex.tasks import torch as tasks_torch

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import torch
-from tpuplex import devices as core_devices
+from tpuplex import hardware as core_devices
 from tpuplex import sharding
 from tpuplex.config import RuntimeConfig
 from tpuplex.data.batching import check_divisible
-from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
+from tpuplex.hardware import Topology
 from tpuplex.hosts import process_rows
 from tpuplex.protocol import TARGETS, Batch, batch_rows, device_dtype
 

@@ -21,7 +21,6 @@ same command resumes it. A process of a multi-process run that loses another say
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import subprocess
 import sys
@@ -30,8 +29,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from tpuplex import __version__, devices, registry
-from tpuplex import config as config_lib
+from tpuplex import __version__, hardware, registry
 from tpuplex.engine.preemption import PREEMPTED_EXIT, Preempted
 from tpuplex.engine.run_log import headline
 from tpuplex.errors import TpuplexError
@@ -61,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # waits up to 5 minutes for it), so end here, as the watchdog does.
         os._exit(HOST_LOST_EXIT)
     except Preempted as preempted:
-        print(f"tpuplex: {preempted}", file=sys.stderr)
+        print(f"tpuplex: {preempted.resumed_by('run the same command again to resume from it')}", file=sys.stderr)
         return PREEMPTED_EXIT
     except KeyboardInterrupt:
         print("tpuplex: interrupted (run the same command again to resume from the last checkpoint)",
@@ -185,15 +183,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tpuplex.commands import run  # the pipeline pulls in GLUE and the trainer; `tpuplex devices` needs neither
+    # The pipeline pulls in GLUE and the trainer; `tpuplex devices` needs neither.
+    from tpuplex.commands import api
+    from tpuplex.commands.run import RESULTS_FILE
 
-    config = config_lib.load(args.config, args.overrides)
-    if args.data_dir is not None:
-        config = dataclasses.replace(config, data=dataclasses.replace(config.data, data_dir=args.data_dir))
-    results = run.train(config, args.backend, config_path=args.config)
-    for split, metrics in results["metrics"].items():
+    run = api.train(args.config, args.backend, data_dir=args.data_dir, overrides=args.overrides)
+    for split, metrics in run.metrics.items():
         print(f"{split}: {headline(metrics)}")
-    print(f"results: {Path(results['output_dir']) / run.RESULTS_FILE}")
+    print(f"results: {run.folder / RESULTS_FILE}")
     return 0
 
 
@@ -247,9 +244,9 @@ def _checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from tpuplex.commands import workflow
+    from tpuplex.commands import api
 
-    result = workflow.evaluate(args.checkpoint, args.backend, args.split, args.data_dir, args.out)
+    result = api.Run.open(args.checkpoint).evaluate(args.backend, args.split, args.data_dir, args.out)
     for split, metrics in result["metrics"].items():
         print(f"{split}: " + ", ".join(f"{name} {value:.6f}" for name, value in metrics.items()))
     if "written" in result:
@@ -275,17 +272,18 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from tpuplex.commands import workflow
+    from tpuplex.commands import api
 
-    for split, path in workflow.predict(args.checkpoint, args.backend, args.split, args.data_dir, args.out).items():
+    for split, path in api.Run.open(args.checkpoint).write_predictions(args.split, args.backend, args.data_dir,
+                                                                        args.out).items():
         print(f"{split}: {path}")
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
-    from tpuplex.commands import export
+    from tpuplex.commands import api
 
-    print(f"exported: {export.export(args.checkpoint, args.format, args.out, merge=args.merge)}")
+    print(f"exported: {api.Run.open(args.checkpoint).export(args.format, args.out, merge=args.merge)}")
     return 0
 
 
@@ -314,7 +312,7 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _devices(args: argparse.Namespace) -> int:
-    print(f"core discovery: {devices.discover().report()}")
+    print(f"core discovery: {hardware.discover().report()}")
     installed = registry.available()
     for name in installed:
         print(f"backend {name}: {_backend_view(name)}")

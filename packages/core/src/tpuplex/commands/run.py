@@ -24,14 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from tpuplex import devices, hosts, kinds, registry, tasks
+from tpuplex import hardware, hosts, kinds, registry, tasks
 from tpuplex.commands import run_folder
 from tpuplex.config import Config
 from tpuplex.data.batching import check_divisible, check_micro_batches
-from tpuplex.devices import Topology
 from tpuplex.engine.run_log import LOG_FILE, TENSORBOARD_DIR, Reporter
 from tpuplex.engine.trainer import Trainer, TrainResult
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import ConfigError, TpuplexError
+from tpuplex.hardware import Topology
 from tpuplex.plugins import add_search_path
 from tpuplex.protocol import Backend, ModelSpec, OptimizerSpec
 from tpuplex.tasks import Task, TaskData
@@ -79,7 +79,7 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
     kind.check(config, task)
     output_dir = output_directory(config, backend_name)
     check_run_folder(output_dir)
-    discovered = devices.discover(config.runtime.device)
+    discovered = hardware.discover(config.runtime.device)
     # Joining a multi-process run waits for the others: a process that never arrives must not hang this one.
     processes = hosts.expected_processes()
     watchdog = hosts.Watchdog(config.runtime.host_timeout, -1, processes, enabled=processes > 1)
@@ -185,7 +185,7 @@ def output_directory(config: Config, backend_name: str) -> Path:
     try:
         path = Path(template.format(dataset=config.data.dataset, task=task_name, backend=backend_name)).expanduser()
     except (KeyError, IndexError, ValueError):
-        raise TpuplexError(f"runtime.output_dir = {template!r} has an unknown placeholder: only {{dataset}}, "
+        raise ConfigError(f"runtime.output_dir = {template!r} has an unknown placeholder: only {{dataset}}, "
                            "{task} and {backend} are filled in (write {{ and }} for literal braces)") from None
     check_writable_folder(path, "runtime.output_dir")
     return path

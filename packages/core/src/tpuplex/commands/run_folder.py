@@ -20,7 +20,7 @@ from typing import Any
 from tpuplex import config as config_lib
 from tpuplex.config import Config
 from tpuplex.engine import checkpoint
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import CheckpointError
 from tpuplex.plugins import add_search_path
 
 RUN_FILE = "run.json"
@@ -50,28 +50,19 @@ def locate(path: str | Path, data_dir: str | None = None) -> Found:
     """The checkpoint `path` names (a run folder: its newest checkpoint that verifies) and the run's config, with
     data.data_dir replaced by `data_dir` when given."""
     path = Path(path).expanduser()
-    if (path / checkpoint.MANIFEST).is_file() or (path / "trainer.json").is_file():
-        step_dir, run_dir = path, path.parent.parent
+    run_dir = folder_of(path)
+    if run_dir != path:
+        step_dir = path
         problem = checkpoint.verify(step_dir)
         if problem:
-            raise TpuplexError(f"checkpoint {step_dir} is damaged ({problem}): give another checkpoint of the run")
-    elif path.is_file():
-        raise TpuplexError(f"{path} is a file: give a run folder (runtime.output_dir of a tpuplex train run) or one "
-                           "of its checkpoints/step-* folders")
-    elif path.is_dir():
-        run_dir = path
+            raise CheckpointError(f"checkpoint {step_dir} is damaged ({problem}): give another checkpoint of the run")
+    else:
         step_dir = checkpoint.latest_good(path / "checkpoints", lambda line: None)
         if step_dir is None:
-            raise TpuplexError(f"{path} holds no checkpoint (no checkpoints/step-* folder that verifies): give a "
-                               "run folder (runtime.output_dir of a tpuplex train run) or one of its "
-                               "checkpoints/step-* folders")
-    else:
-        raise TpuplexError(f"{path} does not exist: give a run folder (runtime.output_dir of a tpuplex train run) "
-                           "or one of its checkpoints/step-* folders")
+            raise CheckpointError(f"{path} holds no checkpoint (no checkpoints/step-* folder that verifies): give a "
+                                  "run folder (runtime.output_dir of a tpuplex train run) or one of its "
+                                  "checkpoints/step-* folders")
     recorded = run_dir / RUN_FILE
-    if not recorded.is_file():
-        raise TpuplexError(f"{run_dir} has no {RUN_FILE} (the config of the run that wrote {step_dir.name}): give "
-                           "the folder a tpuplex train run wrote, with the checkpoint under its checkpoints/")
     try:
         written = json.loads(recorded.read_text(encoding="utf-8"))
         add_search_path(Path(written.get("directory", ".")))  # a task of your own imports as it did in training
@@ -79,10 +70,29 @@ def locate(path: str | Path, data_dir: str | None = None) -> Found:
         config = config_lib.from_dict(config_lib.rebased_inputs(written["config"], Path(written.get("directory", ".")),
                                                                 RUN_PATHS))
     except (ValueError, KeyError, TypeError) as error:
-        raise TpuplexError(f"{recorded} is unreadable ({type(error).__name__}): restore it from the run") from None
+        raise CheckpointError(f"{recorded} is unreadable ({type(error).__name__}): restore it from the run") from None
     pinned = written.get("task_options") or {}
     config = dataclasses.replace(config, task=dataclasses.replace(config.task, options={**config.task.options,
                                                                                         **pinned}))
     if data_dir is not None:
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, data_dir=data_dir))
     return Found(run_dir, step_dir, config, given.hash())
+
+
+def folder_of(path: Path) -> Path:
+    """The run folder of `path` (a run folder, or one of its checkpoints/step-* folders), which must hold the
+    run's run.json; no checkpoint is verified yet."""
+    if (path / checkpoint.MANIFEST).is_file() or (path / "trainer.json").is_file():
+        run_dir = path.parent.parent
+    elif path.is_file():
+        raise CheckpointError(f"{path} is a file: give a run folder (runtime.output_dir of a tpuplex train run) or one "
+                              "of its checkpoints/step-* folders")
+    elif path.is_dir():
+        run_dir = path
+    else:
+        raise CheckpointError(f"{path} does not exist: give a run folder (runtime.output_dir of a tpuplex train run) "
+                              "or one of its checkpoints/step-* folders")
+    if not (run_dir / RUN_FILE).is_file():
+        raise CheckpointError(f"{run_dir} has no {RUN_FILE}, so it holds no checkpoint of a run: give the folder a "
+                              "tpuplex train run wrote (runtime.output_dir), or one of its checkpoints/step-* folders")
+    return run_dir

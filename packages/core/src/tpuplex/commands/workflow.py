@@ -18,7 +18,7 @@ from tpuplex import tasks
 from tpuplex.commands import run_folder
 from tpuplex.commands.run import Experiment, foreign_files, prepare, write_json_atomic
 from tpuplex.engine import checkpoint
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import CheckpointError, TpuplexError
 
 EVAL_DIR = "eval"
 PREDICTIONS_DIR = "predictions"
@@ -28,7 +28,7 @@ def restore(found: run_folder.Found, backend_name: str) -> tuple[Experiment, Any
     """The run's experiment built on `backend_name` with its state set to the checkpoint."""
     arrays, info = checkpoint.load(found.checkpoint, verified=True)
     if info.get("config_hash") != found.config_hash:
-        raise TpuplexError(f"{found.checkpoint} was written with config hash {info.get('config_hash')}, but "
+        raise CheckpointError(f"{found.checkpoint} was written with config hash {info.get('config_hash')}, but "
                            f"{found.run_dir / run_folder.RUN_FILE} has {found.config_hash}: give a checkpoint of this "
                            "run")
     experiment = prepare(found.config, backend_name)

@@ -27,7 +27,7 @@ import numpy as np
 
 from tpuplex.data import shards
 from tpuplex.data.tables import DataFile, read_table
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 
 EPSILON = 1e-6
 FORMAT = "speech"
@@ -88,7 +88,7 @@ def require_soundfile() -> Any:
     try:
         import soundfile
     except ImportError:
-        raise TpuplexError("reading audio needs soundfile: pip install 'tpuplex-core[audio]' (or soundfile)") from None
+        raise DataError("reading audio needs soundfile: pip install 'tpuplex-core[audio]' (or soundfile)") from None
     return soundfile
 
 
@@ -98,25 +98,25 @@ def read_recording(path: Path, settings: LogMel, max_seconds: float, where: str)
     mono, not at `settings.sample_rate`, shorter than one feature frame or longer than `max_seconds`."""
     soundfile = require_soundfile()
     if not path.is_file():
-        raise TpuplexError(f"{path} does not exist ({where}): give audio paths relative to the manifest's folder")
+        raise DataError(f"{path} does not exist ({where}): give audio paths relative to the manifest's folder")
     try:
         audio, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except (RuntimeError, soundfile.LibsndfileError, ValueError) as error:
-        raise TpuplexError(f"{path} cannot be read as audio ({where}: {error}): give a WAV, FLAC or OGG file, "
+        raise DataError(f"{path} cannot be read as audio ({where}: {error}): give a WAV, FLAC or OGG file, "
                            "whole") from None
     if audio.shape[1] != 1:
-        raise TpuplexError(f"{path} has {audio.shape[1]} channels ({where}): tpuplex reads mono recordings; mix it "
+        raise DataError(f"{path} has {audio.shape[1]} channels ({where}): tpuplex reads mono recordings; mix it "
                            "down (e.g. sox in.wav -c 1 out.wav)")
     if rate != settings.sample_rate:
-        raise TpuplexError(f"{path} is sampled at {rate} Hz, task.sample_rate is {settings.sample_rate} ({where}): "
+        raise DataError(f"{path} is sampled at {rate} Hz, task.sample_rate is {settings.sample_rate} ({where}): "
                            f"set task.sample_rate = {rate} for data at that rate, or resample the file (tpuplex "
                            "does not resample)")
     seconds = len(audio) / rate
     if settings.frames(len(audio)) == 0:
-        raise TpuplexError(f"{path} holds {len(audio)} samples, less than one {settings.frame_ms:g} ms frame "
+        raise DataError(f"{path} holds {len(audio)} samples, less than one {settings.frame_ms:g} ms frame "
                            f"({where}): remove the empty recording from the manifest")
     if seconds > max_seconds:
-        raise TpuplexError(f"{path} lasts {seconds:.1f} s, more than task.max_seconds = {max_seconds:g} ({where}): "
+        raise DataError(f"{path} lasts {seconds:.1f} s, more than task.max_seconds = {max_seconds:g} ({where}): "
                            "cut it into utterances, or raise task.max_seconds (every batch is padded to the longest)")
     return audio[:, 0]
 
@@ -159,7 +159,7 @@ def prepare(manifest: Manifest, folder: Path, settings: LogMel, max_seconds: flo
     paths = [str(path).encode("utf-8") for path in manifest.paths]
     longest = max(len(f) for f in features)
     fields = {"features": shards.Field("float32", (longest, settings.mel_bins)), "frames": shards.Field("int32"),
-              "text": shards.Field("uint8", (max(map(len, texts)),)),
+              "text": shards.Field("uint8", (max(1, *map(len, texts)),)),
               "path": shards.Field("uint8", (max(map(len, paths)),))}
     meta = {"task": FORMAT, "settings": dataclasses.asdict(settings), "max_seconds": max_seconds,
             "source": str(manifest.file.path)}

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import ConfigError, DataError
 from tpuplex.hosts import process_rows
 from tpuplex.protocol import Batch
 
@@ -155,7 +155,7 @@ def check_divisible(global_batch: int, replicas: int, field: str = "train.global
     if global_batch <= 0 or global_batch % replicas:
         lower = max(replicas, global_batch // replicas * replicas)
         options = sorted({lower, lower + replicas, 4 * replicas, 8 * replicas} - {global_batch})[:4]
-        raise TpuplexError(
+        raise ConfigError(
             f"{field} = {global_batch} does not divide by the {replicas} replicas: use a multiple of {replicas}, "
             f"such as {', '.join(map(str, options))}"
         )
@@ -166,7 +166,7 @@ def check_micro_batches(global_batch: int, replicas: int, grad_accum: int) -> No
     check_divisible(global_batch, replicas)
     per_replica = global_batch // replicas
     if per_replica % grad_accum:
-        raise TpuplexError(
+        raise ConfigError(
             f"train.grad_accum = {grad_accum} does not divide the {per_replica} rows each of the {replicas} replicas "
             f"gets (train.global_batch = {global_batch}): use a grad_accum that divides {per_replica}, or a global "
             f"batch that is a multiple of {replicas * grad_accum}"
@@ -182,7 +182,7 @@ def fit_buckets(lengths: np.ndarray, max_length: int, count: int, multiple: int 
     candidates. (A Batcher adds max_length itself, for evaluation examples longer than every training one.)
     """
     if count < 1:
-        raise TpuplexError(f"data.bucket_count = {count}: use 1 or more (or 0 to use data.buckets)")
+        raise ConfigError(f"data.bucket_count = {count}: use 1 or more (or 0 to use data.buckets)")
     rounded = np.minimum(-(-np.asarray(lengths, np.int64) // multiple) * multiple, max_length)
     candidates = np.unique(rounded)
     # covered[i]: examples whose rounded length is at most candidates[i].
@@ -248,7 +248,7 @@ class Batcher:
                  group_by_length: bool = True, process: tuple[int, int] = (0, 1)):
         check_divisible(global_batch, replicas)
         if len(data) == 0:
-            raise TpuplexError("the split is empty: check the data files (a header and no rows?)")
+            raise DataError("the split is empty: check the data files (a header and no rows?)")
         self.data = data
         self.global_batch = global_batch
         self.seed = seed

@@ -40,7 +40,7 @@ from tpuplex.data.batching import Encoded
 from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens, write_tokens
 from tpuplex.data.shards import is_prepared
 from tpuplex.data.tokenize import PAD_ID
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 
 UNIT_BYTES = 16 << 20
 WORK_FORMAT = 2
@@ -98,7 +98,7 @@ def corpus_files(pattern: str) -> tuple[Any, list[str]]:
         root = root.rstrip("/") + "/**"
     paths = sorted(path for path in filesystem.glob(root) if path.endswith(SUFFIXES) and filesystem.isfile(path))
     if not paths:
-        raise TpuplexError(f"{pattern} names no {' or '.join(SUFFIXES)} file: give a glob such as 'corpus/*.txt'")
+        raise DataError(f"{pattern} names no {' or '.join(SUFFIXES)} file: give a glob such as 'corpus/*.txt'")
     return filesystem, paths
 
 
@@ -129,7 +129,7 @@ def unit_documents(filesystem: Any, unit: Unit, text_column: str, whole_files: b
     try:
         text = bytes(raw).decode("utf-8-sig" if begin == 0 else "utf-8")
     except UnicodeDecodeError as error:
-        raise TpuplexError(f"{unit.path} is not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
+        raise DataError(f"{unit.path} is not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
                            f"{begin + error.start}): save it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
     if whole_files and not unit.path.endswith(".jsonl"):
         return [text]
@@ -140,7 +140,7 @@ def unit_documents(filesystem: Any, unit: Unit, text_column: str, whole_files: b
                 try:
                     value = json.loads(line)
                 except json.JSONDecodeError as error:
-                    raise TpuplexError(f"{unit.path}: line {number + 1} after byte {begin} is not JSON ({error.msg})"
+                    raise DataError(f"{unit.path}: line {number + 1} after byte {begin} is not JSON ({error.msg})"
                                        ": give one JSON object per line") from None
                 texts.append(_record_text(value, text_column, f"{unit.path}: line {number + 1} after byte {begin}"))
     else:
@@ -153,11 +153,11 @@ def _record_text(record: Any, text_column: str, where: str) -> str:
     with a list or a number there, would otherwise train on nothing or on its Python spelling)."""
     if not isinstance(record, dict) or text_column not in record:
         keys = ", ".join(map(repr, list(record)[:5])) if isinstance(record, dict) else type(record).__name__
-        raise TpuplexError(f"{where} has no {text_column!r} field (it has {keys or 'none'}): set task.text_column to "
+        raise DataError(f"{where} has no {text_column!r} field (it has {keys or 'none'}): set task.text_column to "
                            "the field that holds each record's text, or give every record one")
     value = record[text_column]
     if value is not None and not isinstance(value, str):
-        raise TpuplexError(f"{where}: its {text_column!r} is a {type(value).__name__}, not text: give each record's "
+        raise DataError(f"{where}: its {text_column!r} is a {type(value).__name__}, not text: give each record's "
                            f"{text_column} as a string")
     return value or ""
 
@@ -212,9 +212,9 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
     `documents` is given) into the prepared folder `out` (see the module)."""
     out = Path(out).expanduser()
     if out.exists():
-        raise TpuplexError(f"{out} already exists: choose a new folder for the prepared corpus (or remove it)")
+        raise DataError(f"{out} already exists: choose a new folder for the prepared corpus (or remove it)")
     if workers < 1:
-        raise TpuplexError(f"--workers {workers}: use 1 or more worker processes")
+        raise DataError(f"--workers {workers}: use 1 or more worker processes")
     encoder.check()
     filesystem, paths = corpus_files(pattern)
     units = units_of(filesystem, paths, unit_bytes)
@@ -223,7 +223,7 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
             "files": [[path, filesystem.size(path), str(filesystem.modified(path))] for path in paths]}
     work = out.with_name(f"{out.name}.partial")
     if work.exists() and not (work / "plan.json").is_file():
-        raise TpuplexError(f"{work} exists and is no unfinished `tpuplex prepare` of {out} (it has no plan.json): "
+        raise DataError(f"{work} exists and is no unfinished `tpuplex prepare` of {out} (it has no plan.json): "
                            "move it away or choose another --out; tpuplex removes only its own work folders")
     if not work.exists() or json.loads((work / "plan.json").read_text()) != plan:
         shutil.rmtree(work, ignore_errors=True)  # ours, of another plan: nothing in it can be reused
@@ -249,9 +249,9 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
                 pass
     tokens = sum(int(np.load(_unit_file(work, index), mmap_mode="r").shape[0]) for index in range(len(units)))
     if not tokens:
-        raise TpuplexError(f"{pattern} has no text: give a file with at least one non-blank line")
+        raise DataError(f"{pattern} has no text: give a file with at least one non-blank line")
     if tokens < max_length:
-        raise TpuplexError(f"{pattern} gives {tokens} tokens, fewer than one row of data.max_length = {max_length} "
+        raise DataError(f"{pattern} gives {tokens} tokens, fewer than one row of data.max_length = {max_length} "
                            "(tpuplex prepare's --max-length): give more text or a lower one")
     prepared = write_tokens(out, _packed_rows(work, len(units), max_length), shard_rows=shard_rows,
                             meta={"packed": True, **encoder.record, "sources": pattern})

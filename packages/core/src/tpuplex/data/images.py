@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from tpuplex.data.shards import MANIFEST, Field, Shards, ShardWriter, is_prepared, open_shards
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 PREPARED_FORMAT = 3
@@ -77,17 +77,17 @@ def scan_folder(root: str | Path) -> ImageList:
     """The images of a class-per-folder tree: every `<root>/<class>/*.{jpg,jpeg,png}` (any case), classes sorted."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise TpuplexError(f"image folder {root} does not exist or is not a folder: give a folder with one "
+        raise DataError(f"image folder {root} does not exist or is not a folder: give a folder with one "
                            "sub-folder of images per class")
     classes = tuple(sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith(".")))
     if len(classes) < 2:
-        raise TpuplexError(f"image folder {root} has {len(classes)} class folder(s) ({', '.join(classes) or 'none'}): "
+        raise DataError(f"image folder {root} has {len(classes)} class folder(s) ({', '.join(classes) or 'none'}): "
                            "a classifier needs at least two, one sub-folder of images per class")
     paths, labels = [], []
     for index, name in enumerate(classes):
         found = sorted(p for p in (root / name).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         if not found:
-            raise TpuplexError(f"class folder {root / name} holds no {'/'.join(IMAGE_SUFFIXES)} file: add its "
+            raise DataError(f"class folder {root / name} holds no {'/'.join(IMAGE_SUFFIXES)} file: add its "
                                "images or remove the folder")
         paths += found
         labels += [index] * len(found)
@@ -101,7 +101,7 @@ def image_paths(path: str | Path) -> list[Path]:
     found = ([path] if path.is_file() else
              sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES))
     if not found or any(p.suffix.lower() not in IMAGE_SUFFIXES for p in found):
-        raise TpuplexError(f"{path} holds no {'/'.join(IMAGE_SUFFIXES)} image: give an image file or a folder of "
+        raise DataError(f"{path} holds no {'/'.join(IMAGE_SUFFIXES)} image: give an image file or a folder of "
                            "them")
     return found
 
@@ -111,7 +111,7 @@ def read_listing(file: str | Path, classes: Sequence[str] = ()) -> ImageList:
     are relative to the file. Classes are `classes` when given, else the sorted distinct labels."""
     file = Path(file).expanduser()
     if not file.is_file():
-        raise TpuplexError(f"{file} does not exist: give a folder with one sub-folder of images per class, or a "
+        raise DataError(f"{file} does not exist: give a folder with one sub-folder of images per class, or a "
                            ".csv (path,label) or .jsonl listing of the images")
     if file.suffix.lower() == ".csv":
         with file.open(newline="", encoding="utf-8") as handle:
@@ -119,21 +119,21 @@ def read_listing(file: str | Path, classes: Sequence[str] = ()) -> ImageList:
     elif file.suffix.lower() == ".jsonl":
         rows = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
     else:
-        raise TpuplexError(f"image listing {file} is neither .csv nor .jsonl: write (path, label) rows in one of them")
+        raise DataError(f"image listing {file} is neither .csv nor .jsonl: write (path, label) rows in one of them")
     if not rows or any("path" not in row or "label" not in row for row in rows):
-        raise TpuplexError(f"image listing {file} needs a 'path' and a 'label' in every row (a CSV header "
+        raise DataError(f"image listing {file} needs a 'path' and a 'label' in every row (a CSV header "
                            "path,label)")
     names = [str(row["label"]) for row in rows]
     classes = tuple(classes) or tuple(sorted(set(names)))
     unknown = sorted(set(names) - set(classes))
     if unknown:
-        raise TpuplexError(f"image listing {file} has labels {unknown[:5]} outside the classes {list(classes)}")
+        raise DataError(f"image listing {file} has labels {unknown[:5]} outside the classes {list(classes)}")
     if len(classes) < 2:
-        raise TpuplexError(f"image listing {file} has {len(classes)} class: a classifier needs at least two")
+        raise DataError(f"image listing {file} has {len(classes)} class: a classifier needs at least two")
     paths = tuple((file.parent / row["path"]).resolve() for row in rows)
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise TpuplexError(f"image listing {file} names {len(missing)} missing file(s), first {missing[0]}")
+        raise DataError(f"image listing {file} names {len(missing)} missing file(s), first {missing[0]}")
     index = {name: i for i, name in enumerate(classes)}
     return ImageList(paths, np.asarray([index[n] for n in names], np.int32), classes, str(file))
 
@@ -153,9 +153,9 @@ def decode(data: bytes, size: tuple[int, int] | None, name: str = "image") -> np
             image.load()
             rgb = np.asarray(image.convert("RGB"), np.uint8)
     except UnidentifiedImageError:
-        raise TpuplexError(f"{name} is not an image Pillow can read: remove it or convert it to JPEG/PNG") from None
+        raise DataError(f"{name} is not an image Pillow can read: remove it or convert it to JPEG/PNG") from None
     except (OSError, SyntaxError, ValueError) as error:
-        raise TpuplexError(f"{name} cannot be decoded ({error}): the file is damaged or truncated; remove or "
+        raise DataError(f"{name} cannot be decoded ({error}): the file is damaged or truncated; remove or "
                            "replace it") from None
     return rgb if size is None else resize(center_crop(rgb, size), size)
 
@@ -165,7 +165,7 @@ def require_pillow() -> None:
     try:
         import PIL  # noqa: F401
     except ImportError:
-        raise TpuplexError("image tasks decode images with Pillow, which is not installed: pip install "
+        raise DataError("image tasks decode images with Pillow, which is not installed: pip install "
                            "'tpuplex-core[images]' (or pip install pillow)") from None
 
 
@@ -268,16 +268,16 @@ class PreparedImages:
 def open_prepared(location: str | Path) -> PreparedImages:
     """The prepared image folder at `location` (a path or an fsspec URL), its manifest checked."""
     if not is_prepared(location):
-        raise TpuplexError(f"{location} is not a prepared image folder (no {MANIFEST}): run tpuplex prepare on the "
+        raise DataError(f"{location} is not a prepared image folder (no {MANIFEST}): run tpuplex prepare on the "
                            "images first, or point data.train_file at the image folder itself")
     shards = open_shards(location)
     meta = shards.meta
     if meta.get("kind") != KIND or meta.get("format") != PREPARED_FORMAT:
-        raise TpuplexError(f"{location} holds {meta.get('kind')} prepared in format {meta.get('format')}, this "
+        raise DataError(f"{location} holds {meta.get('kind')} prepared in format {meta.get('format')}, this "
                            f"tpuplex reads images in format {PREPARED_FORMAT}: run tpuplex prepare again")
     classes, counted = list(meta.get("classes", ())), list(meta.get("class_counts", {}))
     if not classes or classes != counted:
-        raise TpuplexError(f"{location}/{MANIFEST} names the classes {classes} but counts images of {counted}: run "
+        raise DataError(f"{location}/{MANIFEST} names the classes {classes} but counts images of {counted}: run "
                            "tpuplex prepare again (the classes are the image folders' or the listing's labels)")
     return PreparedImages(shards)
 
@@ -290,7 +290,7 @@ def prepare(images: ImageList, folder: str | Path, size: tuple[int, int] | None,
     (Pillow releases the GIL while it decodes and resizes), 0 for one per CPU core.
     """
     if shard_size < 1:
-        raise TpuplexError(f"shard_size = {shard_size}: use 1 or more images per shard")
+        raise DataError(f"shard_size = {shard_size}: use 1 or more images per shard")
     sources = hashlib.sha256()
     writer, shape, first = None, None, None
 
@@ -310,7 +310,7 @@ def prepare(images: ImageList, folder: str | Path, size: tuple[int, int] | None,
                         writer = ShardWriter(folder, {"images": Field("uint8", shape), "labels": Field("int32")},
                                              columns=("labels",), shard_rows=shard_size)
                     elif image.shape != shape:
-                        raise TpuplexError(f"{path} is {image.shape[1]}x{image.shape[0]} but {first} is "
+                        raise DataError(f"{path} is {image.shape[1]}x{image.shape[0]} but {first} is "
                                            f"{shape[1]}x{shape[0]}: set an image size (--image-size H W, or "
                                            "task.image_size) so every image is resized to it")
                     decoded.append(image)

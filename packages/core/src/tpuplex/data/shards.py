@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 
 FORMAT = "tpuplex-shards"
 VERSION = 1
@@ -84,10 +84,10 @@ class ShardWriter:
     def __init__(self, folder: str | Path, fields: Mapping[str, Field], columns: Iterable[str] = (),
                  meta: Mapping[str, Any] | None = None, shard_rows: int = 65536):
         if shard_rows < 1:
-            raise TpuplexError(f"shard size {shard_rows}: use 1 or more rows per shard")
+            raise DataError(f"shard size {shard_rows}: use 1 or more rows per shard")
         self.folder = Path(folder).expanduser()
         if self.folder.exists():
-            raise TpuplexError(f"{self.folder} already exists: choose a new folder for the prepared data (or "
+            raise DataError(f"{self.folder} already exists: choose a new folder for the prepared data (or "
                                "remove it)")
         self.fields = dict(fields)
         self.columns = tuple(columns)
@@ -153,7 +153,7 @@ class ShardWriter:
             if self._file is not None:
                 self._finish_shard()
             if not self.shards:
-                raise TpuplexError(f"nothing to prepare into {self.folder}: the data has no rows")
+                raise DataError(f"nothing to prepare into {self.folder}: the data has no rows")
             content = hashlib.sha256("".join(shard["sha256"] for shard in self.shards).encode())
             manifest = {"format": FORMAT, "version": VERSION,
                         "fields": {name: {"dtype": field.dtype, "shape": list(field.shape)}
@@ -209,19 +209,19 @@ def open_shards(location: str | Path, retries: int = RETRIES) -> Shards:
     """The prepared folder at `location` (a local path or an fsspec URL), its manifest read and checked."""
     filesystem, root = _filesystem(location)
     if not is_prepared(location):
-        raise TpuplexError(f"{location} is not a prepared folder (no {MANIFEST}): run tpuplex prepare first")
+        raise DataError(f"{location} is not a prepared folder (no {MANIFEST}): run tpuplex prepare first")
     try:
         manifest = json.loads(_retrying(lambda: filesystem.cat_file(_join(root, MANIFEST)), retries,
                                         f"{location}/{MANIFEST}"))
     except (ValueError, UnicodeDecodeError):
-        raise TpuplexError(f"{location}/{MANIFEST} is damaged (not JSON): run tpuplex prepare again") from None
+        raise DataError(f"{location}/{MANIFEST} is damaged (not JSON): run tpuplex prepare again") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         found = manifest if isinstance(manifest, dict) else {}
-        raise TpuplexError(f"{location} holds {found.get('format')} version {found.get('version')}, this "
+        raise DataError(f"{location} holds {found.get('format')} version {found.get('version')}, this "
                            f"tpuplex reads {FORMAT} version {VERSION}: run tpuplex prepare again")
     problem = manifest_problem(manifest)
     if problem:
-        raise TpuplexError(f"{location}/{MANIFEST} does not describe its shards ({problem}): run tpuplex prepare "
+        raise DataError(f"{location}/{MANIFEST} does not describe its shards ({problem}): run tpuplex prepare "
                            "again, or restore the folder as prepare wrote it")
     return Shards(str(location), manifest, filesystem, root, retries)
 
@@ -307,7 +307,7 @@ class Shards:
                 data = self._read_retrying(lambda path=path: self._filesystem.cat_file(path), shard[name])
                 parts.append(np.load(io.BytesIO(data), allow_pickle=False))
                 if len(parts[-1]) != shard["rows"]:
-                    raise TpuplexError(f"prepared column {path} is damaged: {len(parts[-1])} rows, its manifest says "
+                    raise DataError(f"prepared column {path} is damaged: {len(parts[-1])} rows, its manifest says "
                                        f"{shard['rows']}; run tpuplex prepare again (or restore the folder)")
             self._column_cache[name] = np.concatenate(parts)
         return self._column_cache[name]
@@ -345,7 +345,7 @@ class Shards:
                 return records
             if attempt == 0:
                 self.stats.retried += 1
-        raise TpuplexError(f"prepared shard {self._path(name)} is damaged: record {int(rows[bad[0]])} fails its "
+        raise DataError(f"prepared shard {self._path(name)} is damaged: record {int(rows[bad[0]])} fails its "
                            "checksum; run tpuplex prepare again (or restore the shard from a copy)")
 
     def _ranges(self, shard: int, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
@@ -377,7 +377,7 @@ class Shards:
         entry = self.manifest["shards"][shard]
         size = self._filesystem.size(self._path(entry["records"]))
         if size != entry["bytes"]:
-            raise TpuplexError(f"prepared shard {self._path(entry['records'])} is damaged: {size} bytes, its "
+            raise DataError(f"prepared shard {self._path(entry['records'])} is damaged: {size} bytes, its "
                                f"manifest says {entry['bytes']}; run tpuplex prepare again (or restore the shard)")
         self._checked.add(shard)
 
@@ -395,11 +395,11 @@ def _retrying(read, retries: int, what: str, stats: ReadStats | None = None):
         try:
             return read()
         except FileNotFoundError:
-            raise TpuplexError(f"prepared shard {what} is missing: run tpuplex prepare again (or restore it)") \
+            raise DataError(f"prepared shard {what} is missing: run tpuplex prepare again (or restore it)") \
                 from None
         except OSError as error:
             if attempt == retries:
-                raise TpuplexError(f"cannot read {what} after {retries + 1} attempts ({error}): check the storage "
+                raise DataError(f"cannot read {what} after {retries + 1} attempts ({error}): check the storage "
                                    "and run again; the run resumes from its last checkpoint") from None
             if stats is not None:
                 stats.retried += 1

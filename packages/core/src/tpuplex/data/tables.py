@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 from tpuplex.text_files import csv_reader, read_utf8
 
 TEXT_FORMATS = {".tsv": "\t", ".csv": ","}
@@ -66,7 +66,7 @@ def _file_sha256(path: Path) -> str:
         with path.open("rb") as handle:
             return hashlib.file_digest(handle, "sha256").hexdigest()
     except OSError as error:
-        raise TpuplexError(f"cannot read {path} ({error.strerror}): check that it is a file you may read") from None
+        raise DataError(f"cannot read {path} ({error.strerror}): check that it is a file you may read") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +96,7 @@ def text_file(field: str, spec: str) -> DataFile:
     path = Path(spec).expanduser()
     if path.suffix == ".txt":
         if not path.is_file():
-            raise TpuplexError(f"{field} = {spec!r} does not exist: give the path of a UTF-8 text file")
+            raise DataError(f"{field} = {spec!r} does not exist: give the path of a UTF-8 text file")
         return DataFile(field, spec, path, ".txt", path.stem)
     return resolve_file(field, spec)
 
@@ -105,22 +105,22 @@ def resolve_file(field: str, spec: str) -> DataFile:
     """The DataFile that `spec` (from the config field `field`) names; raises a TpuplexError when it does not exist
     or has no supported format."""
     if not spec:
-        raise TpuplexError(f"{field} has an empty path: give a file such as data/dev.csv")
+        raise DataError(f"{field} has an empty path: give a file such as data/dev.csv")
     path = Path(spec).expanduser()
     folder, colon, split = spec.rpartition(":")
     if not path.exists() and colon and Path(folder).expanduser().is_dir():
         return _dataset_dict_split(field, spec, Path(folder).expanduser(), split)
     if not path.exists():
-        raise TpuplexError(f"{field} = {spec!r} does not exist: give the path of the file (relative paths start "
+        raise DataError(f"{field} = {spec!r} does not exist: give the path of the file (relative paths start "
                            "from the current directory)")
     if path.is_dir():
         if (path / DATASET_DICT_FILE).is_file():
-            raise TpuplexError(f"{field} = {spec!r} is a DatasetDict folder: name its split, e.g. "
+            raise DataError(f"{field} = {spec!r} is a DatasetDict folder: name its split, e.g. "
                                f"{spec}:{_dict_splits(path)[0]} (its splits: {', '.join(_dict_splits(path))})")
         return DataFile(field, spec, path, DATASETS_FOLDER, path.name)
     kind = path.suffix.lower()
     if kind not in FORMATS:
-        raise TpuplexError(f"{field} = {spec!r} has the unknown file type {path.suffix or '(none)'!r}: use "
+        raise DataError(f"{field} = {spec!r} has the unknown file type {path.suffix or '(none)'!r}: use "
                            f"{', '.join(FORMATS)}, or a folder written by datasets' save_to_disk")
     return DataFile(field, spec, path, kind, path.stem)
 
@@ -128,10 +128,10 @@ def resolve_file(field: str, spec: str) -> DataFile:
 def _dataset_dict_split(field: str, spec: str, folder: Path, split: str) -> DataFile:
     """`folder:split`, which must name a split of the DatasetDict saved in `folder`."""
     if not (folder / DATASET_DICT_FILE).is_file():
-        raise TpuplexError(f"{field} = {spec!r}: {folder} is not a DatasetDict folder (no {DATASET_DICT_FILE}): "
+        raise DataError(f"{field} = {spec!r}: {folder} is not a DatasetDict folder (no {DATASET_DICT_FILE}): "
                            "drop the ':split' for a single Dataset folder")
     if split not in _dict_splits(folder):
-        raise TpuplexError(f"{field} = {spec!r}: the DatasetDict in {folder} has no split {split!r}: use one of "
+        raise DataError(f"{field} = {spec!r}: the DatasetDict in {folder} has no split {split!r}: use one of "
                            f"{', '.join(_dict_splits(folder))}")
     return DataFile(field, spec, folder / split, DATASETS_FOLDER, split)
 
@@ -153,7 +153,7 @@ def read_table(file: DataFile, columns: Sequence[str], optional: Sequence[str] =
     else:
         table = _read_arrow(file, columns, optional)
     if not len(table):
-        raise TpuplexError(f"{file.path} holds no examples: {file.field} needs a file with at least one example")
+        raise DataError(f"{file.path} holds no examples: {file.field} needs a file with at least one example")
     return table
 
 
@@ -173,7 +173,7 @@ def _read_delimited(path: Path, delimiter: str, columns: Sequence[str], optional
         if len(row) != len(header):
             separated = "tab-separated" if delimiter == "\t" else "comma-separated"
             fix = "repair the row" if delimiter == "\t" else "quote texts that hold commas, and close every quote"
-            raise TpuplexError(f"{path} line {line} has {len(row)} {separated} fields, the header has "
+            raise DataError(f"{path} line {line} has {len(row)} {separated} fields, the header has "
                                f"{len(header)}: {fix}")
         for column, index in zip(values, indices, strict=True):
             column.append(row[index])
@@ -196,20 +196,20 @@ def _records(rows: Any, path: Path) -> Iterator[tuple[list[str], int]]:
         line = rows.line_num + 1
 
 
-def _csv_error(path: Path, line: int, error: csv.Error) -> TpuplexError:
+def _csv_error(path: Path, line: int, error: csv.Error) -> DataError:
     if "field larger than field limit" in str(error):
-        return TpuplexError(f"{path} line {line}: a field is longer than the csv module's limit of "
+        return DataError(f"{path} line {line}: a field is longer than the csv module's limit of "
                             f"{csv.field_size_limit()} characters, usually a quote that is never closed: close the "
                             "quote, or give very long texts as .jsonl or .parquet")
-    return TpuplexError(f"{path} line {line} is not valid CSV ({error}): repair the row")
+    return DataError(f"{path} line {line} is not valid CSV ({error}): repair the row")
 
 
 def _header_index(header: Sequence[str], name: str, path: Path) -> int:
     if name not in header:
-        raise TpuplexError(f"{path} has no column {name!r} (its header is {', '.join(header)}): rename the column "
+        raise DataError(f"{path} has no column {name!r} (its header is {', '.join(header)}): rename the column "
                            "or set task.text_columns / task.label_column to the file's names")
     if header.count(name) > 1:
-        raise TpuplexError(f"{path} has the column {name!r} twice in its header: give each column its own name")
+        raise DataError(f"{path} has the column {name!r} twice in its header: give each column its own name")
     return list(header).index(name)
 
 
@@ -227,7 +227,7 @@ def _read_jsonl(path: Path, columns: Sequence[str], optional: Sequence[str]) -> 
             values = {name: [] for name in wanted}
         for name in wanted:
             if name not in record:
-                raise TpuplexError(f"{path} line {line} has no field {name!r} (it has {', '.join(record) or 'none'}): "
+                raise DataError(f"{path} line {line} has no field {name!r} (it has {', '.join(record) or 'none'}): "
                                    "add it, or set task.text_columns / task.label_column to the file's names")
             values[name].append(record[name])
         lines.append(line)
@@ -238,10 +238,10 @@ def _json_object(path: Path, line: int, text: str) -> dict[str, Any]:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as error:
-        raise TpuplexError(f"{path} line {line} is not valid JSON ({error.msg}, column {error.colno}): write one "
+        raise DataError(f"{path} line {line} is not valid JSON ({error.msg}, column {error.colno}): write one "
                            "JSON object per line") from None
     if not isinstance(record, dict):
-        raise TpuplexError(f"{path} line {line} holds a JSON {type(record).__name__}, not an object: write one "
+        raise DataError(f"{path} line {line} holds a JSON {type(record).__name__}, not an object: write one "
                            'JSON object per line, e.g. {"text": "...", "label": 1}')
     return record
 
@@ -252,7 +252,7 @@ def _read_arrow(file: DataFile, columns: Sequence[str], optional: Sequence[str])
     names = table.column_names
     for name in columns:
         if name not in names:
-            raise TpuplexError(f"{file.path} has no column {name!r} (its columns are {', '.join(names)}): rename "
+            raise DataError(f"{file.path} has no column {name!r} (its columns are {', '.join(names)}): rename "
                                "the column or set task.text_columns / task.label_column to the file's names")
     wanted = [*columns, *(name for name in optional if name in names)]
     return Table(file.path, {name: table.column(name).to_pylist() for name in wanted}, None)
@@ -264,7 +264,7 @@ def _parquet_table(path: Path) -> Any:
     try:
         return parquet.read_table(path)
     except (pyarrow.ArrowException, OSError) as error:
-        raise TpuplexError(f"{path} is not a readable parquet file ({error}): write it with pandas' "
+        raise DataError(f"{path} is not a readable parquet file ({error}): write it with pandas' "
                            "DataFrame.to_parquet or pyarrow.parquet.write_table") from None
 
 
@@ -273,7 +273,7 @@ def _dataset_table(path: Path) -> Any:
     try:
         dataset = datasets.load_from_disk(str(path))
     except Exception as error:  # noqa: BLE001 - datasets raises many types for a folder it cannot read
-        raise TpuplexError(f"{path} is not a folder written by datasets' save_to_disk ({type(error).__name__}: "
+        raise DataError(f"{path} is not a folder written by datasets' save_to_disk ({type(error).__name__}: "
                            f"{error}): save it with dataset.save_to_disk(folder)") from None
     # The arrow format reads the stored table (no torch or numpy formatting a saved dataset may have set).
     return dataset.with_format("arrow")[:]
@@ -283,5 +283,5 @@ def _optional_import(module: str, path: Path) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise TpuplexError(f"reading {path} needs the {module} library: pip install {module} "
+        raise DataError(f"reading {path} needs the {module} library: pip install {module} "
                            "(or pip install 'tpuplex-core[data]')") from None

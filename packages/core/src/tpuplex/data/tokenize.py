@@ -26,7 +26,7 @@ from tokenizers.implementations import BertWordPieceTokenizer
 from tpuplex.data.batching import Encoded
 from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens, write_tokens
 from tpuplex.data.shards import MANIFEST
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError, TpuplexError
 
 PAD_ID = 0
 # Bump when the arrays written for the same inputs change, so old cache files are not reused.
@@ -43,9 +43,9 @@ def tokenizer_files(tokenizer_dir: Path) -> tuple[Path, bool | None]:
     slow = [name for name in ("vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
             if (tokenizer_dir / name).is_file()]
     if slow:
-        raise TpuplexError(f"{tokenizer_dir} has only a slow tokenizer ({', '.join(slow)}): write its tokenizer.json "
+        raise DataError(f"{tokenizer_dir} has only a slow tokenizer ({', '.join(slow)}): write its tokenizer.json "
                            "once with transformers: AutoTokenizer.from_pretrained(folder).save_pretrained(folder)")
-    raise TpuplexError(f"no tokenizer in {tokenizer_dir}: the checkpoint folder needs tokenizer.json or vocab.txt "
+    raise DataError(f"no tokenizer in {tokenizer_dir}: the checkpoint folder needs tokenizer.json or vocab.txt "
                        "(save the tokenizer with the model, e.g. tokenizer.save_pretrained(folder))")
 
 
@@ -55,10 +55,10 @@ def _lowercase(config_path: Path) -> bool:
     try:
         value = json.loads(config_path.read_text(encoding="utf-8")).get("do_lower_case", True)
     except (json.JSONDecodeError, AttributeError):
-        raise TpuplexError(f"{config_path} is not a JSON object: repair it or delete it to lowercase by default") \
+        raise DataError(f"{config_path} is not a JSON object: repair it or delete it to lowercase by default") \
             from None
     if not isinstance(value, bool):
-        raise TpuplexError(f"{config_path}: do_lower_case = {value!r} must be true or false")
+        raise DataError(f"{config_path}: do_lower_case = {value!r} must be true or false")
     return value
 
 
@@ -74,7 +74,7 @@ def tokenizer_hash(tokenizer_dir: Path) -> str:
 def load_tokenizer(tokenizer_dir: Path, max_length: int) -> Tokenizer:
     """The checkpoint's tokenizer, truncating (longest_first) to `max_length` tokens and not padding."""
     if max_length < 1:
-        raise TpuplexError(f"data.max_length = {max_length} must be positive: use e.g. 128")
+        raise DataError(f"data.max_length = {max_length} must be positive: use e.g. 128")
     path, lowercase = tokenizer_files(tokenizer_dir)
     try:
         if lowercase is None:
@@ -83,7 +83,7 @@ def load_tokenizer(tokenizer_dir: Path, max_length: int) -> Tokenizer:
             # Serialised and reloaded to get a plain Tokenizer rather than the implementation wrapper.
             tokenizer = Tokenizer.from_str(BertWordPieceTokenizer(str(path), lowercase=lowercase).to_str())
     except Exception as error:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for unreadable files
-        raise TpuplexError(f"cannot load the tokenizer {path} ({error}): give a checkpoint folder with a valid "
+        raise DataError(f"cannot load the tokenizer {path} ({error}): give a checkpoint folder with a valid "
                            "tokenizer.json or vocab.txt") from None
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length, strategy="longest_first")
@@ -109,7 +109,7 @@ def write_cache(path: Path, encoded: Encoded) -> PreparedTokens:
         if not os.access(path.parent, os.W_OK):
             raise PermissionError(errno.EACCES, "Permission denied")
     except OSError as error:
-        raise TpuplexError(f"cannot write the token cache in {path.parent} ({error.strerror}): "
+        raise DataError(f"cannot write the token cache in {path.parent} ({error.strerror}): "
                            "set data.cache_dir to a writable folder") from None
     try:
         return write_tokens(path, [encoded])

@@ -38,7 +38,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import CheckpointError
 from tpuplex.hosts import Hosts
 from tpuplex.protocol import PortableState
 from tpuplex.slices import Index, Slice, as_slices, bounds
@@ -114,9 +114,9 @@ def _together(hosts: Hosts, what: str, work: Callable[[], None], final: Path) ->
         return
     kept = f"the checkpoints already in {final.parent} are untouched"
     if failure is None:
-        raise TpuplexError(f"another process failed {what} (its output says why); {kept}: fix that, then run the "
+        raise CheckpointError(f"another process failed {what} (its output says why); {kept}: fix that, then run the "
                            "same command to resume")
-    raise TpuplexError(
+    raise CheckpointError(
         f"could not write checkpoint {final} ({failure.strerror or failure}); {kept}: free space there or point "
         "runtime.output_dir elsewhere, then run the same command to resume") from failure
 
@@ -192,7 +192,7 @@ def latest_good(root: str | Path, on_damaged: Callable[[str], None]) -> Path | N
         problems.append(f"{path.name}: {problem}")
         on_damaged(f"skipping damaged checkpoint {path} ({problem})")
     if found:
-        raise TpuplexError(f"no usable checkpoint in {root} ({'; '.join(problems)}): restore a good checkpoint "
+        raise CheckpointError(f"no usable checkpoint in {root} ({'; '.join(problems)}): restore a good checkpoint "
                            "there, or move the folder aside (or set a new runtime.output_dir) to start afresh")
     return None
 
@@ -206,7 +206,7 @@ def checkpoints(root: str | Path) -> list[Path]:
     """Complete checkpoints under `root`, oldest first (temporary directories are ignored)."""
     root = Path(root)
     if root.exists() and not root.is_dir():
-        raise TpuplexError(f"{root} is a file, where the run keeps its checkpoints: move it aside")
+        raise CheckpointError(f"{root} is a file, where the run keeps its checkpoints: move it aside")
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.fullmatch(p.name))
@@ -225,7 +225,7 @@ def load(path: str | Path, verified: bool = False) -> tuple[PortableState, dict[
     path = Path(path)
     problem = None if verified else verify(path)
     if problem is not None:
-        raise TpuplexError(f"checkpoint {path} is damaged or incomplete ({problem}): "
+        raise CheckpointError(f"checkpoint {path} is damaged or incomplete ({problem}): "
                            "point at a whole step-* directory written by tpuplex")
     trainer_state = json.loads((path / "trainer.json").read_text())
     files = sorted(json.loads((path / MANIFEST).read_text()))
@@ -296,6 +296,6 @@ def _stored(folder: Path, paths: list[Path]) -> dict[str, StoredArray]:
     for name, pieces in parts.items():
         covered = sum(math.prod(size) for *_, size in pieces)
         if covered != math.prod(shapes[name]):
-            raise TpuplexError(f"checkpoint {folder} is damaged: the slices of {name} hold {covered} of its "
+            raise CheckpointError(f"checkpoint {folder} is damaged: the slices of {name} hold {covered} of its "
                                f"{math.prod(shapes[name])} elements; resume from another checkpoint")
     return {name: StoredArray(name, shapes[name], dtypes[name], pieces) for name, pieces in parts.items()}

@@ -24,13 +24,19 @@ PREEMPTED_EXIT = 75
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class Preempted(Exception):
-    """A run stopped by a signal after writing `checkpoint` at optimizer step `step`."""
+class Preempted(KeyboardInterrupt):
+    """A run stopped by a signal after writing `checkpoint` at optimizer step `step`. A KeyboardInterrupt, as the
+    Ctrl-C (or a notebook's interrupt) that usually causes it: `except Exception` does not swallow it. `resume` says
+    how to go on: the CLI's wording by default, the Python API's where `tpuplex.train` raises it."""
 
-    def __init__(self, signal_name: str, step: int, checkpoint: Path):
-        super().__init__(f"stopped by {signal_name} after step {step}; checkpoint {checkpoint}: run the same "
-                         "command again to resume from it")
+    def __init__(self, signal_name: str, step: int, checkpoint: Path,
+                 resume: str = "run the same command again to resume from it"):
+        super().__init__(f"stopped by {signal_name} after step {step}; checkpoint {checkpoint}: {resume}")
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+
+    def resumed_by(self, resume: str) -> Preempted:
+        """The same stop, saying `resume` to go on."""
+        return Preempted(self.signal_name, self.step, self.checkpoint, resume)
 
 
 class SignalWatch:

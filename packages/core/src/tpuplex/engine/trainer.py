@@ -53,7 +53,7 @@ from tpuplex.engine.preemption import Preempted, SignalWatch
 from tpuplex.engine.prefetch import Prefetcher
 from tpuplex.engine.run_log import Reporter, headline
 from tpuplex.engine.schedule import SCHEDULES, warmup_steps
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import CheckpointError, TpuplexError
 from tpuplex.hosts import Hosts
 from tpuplex.protocol import Backend, Batch, ModelSpec, PortableState
 from tpuplex.slices import as_slices
@@ -272,12 +272,12 @@ class Trainer:
             return None
         arrays, info = checkpoint.load(path, verified=True)
         if info.get("config_hash") != self.config.hash():
-            raise TpuplexError(
+            raise CheckpointError(
                 f"{path} was written with another configuration (hash {info.get('config_hash')}, now "
                 f"{self.config.hash()}): restore that configuration to resume, or set a new runtime.output_dir"
             )
         if info.get("train_data") != self.train_data_fingerprint:
-            raise TpuplexError(
+            raise CheckpointError(
                 f"{path} was trained on other training data (tokens and labels differ): restore that data to "
                 "resume, or set a new runtime.output_dir")
         at = _Position(int(info["step"]), int(info["epoch"]), int(info["position"]))
@@ -297,7 +297,7 @@ class Trainer:
             return arrays
         recorded = str(info.get("base_sha256", "none"))
         if recorded != self.model.base_sha256:
-            raise TpuplexError(
+            raise CheckpointError(
                 f"{path} holds LoRA adapters trained on another base model (sha256 {recorded[:16]}; "
                 f"model.checkpoint = {self.config.model.checkpoint!r} is {self.model.base_sha256[:16]}): point "
                 "model.checkpoint at the base the adapters were trained on")

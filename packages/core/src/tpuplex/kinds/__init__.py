@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex import models, params
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import ConfigError
 from tpuplex.models.lora import Lora, fingerprint
 from tpuplex.plugins import construct
 from tpuplex.protocol import ModelSpec
@@ -81,7 +81,7 @@ class ModelKind:
     def lora(self, config: Any) -> Lora | None:
         """The LoRA adapters `[model.lora]` asks for (`tpuplex.models.lora`); kinds other than decoders refuse."""
         if config.model.lora:
-            raise TpuplexError(f"model.lora adapts decoder models, not a {self.name} model: remove [model.lora], or "
+            raise ConfigError(f"model.lora adapts decoder models, not a {self.name} model: remove [model.lora], or "
                                "give model.checkpoint a GPT-2 or Llama model (the causal_lm task)")
         return None
 
@@ -130,7 +130,7 @@ def resolve(config: Any, task: Any) -> ModelKind:
         found = next(kind for kind in family_kinds() if family in kind.families)
         kind = found(checkpoint_dir, hf_config, family, arch)
     if kind.name not in task.model_kinds:
-        raise TpuplexError(mismatch(config, task, kind))
+        raise ConfigError(mismatch(config, task, kind))
     kind.lora(config)  # [model.lora] checked against the model before any data is read
     return kind
 

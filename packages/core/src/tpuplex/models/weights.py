@@ -16,7 +16,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import CheckpointError, TpuplexError
 
 SAFETENSORS, PICKLE = "model.safetensors", "pytorch_model.bin"
 
@@ -37,7 +37,7 @@ def load_weights(checkpoint_dir: Path) -> dict[str, np.ndarray]:
     elif (folder / PICKLE).is_file():
         arrays = _load_pickled(folder / PICKLE)
     else:
-        raise TpuplexError(f"model checkpoint {folder} has neither {SAFETENSORS} nor {PICKLE}: save the model "
+        raise CheckpointError(f"model checkpoint {folder} has neither {SAFETENSORS} nor {PICKLE}: save the model "
                            "there (transformers: model.save_pretrained(folder))")
     return {name: array.astype(np.float32) if np.issubdtype(array.dtype, np.floating) else array
             for name, array in arrays.items()}
@@ -48,7 +48,7 @@ def _load_pickled(path: Path) -> dict[str, np.ndarray]:
         with zipfile.ZipFile(path) as archive:
             pickled = next((name for name in archive.namelist() if name.endswith("/data.pkl")), None)
             if pickled is None:
-                raise TpuplexError(f"{path} has no data.pkl: it is not a torch.save zip archive; re-save it with "
+                raise CheckpointError(f"{path} has no data.pkl: it is not a torch.save zip archive; re-save it with "
                                    "model.save_pretrained(folder, safe_serialization=True)")
             root = pickled.removesuffix("data.pkl")
             with archive.open(pickled) as file:
@@ -92,5 +92,5 @@ def _rebuild_tensor(storage: np.ndarray, offset: int, size, stride, *_ignored) -
 
 
 def _unreadable(path: Path, error) -> TpuplexError:
-    return TpuplexError(f"cannot read the weights {path} ({error}): the file is damaged or not a weights file; "
+    return CheckpointError(f"cannot read the weights {path} ({error}): the file is damaged or not a weights file; "
                         "copy it again or re-save the checkpoint")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpuplex.config import build_section
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import ConfigError
 from tpuplex.plugins import IMPORT_PATH, construct, import_object
 from tpuplex.tasks.base import Head, Task, TaskData
 
@@ -32,11 +32,11 @@ def get(name: str) -> Task:
     """The task `[task] name` names: a built-in one, or `package.module:ATTRIBUTE` (a `Task` instance)."""
     path = BUILTIN.get(name, name)
     if not IMPORT_PATH.match(path):
-        raise TpuplexError(f"task.name = {name!r} is not a task: use one of {', '.join(BUILTIN)} or the import path "
+        raise ConfigError(f"task.name = {name!r} is not a task: use one of {', '.join(BUILTIN)} or the import path "
                            "of your own, \"package.module:TASK\"")
     found = import_object(path, f"task.name = {name!r}")
     if not isinstance(found, Task):
-        raise TpuplexError(f"task.name = {name!r} is a {type(found).__name__}, not a tpuplex.tasks.Task instance")
+        raise ConfigError(f"task.name = {name!r} is a {type(found).__name__}, not a tpuplex.tasks.Task instance")
     return found
 
 
@@ -50,7 +50,7 @@ def framework_module(task: Task, framework: str, contract: type) -> Any:
     framework's `TaskModule` in `tpuplex.tasks.<framework>`), imported and constructed now."""
     path = task.backends.get(framework)
     if path is None:
-        raise TpuplexError(f"the {task.name} task has no {framework} module: use one of the backends "
+        raise ConfigError(f"the {task.name} task has no {framework} module: use one of the backends "
                            f"{', '.join(task.backends)}")
     module = construct(path, f"the {task.name} task's {framework} module", contract)
     module.name = task.name

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex.data.batching import Encoded
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError, TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import TEXT_INPUTS, Batch
 
@@ -183,6 +183,31 @@ class Task:
         """Predict `sources` with `state` and, when `write` (process 0), write one file per split into the folder
         `out`; returns split -> file."""
         raise TpuplexError(f"the {self.name} task writes no predictions")
+
+    def prediction_inputs(self, config: Any, inputs: Sequence[Any]) -> Any:
+        """`tpuplex.Run.predict(inputs)`: the inputs given in memory (texts, pairs of texts, words, files), checked
+        and read as the task predicts them, before any backend starts."""
+        raise TpuplexError(f"the {self.name} task predicts nothing from inputs: use Run.evaluate for its metrics")
+
+    def predictions_of(self, experiment: Any, state: Any, inputs: Any) -> list[Any]:
+        """The predictions of `inputs` (from `prediction_inputs`) with `state`, one per input, as the task's
+        prediction files state them (a label, tags of words, a transcript)."""
+        raise TpuplexError(f"the {self.name} task predicts nothing from inputs")
+
+
+def check_inputs(inputs: Sequence[Any], kinds: type | tuple[type, ...], wanted: str) -> list[Any]:
+    """`inputs` as a list, each of `kinds`; a DataError naming the first that is not, and what to give."""
+    if isinstance(inputs, str | Path) or not isinstance(inputs, Sequence) or not inputs:
+        raise DataError(f"inputs = {_shown(inputs)}: give a non-empty list of {wanted}")
+    for index, item in enumerate(inputs):
+        if not isinstance(item, kinds):
+            raise DataError(f"inputs[{index}] = {_shown(item)}: give {wanted}")
+    return list(inputs)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def token_metrics(outputs: np.ndarray, weight: np.ndarray) -> dict[str, float]:

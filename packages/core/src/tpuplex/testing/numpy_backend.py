@@ -21,8 +21,8 @@ from typing import ClassVar
 import numpy as np
 
 from tpuplex.config import RuntimeConfig
-from tpuplex.devices import Topology
 from tpuplex.errors import TpuplexError
+from tpuplex.hardware import Topology
 from tpuplex.params import check_names
 from tpuplex.protocol import (
     BackendBase,

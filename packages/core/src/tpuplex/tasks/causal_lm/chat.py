@@ -33,7 +33,7 @@ import numpy as np
 
 from tpuplex.data.batching import Encoded
 from tpuplex.data.tables import DataFile, read_table
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 from tpuplex.tasks.causal_lm.data import CheckpointTokenizer, next_token_rows
 
 FORMATS = ("messages", "prompt")
@@ -74,7 +74,7 @@ def table_records(file: DataFile, prompt: str, answer: str, tokenizer_dir: Path)
     table = read_table(file, (), optional=sorted(set().union(*(names for _, names in templates.values()))))
     for option, (_, names) in templates.items():
         if missing := sorted(names - set(table.columns)):
-            raise TpuplexError(f"{option} reads the column {missing[0]!r}, which {file.path} ({file.field}) does not "
+            raise DataError(f"{option} reads the column {missing[0]!r}, which {file.path} ({file.field}) does not "
                                "have: write the file's column names in the templates")
     chat_form = _renderer(tokenizer_dir) is not None
     for row in range(len(table)):
@@ -83,7 +83,7 @@ def table_records(file: DataFile, prompt: str, answer: str, tokenizer_dir: Path)
         question, reply = (_render_row(template, values, option, where)
                            for option, (template, _) in templates.items())
         if not reply.strip():
-            raise TpuplexError(f"{where}: task.answer_template renders an empty answer, nothing to learn: fix the "
+            raise DataError(f"{where}: task.answer_template renders an empty answer, nothing to learn: fix the "
                                "template or the row")
         yield where, ({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]}
                       if chat_form else {"prompt": question, "completion": reply})
@@ -108,16 +108,16 @@ def encode(records: Iterable[tuple[str, dict[str, Any]]], source: str, tokenizer
         if "prompt" in record and tokenizer.end_of_text is not None:  # the completion ends the text
             ids, mask = np.append(ids, np.int32(tokenizer.end_of_text)), np.append(mask, np.int32(1))
         if len(ids) > max_length + 1:
-            raise TpuplexError(f"{where} is {len(ids)} tokens long, more than data.max_length + 1 = "
+            raise DataError(f"{where} is {len(ids)} tokens long, more than data.max_length + 1 = "
                                f"{max_length + 1}: raise data.max_length (at most the model's context) or "
                                "shorten that conversation")
         if not mask[1:].any():
-            raise TpuplexError(f"{where} has no answer tokens to learn from (an empty answer, or only its first "
+            raise DataError(f"{where} has no answer tokens to learn from (an empty answer, or only its first "
                                "token): give each conversation an assistant answer")
         rows.append(ids)
         answers.append(mask)
     if not rows:
-        raise TpuplexError(f"{source} has no conversations: give one JSON record per line")
+        raise DataError(f"{source} has no conversations: give one JSON record per line")
     width = max_length + 1
     input_ids = np.zeros((len(rows), width), np.int32)
     labels = np.zeros((len(rows), width), np.int32)
@@ -155,9 +155,9 @@ def _record(line: str, where: str) -> dict[str, Any]:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
-        raise TpuplexError(f"{where} is not a JSON record ({error.msg}): write one JSON object per line") from None
+        raise DataError(f"{where} is not a JSON record ({error.msg}): write one JSON object per line") from None
     if not isinstance(record, dict) or not any(key in record for key in FORMATS):
-        raise TpuplexError(f"{where} is not a conversation: give {{\"messages\": [{{\"role\": ..., \"content\": "
+        raise DataError(f"{where} is not a conversation: give {{\"messages\": [{{\"role\": ..., \"content\": "
                            "...}, ...]} or {\"prompt\": ..., \"completion\": ...} on every line")
     return record
 
@@ -168,17 +168,17 @@ def _text_and_answers(record: dict[str, Any], render: Callable[..., str] | None,
     if "prompt" in record:
         prompt, completion = record.get("prompt"), record.get("completion")
         if not isinstance(prompt, str) or not isinstance(completion, str) or not completion:
-            raise TpuplexError(f"{where}: \"prompt\" and \"completion\" must both be text, the completion not empty")
+            raise DataError(f"{where}: \"prompt\" and \"completion\" must both be text, the completion not empty")
         return prompt + completion, [(len(prompt), len(prompt) + len(completion))]
     messages = record["messages"]
     if (not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in messages)):
-        raise TpuplexError(f"{where}: \"messages\" must be a list of {{\"role\": one of {', '.join(ROLES)}, "
+        raise DataError(f"{where}: \"messages\" must be a list of {{\"role\": one of {', '.join(ROLES)}, "
                            "\"content\": text}")
     if not any(m["role"] == "assistant" for m in messages):
-        raise TpuplexError(f"{where} has no assistant turn: a conversation needs an answer to learn from")
+        raise DataError(f"{where} has no assistant turn: a conversation needs an answer to learn from")
     if render is None:
-        raise TpuplexError(f"{where} is a conversation, but the checkpoint's tokenizer has no chat template "
+        raise DataError(f"{where} is a conversation, but the checkpoint's tokenizer has no chat template "
                            "(chat_template in tokenizer_config.json): add one, or write the data as "
                            "{\"prompt\": ..., \"completion\": ...}")
     text = render(messages)
@@ -188,7 +188,7 @@ def _text_and_answers(record: dict[str, Any], render: Callable[..., str] | None,
             continue
         before, through = render(messages[:index], add_generation_prompt=True), render(messages[: index + 1])
         if not (text.startswith(before) and text.startswith(through)):
-            raise TpuplexError(f"{where}: the chat template renders a conversation's start differently from the "
+            raise DataError(f"{where}: the chat template renders a conversation's start differently from the "
                                "whole, so its answers cannot be found: use a template that renders turns in order")
         spans.append((len(before), len(through)))
     return text, spans
@@ -202,10 +202,10 @@ class _Template:
         try:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError:
-            raise TpuplexError("a chat template needs jinja2: pip install jinja2") from None
+            raise DataError("a chat template needs jinja2: pip install jinja2") from None
 
         def raise_exception(message: str) -> None:
-            raise TpuplexError(f"the chat template refused a conversation: {message}")
+            raise DataError(f"the chat template refused a conversation: {message}")
 
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         environment.globals["raise_exception"] = raise_exception
@@ -229,7 +229,7 @@ def _row_templates(prompt: str, answer: str) -> dict[str, tuple[Any, set[str]]]:
             parsed = environment.parse(source)
             compiled[option] = environment.from_string(source), meta.find_undeclared_variables(parsed)
         except TemplateSyntaxError as error:
-            raise TpuplexError(f"{option} = {source!r} is not a jinja2 template ({error.message}): write the "
+            raise DataError(f"{option} = {source!r} is not a jinja2 template ({error.message}): write the "
                                "columns as {{ column }}") from None
     return compiled
 
@@ -240,14 +240,14 @@ def _render_row(template: Any, values: dict[str, Any], option: str, where: str) 
     try:
         return template.render(**values)
     except TemplateError as error:
-        raise TpuplexError(f"{option} cannot render {where} ({error}): fix the template") from None
+        raise DataError(f"{option} cannot render {where} ({error}): fix the template") from None
 
 
 def user_turn(tokenizer_dir: Path) -> Callable[[str], str]:
     """A user's message -> the prompt the checkpoint's chat template makes of it, ending in the assistant's turn."""
     render = _renderer(tokenizer_dir)
     if render is None:
-        raise TpuplexError(f"the checkpoint's tokenizer ({tokenizer_dir}) has no chat template (chat_template in "
+        raise DataError(f"the checkpoint's tokenizer ({tokenizer_dir}) has no chat template (chat_template in "
                            "tokenizer_config.json): generate without --chat")
     return lambda message: render([{"role": "user", "content": message}], add_generation_prompt=True)
 

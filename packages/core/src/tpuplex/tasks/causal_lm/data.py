@@ -34,7 +34,7 @@ from tpuplex.data.corpus import UNIT_BYTES, cached_corpus, corpus_files, unit_do
 from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens
 from tpuplex.data.tables import DataFile, read_table
 from tpuplex.data.tokenize import load_tokenizer, tokenizer_hash
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError, TpuplexError
 
 TASK = "causal_lm"
 
@@ -69,7 +69,7 @@ def census(file: DataFile, text_column: str) -> tuple[int, str]:
 
 
 def _no_text(file: DataFile) -> TpuplexError:
-    return TpuplexError(f"{file.path} has no text ({file.field}): give a file with some text in it")
+    return DataError(f"{file.path} has no text ({file.field}): give a file with some text in it")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Characters:
         unknown = (ids >= len(table)) | (table[np.minimum(ids, len(table) - 1)] != codes)
         if unknown.any():
             character = chr(int(codes[np.argmax(unknown)]))
-            raise TpuplexError(f"{what} has the character {character!r}, which the run's character vocabulary (built "
+            raise DataError(f"{what} has the character {character!r}, which the run's character vocabulary (built "
                                "from data.train_file) lacks: train on text that has every character you feed")
         return ids
 
@@ -134,7 +134,7 @@ def stream(texts: list[str], vocabulary: Vocabulary, what: str) -> np.ndarray:
         return vocabulary.encode(texts[0], what)
     end = vocabulary.end_of_text
     if end is None:
-        raise TpuplexError(f"{what} has {len(texts)} documents, but the tokenizer has no end-of-text token to mark "
+        raise DataError(f"{what} has {len(texts)} documents, but the tokenizer has no end-of-text token to mark "
                            f"where one ends ({', '.join(END_OF_TEXT)}): give one .txt file, or a tokenizer with one")
     return np.concatenate([np.append(vocabulary.encode(text, what), np.int32(end)) for text in texts])
 
@@ -164,7 +164,7 @@ class CorpusEncoder:
 
     def check(self) -> None:
         if self.end_of_text and self.vocabulary().end_of_text is None:
-            raise TpuplexError(f"the tokenizer in {self.tokenizer_dir} has no end-of-text token to mark where each "
+            raise DataError(f"the tokenizer in {self.tokenizer_dir} has no end-of-text token to mark where each "
                                f"document of {self.source} ends ({', '.join(END_OF_TEXT)}): use a tokenizer that "
                                "has one (a run on one .txt file needs none)")
 
@@ -199,12 +199,12 @@ def prepared_corpus(field: str, spec: str, tokenizer_dir: Path, max_length: int)
     again = (f"prepare it again: tpuplex prepare FILES --task causal_lm --tokenizer {tokenizer_dir} --max-length "
              f"{max_length}")
     if not meta.get("packed") or meta.get("task") != TASK:
-        raise TpuplexError(f"{field} = {spec!r} is a prepared folder but not a causal-LM corpus: {again}")
+        raise DataError(f"{field} = {spec!r} is a prepared folder but not a causal-LM corpus: {again}")
     if meta["max_length"] != max_length:
-        raise TpuplexError(f"{field} = {spec!r} was packed into rows of {meta['max_length']} tokens, but "
+        raise DataError(f"{field} = {spec!r} was packed into rows of {meta['max_length']} tokens, but "
                            f"data.max_length is {max_length}: set data.max_length = {meta['max_length']} or {again}")
     if meta["tokenizer"] != tokenizer_hash(tokenizer_dir):
-        raise TpuplexError(f"{field} = {spec!r} was tokenized with another tokenizer than {tokenizer_dir}'s: {again}")
+        raise DataError(f"{field} = {spec!r} was tokenized with another tokenizer than {tokenizer_dir}'s: {again}")
     return prepared
 
 
@@ -256,7 +256,7 @@ class NextTokenRows:
     def check(self, what: str) -> NextTokenRows:
         """Itself, if it fills at least one row of L + 1 tokens; else one clear error naming `what`."""
         if self.token_count <= self.source.max_length:
-            raise TpuplexError(f"{what} gives {self.token_count} tokens, fewer than one row of data.max_length + 1 = "
+            raise DataError(f"{what} gives {self.token_count} tokens, fewer than one row of data.max_length + 1 = "
                                f"{self.max_length}: give more text or lower data.max_length")
         return self
 

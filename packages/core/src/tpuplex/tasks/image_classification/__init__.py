@@ -27,18 +27,18 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from tpuplex.data import images as image_files
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError, TpuplexError
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import ImageFamily
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, check_held_out, check_split_names, framework_modules
+from tpuplex.tasks.base import Task, TaskData, check_held_out, check_inputs, check_split_names, framework_modules
 from tpuplex.tasks.image_classification.data import ImageSplit, augment, held_out
 from tpuplex.tasks.sequence_classification.heads import ClassifierHead
 from tpuplex.text_files import staged_text
@@ -192,18 +192,37 @@ class ImageClassification(Task):
         index and name, and each class's probability (softmax of the logits, float64)."""
         data, trainer, written = experiment.data, experiment.trainer, {}
         for name, files in sources.items():
-            with tempfile.TemporaryDirectory() as folder:
-                if files is None:
-                    split, keys = data.eval[name], [str(index) for index in range(len(data.eval[name]))]
-                else:
-                    listing = image_files.ImageList(tuple(files), np.zeros(len(files), np.int32), data.classes,
-                                                    name)
-                    prepared = image_files.prepare(listing, Path(folder) / "images", data.image_shape[:2])
-                    split, keys = ImageSplit(prepared, np.arange(len(files), dtype=np.int64)), list(map(str, files))
-                logits, _ = trainer.predict(state, trainer.batcher(split))
+            if files is None:
+                keys = [str(index) for index in range(len(data.eval[name]))]
+                logits, _ = trainer.predict(state, trainer.batcher(data.eval[name]))
+            else:
+                keys, logits = list(map(str, files)), _logits_of_files(experiment, state, files, name)
             if write:
                 written[name] = _write_tsv(out / f"{name}.tsv", keys, softmax(logits), data.classes)
         return written
+
+    def prediction_inputs(self, config: Any, inputs: Sequence[Any]) -> list[Path]:
+        """Image files (paths), read and resized as `tpuplex prepare` does."""
+        files = [Path(file).expanduser() for file in check_inputs(inputs, str | Path, "image files: paths")]
+        missing = next((file for file in files if not file.is_file()), None)
+        if missing is not None:
+            raise DataError(f"image {missing} does not exist: give the paths of image files")
+        return files
+
+    def predictions_of(self, experiment: Any, state: Any, inputs: list[Path]) -> list[str]:
+        """Each image's class name."""
+        logits = _logits_of_files(experiment, state, inputs, "inputs")
+        return [experiment.data.classes[index] for index in logits.argmax(axis=1)]
+
+
+def _logits_of_files(experiment: Any, state: Any, files: Sequence[Path], name: str) -> np.ndarray:
+    """The logits [N, classes] of image files, prepared at the run's image size in a temporary folder."""
+    data, trainer = experiment.data, experiment.trainer
+    with tempfile.TemporaryDirectory() as folder:
+        listing = image_files.ImageList(tuple(files), np.zeros(len(files), np.int32), data.classes, name)
+        prepared = image_files.prepare(listing, Path(folder) / "images", data.image_shape[:2])
+        logits, _ = trainer.predict(state, trainer.batcher(ImageSplit(prepared, np.arange(len(files), dtype=np.int64))))
+    return logits
 
 
 def image_size(options: Options) -> tuple[int, int] | None:

@@ -34,7 +34,7 @@ from tpuplex.data.corpus import pack_stream
 from tpuplex.data.prepared_tokens import PreparedTokens
 from tpuplex.data.tables import DataFile, read_table
 from tpuplex.data.tokenize import load_tokenizer, read_cache, tokenizer_hash, write_cache
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 from tpuplex.text_files import read_utf8
 
 TASK = "masked_lm"
@@ -52,7 +52,7 @@ def documents(file: DataFile, text_column: str) -> list[str]:
         texts = ["" if value is None else str(value) for value in table.columns[text_column]]
     found = [text.strip() for text in texts if text.strip()]
     if not found:
-        raise TpuplexError(f"{file.path} has no text ({file.field}): give a file with at least one non-blank line")
+        raise DataError(f"{file.path} has no text ({file.field}): give a file with at least one non-blank line")
     return found
 
 
@@ -67,7 +67,7 @@ def encode_packed(texts: list[str], tokenizer: Tokenizer, max_length: int, what:
     ids = [encoding.ids for encoding in tokenizer.encode_batch(texts)]
     total = sum(map(len, ids))
     if total < max_length:
-        raise TpuplexError(f"{what} gives {total} tokens, fewer than one row of data.max_length = {max_length}: "
+        raise DataError(f"{what} gives {total} tokens, fewer than one row of data.max_length = {max_length}: "
                            "give more text or lower data.max_length")
     return pack(ids, max_length)
 
@@ -132,7 +132,7 @@ def mask_id(tokenizer: Tokenizer, tokenizer_dir: Path) -> int:
         found = tokenizer.token_to_id(token)
         if found is not None:
             return found
-    raise TpuplexError(f"the tokenizer in {tokenizer_dir} has no mask token ({' or '.join(MASK_TOKENS)}): "
+    raise DataError(f"the tokenizer in {tokenizer_dir} has no mask token ({' or '.join(MASK_TOKENS)}): "
                        "masked-LM training needs a checkpoint whose tokenizer defines one")
 
 

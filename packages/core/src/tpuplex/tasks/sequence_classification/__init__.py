@@ -10,19 +10,22 @@ Predictions: one TSV per split (GLUE's submission files for GLUE test splits).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from tpuplex.data.batching import Encoded
+from tpuplex.data.tokenize import load_tokenizer
+from tpuplex.errors import DataError
 from tpuplex.metrics import compute, cross_entropy
 from tpuplex.models import Architecture, Family
-from tpuplex.tasks.base import Task, TaskData, framework_modules, matmul_weights
+from tpuplex.tasks.base import Task, TaskData, check_inputs, framework_modules, matmul_weights
 from tpuplex.tasks.sequence_classification.custom import CustomData, LabelledTable, dataset_sources
-from tpuplex.tasks.sequence_classification.features import encode_cached
+from tpuplex.tasks.sequence_classification.features import encode, encode_cached
 from tpuplex.tasks.sequence_classification.glue import Dataset, GlueData, Source
+from tpuplex.tasks.sequence_classification.glue.files import Examples
 from tpuplex.tasks.sequence_classification.heads import FAMILY_HEADS, ClassifierHead, classifier_head
 from tpuplex.text_files import staged_text
 
@@ -105,6 +108,29 @@ class SequenceClassification(Task):
                 path = out / (dataset.submission_file(name) if in_glue else f"{name}.tsv")
                 written[name] = _write_tsv(path, predictions(dataset, logits))
         return written
+
+    def prediction_inputs(self, config: Any, inputs: Sequence[Any]) -> Examples:
+        """Texts (str), or pairs of texts ((str, str)) for a task of two text columns (MRPC's two sentences)."""
+        dataset = dataset_sources(config.data, _options(self, config)).dataset
+        if len(dataset.text_columns) == 2:
+            wanted = f"pairs of texts ({' and '.join(dataset.text_columns)} of {dataset.name}): (str, str) tuples"
+            pairs = check_inputs(inputs, tuple | list, wanted)
+            for index, pair in enumerate(pairs):
+                if len(pair) != 2 or not all(isinstance(text, str) for text in pair):
+                    raise DataError(f"inputs[{index}] = {pair!r}: give {wanted}")
+            first, second = [a for a, _ in pairs], [b for _, b in pairs]
+        else:
+            first, second = check_inputs(inputs, str, f"texts to classify ({dataset.name}): strings"), None
+        return Examples(first, second, np.zeros(len(first), np.float32 if dataset.is_regression else np.int32))
+
+    def predictions_of(self, experiment: Any, state: Any, inputs: Examples) -> list[str | float]:
+        """Each input's label (or, for a regression task, its score)."""
+        max_length, trainer = experiment.config.data.max_length, experiment.trainer
+        encoded = encode(inputs, load_tokenizer(experiment.model_dir, max_length), max_length)
+        logits, _ = trainer.predict(state, trainer.batcher(encoded))
+        if experiment.data.dataset.is_regression:
+            return [float(score) for score in logits[:, 0]]
+        return predictions(experiment.data.dataset, logits)
 
 
 def _options(task: Task, config: Any) -> Options:

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from tpuplex.data.batching import Encoded
 from tpuplex.data.prepared_tokens import PreparedTokens
 from tpuplex.data.tokenize import CACHE_FORMAT, PAD_ID, load_tokenizer, read_cache, tokenizer_files, write_cache
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 from tpuplex.tasks.sequence_classification.glue.datasets import Dataset
 from tpuplex.tasks.sequence_classification.glue.files import Examples
 from tpuplex.tasks.sequence_classification.glue.sources import Source, resolve_source
@@ -33,12 +33,12 @@ def encode(examples: Examples, tokenizer: Tokenizer, max_length: int) -> Encoded
     try:
         encodings = tokenizer.encode_batch(inputs)
     except Exception as error:  # noqa: BLE001 - e.g. max_length shorter than the special tokens
-        raise TpuplexError(f"tokenization failed ({error}): check data.max_length = {max_length} "
+        raise DataError(f"tokenization failed ({error}): check data.max_length = {max_length} "
                            "(it must leave room for [CLS] and [SEP] tokens)") from None
     ids = [encoding.ids for encoding in encodings]
     lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
     if lengths.size and lengths.max() > max_length:
-        raise TpuplexError(f"the tokenizer returned {lengths.max()} tokens for max_length = {max_length}: "
+        raise DataError(f"the tokenizer returned {lengths.max()} tokens for max_length = {max_length}: "
                            "load it with load_tokenizer(folder, max_length)")
     flat_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
     flat_type_ids = np.fromiter(itertools.chain.from_iterable(encoding.type_ids for encoding in encodings),

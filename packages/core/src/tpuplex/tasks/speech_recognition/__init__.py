@@ -29,17 +29,18 @@ repeats merged, blanks dropped) and reports `wer` and `cer` (jiwer) and the `los
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from tpuplex.data import audio
-from tpuplex.data.tables import resolve_file
+from tpuplex.data.tables import DataFile, resolve_file
 from tpuplex.errors import TpuplexError
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, check_held_out, check_split_names, framework_modules
+from tpuplex.tasks.base import Task, TaskData, check_held_out, check_inputs, check_split_names, framework_modules
 from tpuplex.tasks.speech_recognition.data import SpeechSplit, Vocabulary, error_rates, spec_augment, split_of
 from tpuplex.text_files import staged_text
 
@@ -233,6 +234,23 @@ class SpeechRecognition(Task):
                         staging.write(f"{path}\t{text}\n")
                 written[name] = out / f"{name}.tsv"
         return written
+
+    def prediction_inputs(self, config: Any, inputs: Sequence[Any]) -> list[Path]:
+        """Recordings (paths of audio files), read and checked as the run's manifests are."""
+        return [Path(path).expanduser() for path in check_inputs(inputs, str | Path, "recordings: audio file paths")]
+
+    def predictions_of(self, experiment: Any, state: Any, inputs: list[Path]) -> list[str]:
+        """Each recording's greedy transcript."""
+        data, trainer = experiment.data, experiment.trainer
+        listed = DataFile("Run.predict", "inputs", Path("inputs"), "", "inputs")
+        manifest = audio.Manifest(listed, tuple(inputs), ("",) * len(inputs),
+                                  tuple(f"inputs[{index}]" for index in range(len(inputs))))
+        with tempfile.TemporaryDirectory() as folder:
+            shards = audio.prepare(manifest, Path(folder) / "features", data.options.features, data.options.max_seconds)
+            split = split_of(shards, np.arange(len(inputs), dtype=np.int64), data.vocabulary,
+                             data.train.labels.shape[1], "Run.predict")
+            outputs, _ = trainer.predict(state, trainer.batcher(split))
+        return data.transcripts(outputs)
 
 
 TASK = SpeechRecognition()

@@ -9,7 +9,7 @@ import numpy as np
 
 from tpuplex.data.audio import decode_strings
 from tpuplex.data.shards import ReadStats, Shards
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 
 BLANK = 0
 """CTC's blank symbol; character i of the vocabulary is id i + 1, and 0 also pads a row's labels."""
@@ -30,7 +30,7 @@ class Vocabulary:
         index = {character: position + 1 for position, character in enumerate(self.characters)}
         unknown = sorted(set(text) - set(index))
         if unknown:
-            raise TpuplexError(f"the transcript of {where} has {''.join(unknown)!r}, characters the training "
+            raise DataError(f"the transcript of {where} has {''.join(unknown)!r}, characters the training "
                                f"transcripts do not ({self.characters!r}): fix the transcript, or train on data "
                                "that has them")
         return np.array([index[character] for character in text], np.int32)
@@ -129,5 +129,5 @@ def error_rates(references: list[str], hypotheses: list[str]) -> dict[str, float
     try:
         import jiwer
     except ImportError:
-        raise TpuplexError("word error rates need jiwer: pip install 'tpuplex-core[audio]'") from None
+        raise DataError("word error rates need jiwer: pip install 'tpuplex-core[audio]'") from None
     return {"wer": float(jiwer.wer(references, hypotheses)), "cer": float(jiwer.cer(references, hypotheses))}

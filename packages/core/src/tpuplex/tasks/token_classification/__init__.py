@@ -25,7 +25,7 @@ one CoNLL file per split, `word<TAB>gold<TAB>predicted` (no gold column for an u
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,7 +38,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, check_split_names, framework_modules, matmul_weights
+from tpuplex.tasks.base import Task, TaskData, check_inputs, check_split_names, framework_modules, matmul_weights
 from tpuplex.tasks.token_classification import data as tagged
 from tpuplex.tasks.token_classification.entities import check_scheme, scores
 from tpuplex.tasks.token_classification.heads import FAMILY_HEADS, TokenClassifierHead, token_classifier_head
@@ -184,6 +184,21 @@ class TokenClassification(Task):
             if write:
                 written[split] = _write_conll(out / f"{split}.conll", sentences, data.word_tags(aligned, logits))
         return written
+
+    def prediction_inputs(self, config: Any, inputs: Sequence[Any]) -> tagged.Sentences:
+        """Sentences: a string (its words split at whitespace) or a list of words."""
+        sentences = check_inputs(inputs, str | list | tuple, "sentences: strings, or lists of words")
+        words = [sentence.split() if isinstance(sentence, str) else [str(word) for word in sentence]
+                 for sentence in sentences]
+        return tagged.Sentences(Path("inputs"), words, None, list(range(len(words))))
+
+    def predictions_of(self, experiment: Any, state: Any, inputs: tagged.Sentences) -> list[list[tuple[str, str]]]:
+        """Each sentence's (word, tag) pairs."""
+        data, trainer, max_length = experiment.data, experiment.trainer, experiment.config.data.max_length
+        aligned = tagged.align(inputs, load_tokenizer(experiment.model_dir, max_length), max_length, data.tags)
+        logits, _ = trainer.predict(state, trainer.batcher(aligned.encoded))
+        return [list(zip(words, tags, strict=True))
+                for words, tags in zip(inputs.words, data.word_tags(aligned, logits), strict=True)]
 
     def _files(self, config: Any) -> dict[str, DataFile]:
         """train, each eval file (by its name: `devel.tsv` is the split "devel", `test.tsv` "test") and

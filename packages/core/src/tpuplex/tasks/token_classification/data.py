@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from tpuplex.data.batching import Encoded
 from tpuplex.data.tables import DataFile, read_table, resolve_file
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 from tpuplex.text_files import read_utf8
 
 PAD_ID = 0
@@ -77,7 +77,7 @@ def data_file(field: str, spec: str) -> DataFile:
     if path.suffix in TABLE_SUFFIXES or path.is_dir() or not path.suffix and ":" in spec:
         return resolve_file(field, spec)
     if not path.is_file():
-        raise TpuplexError(f"{field} = {spec!r} does not exist: give the path of a CoNLL file (one word and its "
+        raise DataError(f"{field} = {spec!r} does not exist: give the path of a CoNLL file (one word and its "
                            "tag per line) or of a .jsonl file")
     return DataFile(field, spec, path, ".conll", path.stem)
 
@@ -90,7 +90,7 @@ def read_sentences(file: DataFile, tag_column: int, words_field: str, tags_field
     else:
         found = _read_table(file, words_field, tags_field, require_tags)
     if not len(found):
-        raise TpuplexError(f"{file.path} holds no sentences ({file.field}): give a file with at least one "
+        raise DataError(f"{file.path} holds no sentences ({file.field}): give a file with at least one "
                            "tagged word")
     return found
 
@@ -117,7 +117,7 @@ def _read_conll(path: Path, tag_column: int, require_tags: bool) -> Sentences:
         if has_tags:
             resolved = tag_column if tag_column >= 0 else len(columns) + tag_column
             if not 0 < resolved < len(columns):
-                raise TpuplexError(f"{path} line {number} has {len(columns)} column(s) and no tag in column "
+                raise DataError(f"{path} line {number} has {len(columns)} column(s) and no tag in column "
                                    f"{tag_column} (task.tag_column): write the word and its tag on each line, "
                                    "separated by a tab or spaces")
             sentence_tags.append(columns[resolved])
@@ -134,13 +134,13 @@ def _read_table(file: DataFile, words_field: str, tags_field: str, require_tags:
     for row, number in enumerate(numbers):
         sentence = table.columns[words_field][row]
         if not _is_strings(sentence) or not sentence:
-            raise TpuplexError(f"{file.path} {where} {number}: {words_field!r} is not a non-empty list of words: "
+            raise DataError(f"{file.path} {where} {number}: {words_field!r} is not a non-empty list of words: "
                                f'write e.g. {{"{words_field}": ["EU", "rejects"], "{tags_field}": ["B-ORG", "O"]}}')
         words.append(list(sentence))
         if tags is not None:
             sentence_tags = table.columns[tags_field][row]
             if not _is_strings(sentence_tags) or len(sentence_tags) != len(sentence):
-                raise TpuplexError(f"{file.path} {where} {number}: {tags_field!r} is not a list of one tag per word "
+                raise DataError(f"{file.path} {where} {number}: {tags_field!r} is not a list of one tag per word "
                                    f"({len(sentence)} words): give each word its tag")
             tags.append(list(sentence_tags))
     return Sentences(file.path, words, tags, numbers)
@@ -161,7 +161,7 @@ def check_tags(sentences: Sentences, tags: tuple[str, ...], what: str) -> None:
     for sentence, line in zip(sentences.tags or [], sentences.lines, strict=False):
         unknown = sorted(set(sentence) - known)
         if unknown:
-            raise TpuplexError(f"{sentences.path} sentence at line {line} has the tag {unknown[0]!r}, which is not in "
+            raise DataError(f"{sentences.path} sentence at line {line} has the tag {unknown[0]!r}, which is not in "
                                f"the {what} ({', '.join(tags)}): fix the tag, or list every tag in task.tags")
 
 

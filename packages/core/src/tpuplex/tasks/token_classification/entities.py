@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 
 TAG = re.compile(r"^(O|[BIES]-.+)$")
 _ENDS_BEFORE = {("B", "B"), ("B", "S"), ("B", "O"), ("I", "B"), ("I", "S"), ("I", "O")}
@@ -24,7 +24,7 @@ def check_scheme(tags: Sequence[str], where: str) -> None:
     """A TpuplexError unless every tag is O or B-/I-/E-/S- and a type."""
     for tag in tags:
         if not TAG.match(tag):
-            raise TpuplexError(f"{where} has the tag {tag!r}, which is in no tag scheme tpuplex scores: use IOB2 "
+            raise DataError(f"{where} has the tag {tag!r}, which is in no tag scheme tpuplex scores: use IOB2 "
                                "(B-TYPE, I-TYPE, O) or IOBES (B-, I-, E-, S-, O) tags")
 
 

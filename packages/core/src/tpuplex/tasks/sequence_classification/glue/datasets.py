@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,5 +95,5 @@ def get_dataset(name: str) -> Dataset:
     """The task called `name`, in any case and with or without its dash ("SST-2", "sst-2", "sst2", "STS-B")."""
     key = name.strip().lower().replace("-", "").replace("_", "")
     if key not in DATASETS:
-        raise TpuplexError(f"unknown GLUE dataset {name!r}: use one of {', '.join(DATASETS)}")
+        raise DataError(f"unknown GLUE dataset {name!r}: use one of {', '.join(DATASETS)}")
     return DATASETS[key]

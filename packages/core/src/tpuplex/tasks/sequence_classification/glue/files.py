@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError, TpuplexError
 from tpuplex.tasks.sequence_classification.glue.datasets import Dataset
 from tpuplex.text_files import csv_reader, read_utf8
 
@@ -41,7 +41,7 @@ class Examples:
 def check_split(task: Dataset, split: str) -> None:
     """Raise a TpuplexError naming the task's splits when `split` is not one of them (nor a test split)."""
     if split not in (*task.splits, *task.test_splits):
-        raise TpuplexError(f"GLUE task {task.name} has no split {split!r}: use one of "
+        raise DataError(f"GLUE task {task.name} has no split {split!r}: use one of "
                            f"{', '.join((*task.splits, *task.test_splits))}")
 
 
@@ -51,10 +51,10 @@ def split_file(task: Dataset, split: str, data_dir: str | Path) -> Path:
     folder = Path(data_dir)
     files = ", ".join(f"{name}.tsv" for name in task.splits)
     if not folder.is_dir():
-        raise TpuplexError(f"GLUE data folder {folder} does not exist: give the folder holding {task.folder}'s {files}")
+        raise DataError(f"GLUE data folder {folder} does not exist: give the folder holding {task.folder}'s {files}")
     path = folder / f"{split}.tsv"
     if not path.is_file():
-        raise TpuplexError(f"GLUE file {path} does not exist: the {task.folder} folder must hold {files} "
+        raise DataError(f"GLUE file {path} does not exist: the {task.folder} folder must hold {files} "
                            "(the original GLUE distribution)")
     return path
 
@@ -83,7 +83,7 @@ def read_split(task: Dataset, split: str, data_dir: str | Path) -> Examples:
             if not row:
                 continue
             if len(row) != len(header):
-                raise TpuplexError(f"{path} line {line} has {len(row)} tab-separated fields, expected "
+                raise DataError(f"{path} line {line} has {len(row)} tab-separated fields, expected "
                                    f"{len(header)} ({', '.join(header)}): repair the row or restore the original file")
             for column, index in zip(texts, text_index, strict=True):
                 column.append(row[index])
@@ -100,12 +100,12 @@ def read_split(task: Dataset, split: str, data_dir: str | Path) -> Examples:
 
 
 def _empty(task: Dataset, path: Path) -> TpuplexError:
-    return TpuplexError(f"{path} holds no examples: restore the original GLUE {task.folder} file")
+    return DataError(f"{path} holds no examples: restore the original GLUE {task.folder} file")
 
 
 def _column(header: tuple[str, ...], name: str, path: Path) -> int:
     if name not in header:
-        raise TpuplexError(f"{path} has no column {name!r} (its header is {', '.join(header)}): "
+        raise DataError(f"{path} has no column {name!r} (its header is {', '.join(header)}): "
                            "give the original GLUE file for this task")
     return header.index(name)
 
@@ -120,7 +120,7 @@ def _parse_labels(task: Dataset, raw: list[str], lines: list[int], path: Path) -
             except ValueError:
                 score = math.nan
             if not math.isfinite(score):
-                raise TpuplexError(f"{path} line {line}: score {value!r} is not a finite number: "
+                raise DataError(f"{path} line {line}: score {value!r} is not a finite number: "
                                    f"the {task.label_column!r} column of {task.folder} must hold numbers")
             scores[position] = score
         return scores
@@ -128,7 +128,7 @@ def _parse_labels(task: Dataset, raw: list[str], lines: list[int], path: Path) -
     labels = np.empty(len(raw), dtype=np.int32)
     for position, (value, line) in enumerate(zip(raw, lines, strict=True)):
         if value not in index:
-            raise TpuplexError(f"{path} line {line}: label {value!r} is not a {task.name} label: "
+            raise DataError(f"{path} line {line}: label {value!r} is not a {task.name} label: "
                                f"allowed labels are {', '.join(task.labels)}")
         labels[position] = index[value]
     return labels

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError, TpuplexError
 from tpuplex.tasks.sequence_classification.glue.datasets import Dataset
 from tpuplex.tasks.sequence_classification.glue.files import Examples, check_split
 
@@ -50,9 +50,9 @@ def read_hub_split(task: Dataset, split: str) -> Examples:
     dtype = np.float32 if task.is_regression else np.int32
     labels = np.asarray(data["label"], dtype=dtype)
     if not labels.size:
-        raise TpuplexError(f"{HUB_DATASET} {task.name}/{hub_split} holds no examples: give local GLUE files "
+        raise DataError(f"{HUB_DATASET} {task.name}/{hub_split} holds no examples: give local GLUE files "
                            "with --data-dir or GLUE_DIR")
     if not task.is_regression and (labels.min() < 0 or labels.max() >= task.num_labels):
-        raise TpuplexError(f"{HUB_DATASET} {task.name}/{hub_split} has labels outside 0..{task.num_labels - 1} "
+        raise DataError(f"{HUB_DATASET} {task.name}/{hub_split} has labels outside 0..{task.num_labels - 1} "
                            "(an unlabelled split?): give local GLUE files with --data-dir or GLUE_DIR")
     return Examples(texts[0], texts[1] if task.is_pair else None, labels)

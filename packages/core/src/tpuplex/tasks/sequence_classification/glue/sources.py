@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError
 from tpuplex.tasks.sequence_classification.glue.datasets import Dataset
 from tpuplex.tasks.sequence_classification.glue.files import Examples, check_split, read_split, split_file
 from tpuplex.tasks.sequence_classification.glue.hub import HubUnavailableError, read_hub_split
@@ -58,7 +58,7 @@ def resolve_source(task: Dataset, split: str, data_dir: str | Path | None) -> So
     if data_dir:
         folder = Path(data_dir).expanduser()
         if not folder.is_dir():
-            raise TpuplexError(f"data.data_dir {folder} does not exist: give the folder holding {task.folder}'s "
+            raise DataError(f"data.data_dir {folder} does not exist: give the folder holding {task.folder}'s "
                                "train.tsv and dev.tsv (--data-dir)")
         return file_source(task, split, folder / task.folder if (folder / task.folder).is_dir() else folder)
     reasons = []
@@ -74,7 +74,7 @@ def resolve_source(task: Dataset, split: str, data_dir: str | Path | None) -> So
         return hub_source(task, split)
     except HubUnavailableError as error:
         reasons.append(error.reason)
-    raise TpuplexError(
+    raise DataError(
         f"no data for GLUE task {task.name}: pass --data-dir (data.data_dir) with the folder holding "
         f"{task.folder}'s TSV files, set GLUE_DIR to the folder holding {task.folder}/, or pip install datasets "
         f"and be online ({'; '.join(reasons)})"

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Literal
 
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import ConfigError
 from tpuplex.sharding import Mesh
 
 DeviceKind = Literal["tpu", "gpu", "cpu"]
@@ -72,7 +72,7 @@ def discover(override: str | None = None, env: Mapping[str, str] | None = None) 
     env = os.environ if env is None else env
     requested = override if override not in (None, "", "auto") else env.get(OVERRIDE_ENV, "auto") or "auto"
     if requested not in ("auto", *DEVICE_KINDS):
-        raise TpuplexError(
+        raise ConfigError(
             f"device {requested!r} is not known: use one of auto, {', '.join(DEVICE_KINDS)} "
             f"(runtime.device or {OVERRIDE_ENV})"
         )
@@ -81,7 +81,7 @@ def discover(override: str | None = None, env: Mapping[str, str] | None = None) 
         return found
     if requested == "cpu":
         return dataclasses.replace(_cpu(), source=f"override (found {found.kind})")
-    raise TpuplexError(
+    raise ConfigError(
         f"device {requested!r} was asked for, but none was found (this machine has {found.report()}); "
         f"set runtime.device = \"auto\" or run where a {requested.upper()} is attached"
     )

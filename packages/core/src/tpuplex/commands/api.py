@@ -1,0 +1,184 @@
+"""tpuplex from Python (a script or a notebook), exported as `tpuplex.train`, `tpuplex.Run`, `tpuplex.devices`: the
+same engine the `tpuplex` command runs, which is its client.
+
+    config = tpuplex.Config.load("examples/glue/configs/mrpc.toml", data_dir="../shared/glue/MRPC",
+                                 overrides={"train.max_steps": 20})
+    run = tpuplex.train(config, backend="torch")          # a Run: its folder, results, history, checkpoints
+    run.evaluate(backend="jax")["metrics"]                # the checkpoint on another backend
+    run.predict([("The cat sat.", "A cat was sitting.")])  # predictions in memory: ["equivalent"]
+    run.generate("ROMEO:", tokens=50)                     # a causal_lm run's continuation
+    run.export("hf")                                      # the folder written
+    tpuplex.Run.open("runs/mrpc-torch")                   # a finished (or interrupted) run
+
+Bad input raises `tpuplex.TpuplexError` (`ConfigError`, `DataError`, `CheckpointError`) with the message the CLI
+prints, before anything is written. An interrupt (Ctrl-C, a notebook's stop button) or SIGTERM during `train`
+finishes the step, checkpoints it and raises `tpuplex.Preempted` (a KeyboardInterrupt); the same `train` call
+resumes from that checkpoint. Several runs may share one process, on one backend or several (`docs/python.md`
+says what a framework forbids).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tpuplex import hardware, tasks
+from tpuplex.commands import run as run_lib
+from tpuplex.commands import run_folder, workflow
+from tpuplex.config import Config, Overrides
+from tpuplex.engine import checkpoint
+from tpuplex.engine.preemption import Preempted
+from tpuplex.engine.run_log import LOG_FILE
+from tpuplex.errors import TpuplexError
+from tpuplex.hardware import Topology
+
+RESUME_HINT = "call tpuplex.train again with the same config to resume from it"
+
+
+def train(config: Config | str | Path, backend: str, *, data_dir: str | Path | None = None,
+          overrides: Overrides = ()) -> Run:
+    """Train `config` (a Config, or the path of a TOML file) on `backend` ("torch", "jax", "tf"): the run of
+    `tpuplex train`, in this process. A run folder that holds a checkpoint of the same config resumes from it."""
+    config_path = None
+    if isinstance(config, Config):
+        config = config.override(overrides) if overrides else config
+        config = config if data_dir is None else config.override({"data.data_dir": str(data_dir)})
+    else:
+        config_path = Path(config)
+        config = Config.load(config_path, data_dir=data_dir, overrides=overrides)
+    try:
+        results = run_lib.train(config, backend, config_path=config_path)
+    except Preempted as stopped:
+        raise stopped.resumed_by(RESUME_HINT) from None
+    return Run(Path(results["output_dir"]), results=results)
+
+
+def devices() -> Topology:
+    """The devices this machine has, as the core finds them (TPU chips, GPUs or the CPU); each backend confirms
+    them when it starts (`tpuplex devices` asks every installed one)."""
+    return hardware.discover()
+
+
+class Run:
+    """A run's folder (`runtime.output_dir`) and what can be done with its checkpoint on any backend.
+
+    Opened on a run folder it uses the newest checkpoint that verifies; opened on one of its `checkpoints/step-*`
+    folders, that checkpoint.
+    """
+
+    def __init__(self, folder: Path, target: Path | None = None, results: dict[str, Any] | None = None):
+        """Use `Run.open` (or `tpuplex.train`): `target` is the checkpoint folder chosen (None: the newest that
+        verifies), `results` what training returned (on every process of a multi-process run)."""
+        self.folder = folder
+        self._target = target or folder
+        self._results = results
+
+    @classmethod
+    def open(cls, path: str | Path) -> Run:
+        """The run in `path`: a run folder, or one of its checkpoints/step-* folders (that checkpoint is then the
+        one used)."""
+        path = Path(path).expanduser()
+        return cls(run_folder.folder_of(path), path)
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.folder)!r})"
+
+    @property
+    def config(self) -> Config:
+        """The run's config, its relative paths resolved from where it ran."""
+        return run_folder.locate(self._target).config
+
+    @property
+    def checkpoint(self) -> Path:
+        """The checkpoint this Run evaluates, predicts and exports with."""
+        return run_folder.locate(self._target).checkpoint
+
+    @property
+    def checkpoints(self) -> list[Path]:
+        """Every checkpoints/step-* folder of the run, oldest first."""
+        return checkpoint.checkpoints(self.folder / "checkpoints")
+
+    @property
+    def results(self) -> dict[str, Any] | None:
+        """What results.json holds (metrics, throughput, losses, topology...); None until training has finished."""
+        path = self.folder / run_lib.RESULTS_FILE
+        if self._results is None and path.is_file():
+            self._results = json.loads(path.read_text(encoding="utf-8"))
+        return self._results
+
+    @property
+    def metrics(self) -> dict[str, dict[str, float]] | None:
+        """The final metrics of every evaluation split (results.json's `metrics`); None until training finished."""
+        return None if self.results is None else self.results["metrics"]
+
+    def history(self, event: str = "train") -> list[dict[str, Any]]:
+        """The log's records of `event`, oldest first: "train" (step, loss, learning_rate, examples_per_s, ...),
+        "eval" (step, split, metrics), "checkpoint", "epoch" or "start"."""
+        path = self.folder / LOG_FILE
+        if not path.is_file():
+            return []
+        records = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        return [record for record in records if record.get("event") == event]
+
+    def history_frame(self, event: str = "train") -> Any:
+        """`history(event)` as a pandas DataFrame (pandas must be installed)."""
+        try:
+            import pandas
+        except ImportError:
+            raise TpuplexError("Run.history_frame needs pandas: pip install pandas (or use Run.history, a list of "
+                               "dicts)") from None
+        return pandas.DataFrame(self.history(event))
+
+    def evaluate(self, backend: str | None = None, split: str | None = None, data_dir: str | Path | None = None,
+                 out: str | Path | None = None) -> dict[str, Any]:
+        """The checkpoint's metrics on every evaluation split (or `split`) on `backend` (default: the one it
+        trained on), counted as in training: `{"metrics": {split: {name: value}}, "checkpoint", "backend", ...}`,
+        also written to `out` (default <run>/eval/<step>-<backend>.json)."""
+        return workflow.evaluate(self._target, backend or self._backend(), split,
+                                 None if data_dir is None else str(data_dir), None if out is None else Path(out))
+
+    def predict(self, inputs: Sequence[Any], backend: str | None = None) -> list[Any]:
+        """Predictions of `inputs`, in memory, one per input: texts or (text, text) pairs -> labels (sequence
+        classification); sentences (strings or word lists) -> (word, tag) pairs (token classification); image
+        files -> class names; audio files -> transcripts. Runs on `backend` (default: the one it trained on)."""
+        found = run_folder.locate(self._target)
+        checked = tasks.get(found.config.task.name).prediction_inputs(found.config, inputs)  # before any backend
+        experiment, state = workflow.restore(found, backend or self._backend())
+        return experiment.task.predictions_of(experiment, state, checked)
+
+    def write_predictions(self, split: str = "test", backend: str | None = None, data_dir: str | Path | None = None,
+                          out: str | Path | None = None) -> dict[str, Path]:
+        """The prediction files of `split` ("test": every test file; GLUE's submission files), as
+        `tpuplex predict` writes them: split -> file."""
+        return workflow.predict(self._target, backend or self._backend(), split,
+                                None if data_dir is None else str(data_dir), None if out is None else Path(out))
+
+    def generate(self, prompts: str | Sequence[str], backend: str | None = None, tokens: int = 100,
+                 temperature: float = 0.0, top_k: int = 0, seed: int = 0, chat: bool = False) -> str | list[str]:
+        """A causal_lm run's continuation of each prompt (a string for one prompt given as a string): greedy at
+        temperature 0, else sampled from `seed` (the same text on every backend); `chat`: each prompt is a user's
+        message in the checkpoint's chat template, and the answer is returned."""
+        from tpuplex.commands.generate import generate
+
+        single = isinstance(prompts, str)
+        texts = generate(self._target, backend or self._backend(), [prompts] if single else list(prompts), tokens,
+                         temperature, top_k, seed, chat=chat).texts
+        return texts[0] if single else texts
+
+    def export(self, format: str, out: str | Path | None = None, merge: bool = False) -> Path:
+        """The checkpoint as an HF folder ("hf"; `merge`: a LoRA run's adapters folded in), PEFT adapters ("peft"),
+        a TF SavedModel ("saved_model") or a torch.export program ("torch_export"); returns the folder."""
+        from tpuplex.commands.export import export
+
+        return export(self._target, format, None if out is None else Path(out), merge=merge)
+
+    def _backend(self) -> str:
+        """The backend the run trained on (its log's first record)."""
+        started = self.history("start")
+        if not started:
+            raise TpuplexError(f"{self.folder / LOG_FILE} names no backend: give backend=\"torch\", \"jax\" or "
+                               "\"tf\"")
+        return started[0]["backend"]
+
