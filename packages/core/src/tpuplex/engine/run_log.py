@@ -5,8 +5,9 @@
     <output_dir>/tensorboard/    tensorboardX event files: train/loss, train/learning_rate, train/examples_per_s,
                                  eval/<split>/<metric>
 
-A resumed run appends to both. The progress bar (rich) shows steps, loss and examples/s in a terminal; when stderr
-is a file (a batch job's log) each `runtime.log_every` window is one plain line instead. In a multi-process run only
+A resumed run appends to both. The progress bar (rich) shows steps, loss and examples/s in a terminal, and in a
+Jupyter notebook with ipywidgets installed; elsewhere (a batch job's log file, a notebook without ipywidgets) each
+`runtime.log_every` window is one plain line instead. In a multi-process run only
 process 0 reports; the others hold a Reporter with `write=False`, which writes and prints nothing.
 """
 
@@ -70,13 +71,14 @@ class Reporter:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self._log = (self.output_dir / LOG_FILE).open("a", encoding="utf-8")
             self._tensorboard = SummaryWriter(str(self.output_dir / TENSORBOARD_DIR))
+        live = write and (self.console.is_terminal or (self.console.is_jupyter and _has_widgets()))
         self._progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-            console=self.console, disable=not (write and self.console.is_terminal),
+            console=self.console, disable=not live,
         )
         self._bar = None
-        self._plain_progress = write and not self.console.is_terminal
+        self._plain_progress = write and not live
         self._total, self._first, self._since = 0, 0, time.perf_counter()
 
     def __enter__(self) -> Self:
@@ -135,6 +137,13 @@ class Reporter:
         if self.write:
             self._tensorboard.close()
             self._log.close()
+
+
+def _has_widgets() -> bool:
+    """Whether a notebook can show the live bar: rich draws it in an ipywidgets output area."""
+    import importlib.util
+
+    return importlib.util.find_spec("ipywidgets") is not None
 
 
 def headline(metrics: dict[str, float]) -> str:

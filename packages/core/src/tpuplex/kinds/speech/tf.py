@@ -9,11 +9,8 @@ import tensorflow as tf
 
 from tpuplex.kinds.tf import Built, KindModule
 from tpuplex.layers.tf import Variables, dropout
-from tpuplex.models.conformer import ConformerArch, forward, positions
+from tpuplex.models.conformer import SERVED_FRAMES, ConformerArch, forward, positions
 from tpuplex.protocol import ModelSpec, OptimizerSpec
-
-SERVED_FRAMES = 4096
-"""The most frames after subsampling a SavedModel takes: 164 s of audio at a 10 ms hop."""
 
 
 class TfOps:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import torch
 from tpuplex.kinds.torch import Built, KindModule
 from tpuplex.layers.torch import register_parameters
-from tpuplex.models.conformer import ConformerArch, forward, positions
+from tpuplex.models.conformer import SERVED_FRAMES, ConformerArch, forward, positions
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 
 
@@ -55,7 +55,10 @@ class TorchOps:
         return torch.from_numpy(array).to(self.device)
 
     def positions(self, frames, width):
-        return self.constant(positions(frames, width))
+        if isinstance(frames, int):
+            return self.constant(positions(frames, width))
+        # torch.export traces `frames` as a symbol: a table of the most frames a program takes, cut to them.
+        return self.constant(positions(SERVED_FRAMES, width))[:frames]
 
     def dropout(self, x, rate, site):
         return F.dropout(x, rate, self.training)

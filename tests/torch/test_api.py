@@ -1,0 +1,108 @@
+"""The Python API on every task's example at 2 steps, on torch, over a cut of the real data (tests/common/
+shared_subset.py): `tpuplex.train` in this process gives the results `tpuplex train` gives in a fresh one for the
+same config and seed (metrics, losses, config hash); then the Run evaluates (the training metrics again), predicts
+in memory (or generates, for causal_lm) and exports. And two torch trainings in one process give the losses of
+fresh processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fresh_process import tpuplex as tpuplex_cli
+from shared_subset import subset_path
+
+import tpuplex
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared"
+CIFAR_TEST = SHARED / "images" / "cifar10" / "test"
+FSDD = SHARED / "audio" / "fsdd"
+RECORDINGS = [FSDD / "dev" / "george_0000.wav", FSDD / "dev" / "george_0001.wav"]
+
+EXAMPLES = {
+    "sequence_classification": "examples/glue/configs/mrpc.toml",
+    "token_classification": "examples/ner/wnut17.toml",
+    "masked_lm": "examples/mlm/tinyshakespeare.toml",
+    "image_classification": "examples/cifar10/resnet20.toml",
+    "causal_lm": "examples/shakespeare_char/cpu.toml",
+    "speech_recognition": "examples/speech/fsdd.toml",
+}
+EXPORTS = {"image_classification": "torch_export", "speech_recognition": "torch_export"}
+"""The format each task's example exports to (the others: an HF folder)."""
+
+
+@pytest.fixture(scope="module")
+def subset_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("shared-subset")
+
+
+def data_overrides(example: str, subset_root: Path) -> dict[str, object]:
+    """The example's data fields pointed at their cut copies (a tagging example trains on its whole file, so every
+    tag of its cut evaluation files occurs in it)."""
+    loaded = tpuplex.Config.load(REPO / example)
+    if loaded.task.name == "sequence_classification":
+        return {"data.data_dir": str(subset_path(SHARED, SHARED / "glue" / "MRPC", subset_root))}
+    whole = loaded.task.name == "token_classification"
+    train = loaded.data.train_file if whole else str(subset_path(SHARED, Path(loaded.data.train_file), subset_root))
+    return {"data.train_file": train,
+            "data.eval_files": [str(subset_path(SHARED, Path(name), subset_root)) for name in loaded.data.eval_files]}
+
+
+def train_with_the_cli(example: str, output_dir: Path, overrides: dict[str, object]) -> None:
+    """`tpuplex train` in a fresh process from the repository root, `overrides` as `--set` arguments."""
+    settings = {**overrides, "runtime.output_dir": str(output_dir)}
+    tpuplex_cli("train", example, "--backend", "torch",
+                *(part for key, value in settings.items() for part in ("--set", f"{key}={json.dumps(value)}")),
+                cwd=REPO)
+
+
+def predict_or_generate(run: tpuplex.Run, task: str) -> None:
+    """What each task gives back from inputs in memory (tests/torch/test_speech.py holds the exported speech program
+    to `predict`'s transcripts)."""
+    if task == "sequence_classification":
+        labels = run.predict([("He left the room.", "He went out of the room."), ("It rained.", "Prices rose.")])
+        assert len(labels) == 2 and set(labels) <= {"0", "1"}
+    elif task == "token_classification":
+        tagged = run.predict(["Alice flew to Paris on Monday", ["New", "York"]])
+        assert [word for word, _ in tagged[0]] == "Alice flew to Paris on Monday".split()
+        assert [word for word, _ in tagged[1]] == ["New", "York"]
+        assert all(tag in run.config.task.options["tags"] for sentence in tagged for _, tag in sentence)
+    elif task == "image_classification":
+        images = [CIFAR_TEST / "cat" / "0000.jpg", CIFAR_TEST / "ship" / "0000.jpg"]
+        classes = run.predict(images)
+        assert len(classes) == 2 and set(classes) <= set(run.config.task.options["classes"])
+    elif task == "speech_recognition":
+        transcripts = run.predict([RECORDINGS[0], str(RECORDINGS[1])])
+        assert len(transcripts) == 2 and all(isinstance(text, str) for text in transcripts)
+    elif task == "causal_lm":
+        text = run.generate("ROMEO:", tokens=12)
+        assert isinstance(text, str) and len(text) == 12  # a character vocabulary: a token is a character
+        assert run.generate(["ROMEO:", "JULIET:"], tokens=4, temperature=0.8, seed=1) == run.generate(
+            ["ROMEO:", "JULIET:"], tokens=4, temperature=0.8, seed=1)
+    else:
+        with pytest.raises(tpuplex.TpuplexError, match="predicts nothing from inputs: use Run.evaluate"):
+            run.predict(["a [MASK] sentence"])
+
+
+@pytest.mark.parametrize("task", EXAMPLES)
+def test_the_api_runs_each_task_s_example_as_the_cli_does(task, shared_glue, shared_text, shared_images,
+                                                          shared_audio, subset_root, tmp_path) -> None:
+    example = EXAMPLES[task]
+    overrides = {"train.max_steps": 2, "data.cache_dir": str(tmp_path / "cache"),
+                 **data_overrides(example, subset_root)}
+    train_with_the_cli(example, tmp_path / "cli", overrides)
+    run = tpuplex.train(REPO / example, "torch", overrides={**overrides, "runtime.output_dir": str(tmp_path / "api")})
+
+    from_cli = json.loads((tmp_path / "cli" / "results.json").read_text())
+    assert run.results["config_hash"] == from_cli["config_hash"] and run.results["step"] == 2
+    assert run.results["losses"] == from_cli["losses"]
+    assert run.metrics == from_cli["metrics"]
+    evaluated = run.evaluate()["metrics"]
+    for split, metrics in run.metrics.items():
+        assert evaluated[split] == pytest.approx(metrics, abs=1e-6), split
+    predict_or_generate(run, task)
+    exported = run.export(EXPORTS.get(task, "hf"))
+    assert exported.is_dir() and any(exported.iterdir())
+
