@@ -81,6 +81,8 @@ def predict_or_generate(run: tpuplex.Run, task: str) -> None:
         assert isinstance(text, str) and len(text) == 12  # a character vocabulary: a token is a character
         assert run.generate(["ROMEO:", "JULIET:"], tokens=4, temperature=0.8, seed=1) == run.generate(
             ["ROMEO:", "JULIET:"], tokens=4, temperature=0.8, seed=1)
+        with pytest.raises(tpuplex.TpuplexError, match=r"use Run.generate\(prompts\)"):
+            run.predict(["ROMEO:"])
     else:
         with pytest.raises(tpuplex.TpuplexError, match="predicts nothing from inputs: use Run.evaluate"):
             run.predict(["a [MASK] sentence"])
@@ -97,6 +99,7 @@ def test_the_api_runs_each_task_s_example_as_the_cli_does(task, shared_glue, sha
 
     from_cli = json.loads((tmp_path / "cli" / "results.json").read_text())
     assert run.results["config_hash"] == from_cli["config_hash"] and run.results["step"] == 2
+    assert from_cli["metrics"] and from_cli["train"]["mfu"] > 0  # tests/torch/test_examples.py's subset check
     assert run.results["losses"] == from_cli["losses"]
     assert run.metrics == from_cli["metrics"]
     evaluated = run.evaluate()["metrics"]
@@ -106,3 +109,17 @@ def test_the_api_runs_each_task_s_example_as_the_cli_does(task, shared_glue, sha
     exported = run.export(EXPORTS.get(task, "hf"))
     assert exported.is_dir() and any(exported.iterdir())
 
+
+
+def test_two_torch_trainings_in_one_process_match_fresh_processes(shared_glue, shared_text, subset_root,
+                                                                   tmp_path) -> None:
+    """MRPC then the character GPT in this process, each against its own fresh `tpuplex train`."""
+    for task in ("sequence_classification", "causal_lm"):
+        overrides = {"train.max_steps": 3, "runtime.log_every": 1, "data.cache_dir": str(tmp_path / "cache"),
+                     **data_overrides(EXAMPLES[task], subset_root)}
+        train_with_the_cli(EXAMPLES[task], tmp_path / f"{task}-fresh", overrides)
+        run = tpuplex.train(REPO / EXAMPLES[task], "torch",
+                            overrides={**overrides, "runtime.output_dir": str(tmp_path / task)})
+        expected = tpuplex.Run.open(tmp_path / f"{task}-fresh")
+        assert [row["loss"] for row in run.history()] == [row["loss"] for row in expected.history()], task
+        assert run.metrics == expected.metrics, task

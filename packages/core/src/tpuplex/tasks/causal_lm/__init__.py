@@ -228,6 +228,9 @@ class CausalLM(Task):
     def corpus_encoder(self, tokenizer_dir: Path) -> CorpusEncoder:
         return CorpusEncoder(str(tokenizer_dir))
 
+    def prediction_inputs(self, config: Any, inputs: Any) -> Any:
+        raise TpuplexError("a causal_lm run continues prompts: use Run.generate(prompts) (tpuplex generate)")
+
     def example_batch(self, data: TaskData | None) -> dict[str, np.ndarray]:
         return {"input_ids": np.zeros((2, 8), np.int32), "labels": np.zeros((2, 8), np.int32)}
 
