@@ -8,7 +8,11 @@ from multihost_checks import MultiProcessSuite
 
 
 class TestJaxProcesses(MultiProcessSuite):
-    backend, devices, single_devices = "jax", 2, 4
+    # The lost process's run waits up to lost_timeout at every section, the join at start-up included: on a loaded
+    # 2-core machine the two processes reached the join more than 20 s apart (importing jax and torch), which a
+    # short timeout cannot tell from a missing process. 60 s: JAX on CPU notices the loss only by this timeout, so
+    # the check takes about that long after the kill.
+    backend, devices, single_devices, lost_timeout = "jax", 2, 4, 60
 
     @pytest.mark.long  # the torch session runs this check in the fast tier
     def test_preempted_then_killed_processes_resume_to_the_same_state(self, runs) -> None:

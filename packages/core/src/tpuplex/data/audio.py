@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -93,9 +94,10 @@ def require_soundfile() -> Any:
 
 
 def read_recording(path: Path, settings: LogMel, max_seconds: float, where: str) -> np.ndarray:
-    """Mono samples float32 [n] of the audio file at `path` (WAV, FLAC, OGG: what libsndfile reads), checked: one
-    TpuplexError naming the file (and `where`, its manifest row) for a file that is missing or unreadable, not
-    mono, not at `settings.sample_rate`, shorter than one feature frame or longer than `max_seconds`."""
+    """Mono samples float32 [n] at `settings.sample_rate` of the audio file at `path` (WAV, FLAC, OGG: what
+    libsndfile reads; resampled when recorded at another rate), checked: one DataError naming the file (and
+    `where`, its manifest row) for a file that is missing or unreadable, not mono, shorter than one feature frame or
+    longer than `max_seconds`."""
     soundfile = require_soundfile()
     if not path.is_file():
         raise DataError(f"{path} does not exist ({where}): give audio paths relative to the manifest's folder")
@@ -107,18 +109,25 @@ def read_recording(path: Path, settings: LogMel, max_seconds: float, where: str)
     if audio.shape[1] != 1:
         raise DataError(f"{path} has {audio.shape[1]} channels ({where}): tpuplex reads mono recordings; mix it "
                            "down (e.g. sox in.wav -c 1 out.wav)")
-    if rate != settings.sample_rate:
-        raise DataError(f"{path} is sampled at {rate} Hz, task.sample_rate is {settings.sample_rate} ({where}): "
-                           f"set task.sample_rate = {rate} for data at that rate, or resample the file (tpuplex "
-                           "does not resample)")
+    samples = audio[:, 0] if rate == settings.sample_rate else resampled(audio[:, 0], rate, settings.sample_rate)
     seconds = len(audio) / rate
-    if settings.frames(len(audio)) == 0:
+    if settings.frames(len(samples)) == 0:
         raise DataError(f"{path} holds {len(audio)} samples, less than one {settings.frame_ms:g} ms frame "
                            f"({where}): remove the empty recording from the manifest")
     if seconds > max_seconds:
         raise DataError(f"{path} lasts {seconds:.1f} s, more than task.max_seconds = {max_seconds:g} ({where}): "
                            "cut it into utterances, or raise task.max_seconds (every batch is padded to the longest)")
-    return audio[:, 0]
+    return samples
+
+
+def resampled(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
+    """float32 `samples` at `rate` Hz resampled to `target` Hz: scipy's polyphase filter (`resample_poly`, a
+    Kaiser-windowed FIR low-pass at the lower rate's Nyquist frequency), as torchaudio's and librosa's "polyphase"
+    modes do."""
+    from scipy.signal import resample_poly
+
+    common = math.gcd(rate, target)
+    return resample_poly(samples, target // common, rate // common).astype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True)

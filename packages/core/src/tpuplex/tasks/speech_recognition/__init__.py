@@ -4,7 +4,7 @@ model (`model.architecture`).
 
     [task]
     name = "speech_recognition"
-    sample_rate = 16000             # every recording's rate (a file at another is refused: tpuplex does not resample)
+    sample_rate = 16000             # the features' rate (a recording at another is resampled to it)
     mel_bins = 80                   # log-mel features: 25 ms frames every 10 ms (frame_ms, hop_ms)
     max_seconds = 30.0              # longer recordings are refused (every batch pads to its longest)
     validation_fraction = 0.1       # without data.eval_files: a seeded 10% of the utterances are held out
