@@ -111,10 +111,10 @@ def test_the_api_runs_each_task_s_example_as_the_cli_does(task, shared_glue, sha
 
 
 
-def test_two_torch_trainings_in_one_process_match_fresh_processes(shared_glue, shared_text, subset_root,
+def test_two_torch_trainings_in_one_process_match_fresh_processes(shared_images, shared_text, subset_root,
                                                                    tmp_path) -> None:
-    """MRPC then the character GPT in this process, each against its own fresh `tpuplex train`."""
-    for task in ("sequence_classification", "causal_lm"):
+    """ResNet-20 on CIFAR-10 then the character GPT in this process, each against its own fresh `tpuplex train`."""
+    for task in ("image_classification", "causal_lm"):
         overrides = {"train.max_steps": 3, "runtime.log_every": 1, "data.cache_dir": str(tmp_path / "cache"),
                      **data_overrides(EXAMPLES[task], subset_root)}
         train_with_the_cli(EXAMPLES[task], tmp_path / f"{task}-fresh", overrides)

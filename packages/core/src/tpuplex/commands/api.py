@@ -64,8 +64,10 @@ def devices() -> Topology:
 class Run:
     """A run's folder (`runtime.output_dir`) and what can be done with its checkpoint on any backend.
 
-    Opened on a run folder it uses the newest checkpoint that verifies; opened on one of its `checkpoints/step-*`
-    folders, that checkpoint.
+    Opened on a run folder it uses the newest checkpoint that verifies (when first asked: a Run opened before
+    training ends sees the checkpoint written by then); opened on one of its `checkpoints/step-*` folders, that
+    checkpoint. `evaluate` and `predict` keep the model they restore on a backend for the next call there (`del run`
+    lets it go).
     """
 
     def __init__(self, folder: Path, target: Path | None = None, results: dict[str, Any] | None = None):
@@ -74,6 +76,8 @@ class Run:
         self.folder = folder
         self._target = target or folder
         self._results = results
+        self._found: run_folder.Found | None = None
+        self._restored: dict[str, tuple[Any, Any]] = {}
 
     @classmethod
     def open(cls, path: str | Path) -> Run:
@@ -88,12 +92,12 @@ class Run:
     @property
     def config(self) -> Config:
         """The run's config, its relative paths resolved from where it ran."""
-        return run_folder.locate(self._target).config
+        return self._located().config
 
     @property
     def checkpoint(self) -> Path:
         """The checkpoint this Run evaluates, predicts and exports with."""
-        return run_folder.locate(self._target).checkpoint
+        return self._located().checkpoint
 
     @property
     def checkpoints(self) -> list[Path]:
@@ -136,16 +140,18 @@ class Run:
         """The checkpoint's metrics on every evaluation split (or `split`) on `backend` (default: the one it
         trained on), counted as in training: `{"metrics": {split: {name: value}}, "checkpoint", "backend", ...}`,
         also written to `out` (default <run>/eval/<step>-<backend>.json)."""
-        return workflow.evaluate(self._target, backend or self._backend(), split,
-                                 None if data_dir is None else str(data_dir), None if out is None else Path(out))
+        out = None if out is None else Path(out)
+        if data_dir is not None:
+            return workflow.evaluate(self._target, backend or self._backend(), split, str(data_dir), out)
+        return workflow.evaluate_restored(self._located(), *self._restore(backend), split, out)
 
     def predict(self, inputs: Sequence[Any], backend: str | None = None) -> list[Any]:
         """Predictions of `inputs`, in memory, one per input: texts or (text, text) pairs -> labels (sequence
         classification); sentences (strings or word lists) -> (word, tag) pairs (token classification); image
         files -> class names; audio files -> transcripts. Runs on `backend` (default: the one it trained on)."""
-        found = run_folder.locate(self._target)
-        checked = tasks.get(found.config.task.name).prediction_inputs(found.config, inputs)  # before any backend
-        experiment, state = workflow.restore(found, backend or self._backend())
+        config = self.config
+        checked = tasks.get(config.task.name).prediction_inputs(config, inputs)  # before any backend starts
+        experiment, state = self._restore(backend)
         return experiment.task.predictions_of(experiment, state, checked)
 
     def write_predictions(self, split: str = "test", backend: str | None = None, data_dir: str | Path | None = None,
@@ -160,11 +166,13 @@ class Run:
         """A causal_lm run's continuation of each prompt (a string for one prompt given as a string): greedy at
         temperature 0, else sampled from `seed` (the same text on every backend); `chat`: each prompt is a user's
         message in the checkpoint's chat template, and the answer is returned."""
-        from tpuplex.commands.generate import generate
+        from tpuplex.commands import generate
 
         single = isinstance(prompts, str)
-        texts = generate(self._target, backend or self._backend(), [prompts] if single else list(prompts), tokens,
-                         temperature, top_k, seed, chat=chat).texts
+        listed = [prompts] if single else list(prompts)
+        generate.check(self._located(), tokens, temperature, top_k, seed, listed)
+        texts = generate.generate_restored(self._located(), *self._restore(backend), listed, tokens, temperature,
+                                           top_k, seed, chat=chat).texts
         return texts[0] if single else texts
 
     def export(self, format: str, out: str | Path | None = None, merge: bool = False) -> Path:
@@ -173,6 +181,20 @@ class Run:
         from tpuplex.commands.export import export
 
         return export(self._target, format, None if out is None else Path(out), merge=merge)
+
+    def _located(self) -> run_folder.Found:
+        """The checkpoint and config, found and verified once."""
+        if self._found is None:
+            self._found = run_folder.locate(self._target)
+        return self._found
+
+    def _restore(self, backend: str | None) -> tuple[Any, Any]:
+        """(experiment, state): the checkpoint restored on `backend` (default: the run's), kept for this Run's next
+        call there, so an evaluation and then predictions build the model once."""
+        name = backend or self._backend()
+        if name not in self._restored:
+            self._restored[name] = workflow.restore(self._located(), name)
+        return self._restored[name]
 
     def _backend(self) -> str:
         """The backend the run trained on (its log's first record)."""

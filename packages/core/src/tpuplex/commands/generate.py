@@ -19,6 +19,7 @@ import dataclasses
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +65,15 @@ def left_padded(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndar
 def generate(path: str | Path, backend_name: str, prompts: list[str], new_tokens: int, temperature: float = 0.0,
              top_k: int = 0, seed: int = 0, cache: bool = True, chat: bool = False) -> Generated:
     """`new_tokens` tokens after each of `prompts` from the checkpoint `path` names (see the module)."""
+    found = run_folder.locate(path)
+    check(found, new_tokens, temperature, top_k, seed, prompts)
+    return generate_restored(found, *workflow.restore(found, backend_name), prompts, new_tokens, temperature, top_k,
+                             seed, cache, chat)
+
+
+def check(found: run_folder.Found, new_tokens: int, temperature: float, top_k: int, seed: int,
+          prompts: list[str]) -> None:
+    """The options and the run, checked before any backend starts."""
     if new_tokens < 1:
         raise TpuplexError(f"--tokens {new_tokens}: generate at least 1 token")
     if not (math.isfinite(temperature) and temperature >= 0) or top_k < 0:
@@ -73,7 +83,6 @@ def generate(path: str | Path, backend_name: str, prompts: list[str], new_tokens
         raise TpuplexError(f"--seed {seed}: use a seed in [0, 2^63)")
     if not prompts or not all(prompts):
         raise TpuplexError("give each prompt some text: --prompt TEXT (or --prompt-file FILE)")
-    found = run_folder.locate(path)
     if found.config.task.name != "causal_lm":
         raise TpuplexError(f"{found.run_dir} is a {found.config.task.name} run: tpuplex generate continues text with a "
                            "causal_lm run (a GPT-2 or Llama model)")
@@ -81,8 +90,14 @@ def generate(path: str | Path, backend_name: str, prompts: list[str], new_tokens
     if context < 2 * SMALLEST_BUCKET:
         raise TpuplexError(f"the run's context (data.max_length = {context}) is too short to generate in windows: "
                            f"train with data.max_length >= {2 * SMALLEST_BUCKET}")
+
+
+def generate_restored(found: run_folder.Found, experiment: Any, state: Any, prompts: list[str], new_tokens: int,
+                      temperature: float = 0.0, top_k: int = 0, seed: int = 0, cache: bool = True,
+                      chat: bool = False) -> Generated:
+    """`generate` with the checkpoint already restored (`workflow.restore`) and the options checked (`check`)."""
+    context = found.config.data.max_length
     template = conversations.user_turn(resolve_checkpoint(found.config.model.checkpoint)) if chat else None
-    experiment, state = workflow.restore(found, backend_name)
     vocabulary = experiment.data.vocabulary
     rows = [vocabulary.encode(template(prompt) if template else prompt, "the prompt") for prompt in prompts]
     if not all(len(row) for row in rows):

@@ -41,8 +41,13 @@ def evaluate(path: str | Path, backend_name: str, split: str | None = None, data
     """Evaluate the checkpoint `path` names on `backend_name`: every eval split, or `split`. Returns (and writes
     to `out`, by default `<run>/eval/<step>-<backend>.json`) the metrics with where they came from."""
     found = run_folder.locate(path, data_dir)
-    experiment, state = restore(found, backend_name)
-    trainer = experiment.trainer
+    return evaluate_restored(found, *restore(found, backend_name), split, out)
+
+
+def evaluate_restored(found: run_folder.Found, experiment: Experiment, state: Any, split: str | None = None,
+                      out: Path | None = None) -> dict[str, Any]:
+    """`evaluate` of a checkpoint already restored (`restore`)."""
+    trainer, backend_name = experiment.trainer, experiment.backend_name
     splits = list(trainer.eval_batchers)
     if split is not None and split not in splits:
         raise TpuplexError(f"the run has no evaluation split {split!r}: use one of {', '.join(splits)}")
