@@ -170,7 +170,8 @@ class Run:
 
         single = isinstance(prompts, str)
         listed = [prompts] if single else list(prompts)
-        generate.check(self._located(), tokens, temperature, top_k, seed, listed)
+        generate.check_options(tokens, temperature, top_k, seed, listed)
+        generate.check_run(self._located())
         texts = generate.generate_restored(self._located(), *self._restore(backend), listed, tokens, temperature,
                                            top_k, seed, chat=chat).texts
         return texts[0] if single else texts

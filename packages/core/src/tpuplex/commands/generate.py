@@ -65,15 +65,15 @@ def left_padded(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndar
 def generate(path: str | Path, backend_name: str, prompts: list[str], new_tokens: int, temperature: float = 0.0,
              top_k: int = 0, seed: int = 0, cache: bool = True, chat: bool = False) -> Generated:
     """`new_tokens` tokens after each of `prompts` from the checkpoint `path` names (see the module)."""
+    check_options(new_tokens, temperature, top_k, seed, prompts)
     found = run_folder.locate(path)
-    check(found, new_tokens, temperature, top_k, seed, prompts)
+    check_run(found)
     return generate_restored(found, *workflow.restore(found, backend_name), prompts, new_tokens, temperature, top_k,
                              seed, cache, chat)
 
 
-def check(found: run_folder.Found, new_tokens: int, temperature: float, top_k: int, seed: int,
-          prompts: list[str]) -> None:
-    """The options and the run, checked before any backend starts."""
+def check_options(new_tokens: int, temperature: float, top_k: int, seed: int, prompts: list[str]) -> None:
+    """The sampling options and the prompts, checked before the run is read."""
     if new_tokens < 1:
         raise TpuplexError(f"--tokens {new_tokens}: generate at least 1 token")
     if not (math.isfinite(temperature) and temperature >= 0) or top_k < 0:
@@ -83,6 +83,10 @@ def check(found: run_folder.Found, new_tokens: int, temperature: float, top_k: i
         raise TpuplexError(f"--seed {seed}: use a seed in [0, 2^63)")
     if not prompts or not all(prompts):
         raise TpuplexError("give each prompt some text: --prompt TEXT (or --prompt-file FILE)")
+
+
+def check_run(found: run_folder.Found) -> None:
+    """The run can generate: a causal_lm run with a context of at least two prompt buckets."""
     if found.config.task.name != "causal_lm":
         raise TpuplexError(f"{found.run_dir} is a {found.config.task.name} run: tpuplex generate continues text with a "
                            "causal_lm run (a GPT-2 or Llama model)")
@@ -95,7 +99,8 @@ def check(found: run_folder.Found, new_tokens: int, temperature: float, top_k: i
 def generate_restored(found: run_folder.Found, experiment: Any, state: Any, prompts: list[str], new_tokens: int,
                       temperature: float = 0.0, top_k: int = 0, seed: int = 0, cache: bool = True,
                       chat: bool = False) -> Generated:
-    """`generate` with the checkpoint already restored (`workflow.restore`) and the options checked (`check`)."""
+    """`generate` with the checkpoint already restored (`workflow.restore`) and checked (`check_options`,
+    `check_run`)."""
     context = found.config.data.max_length
     template = conversations.user_turn(resolve_checkpoint(found.config.model.checkpoint)) if chat else None
     vocabulary = experiment.data.vocabulary
