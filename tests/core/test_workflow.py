@@ -254,3 +254,32 @@ def test_outputs_take_the_permissions_the_umask_gives(write_config, with_test_fi
     folders = [run / "checkpoints" / "step-00000006", run / "export" / "step-00000006-hf"]
     assert {oct(path.stat().st_mode & 0o777) for path in files} == {"0o644"}
     assert {oct(path.stat().st_mode & 0o777) for path in folders} == {"0o755"}
+
+
+@pytest.mark.parametrize("theirs", [{"run.json": '{"notes": "mine"}', "results.json": '{"accuracy": 0.9}'},
+                                    {"log.jsonl": "my own log line\n"},
+                                    {"run.json": "not json"},
+                                    {"tensorboard/notes.txt": "mine"}])
+def test_a_folder_of_yours_is_never_taken_for_a_run_s(write_config, tmp_path, capsys, theirs) -> None:
+    """runtime.output_dir holding a run.json, results.json or log.jsonl tpuplex did not write: refused in one line,
+    every file byte-identical afterwards."""
+    folder = tmp_path / "mine"
+    for name, text in theirs.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    before = {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+    config = write_config(runtime__output_dir=str(folder))
+    assert cli.main(["train", str(config), "--backend", "numpy"]) == 2
+    assert "holds files tpuplex did not write" in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()} == before
+
+
+def test_a_run_folder_from_before_the_format_mark_still_resumes(write_config, tmp_path, capsys) -> None:
+    config = write_config(train__max_steps=6, runtime__checkpoint_every=3)
+    assert cli.main(["train", str(config), "--backend", "numpy"]) == 0
+    run_file = tmp_path / "run" / "run.json"
+    recorded = json.loads(run_file.read_text())
+    assert recorded["format"] == run_folder.RUN_FORMAT
+    run_file.write_text(json.dumps({key: value for key, value in recorded.items() if key != "format"}))
+    assert cli.main(["train", str(config), "--backend", "numpy"]) == 0
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["resumed_from"].endswith("step-00000006")

@@ -191,22 +191,45 @@ def output_directory(config: Config, backend_name: str) -> Path:
     return path
 
 
-def foreign_files(folder: Path, mark: str, ours: tuple[str, ...] = ()) -> str:
+def foreign_files(folder: Path, mark: str) -> str:
     """The entries of an existing `folder` that tpuplex did not write, as "a, b, c, ..." ("" when none): none in a
-    folder that holds the `mark` file of the command that writes it, else every entry but `ours`."""
+    folder that holds the `mark` file of the command that writes it, else every entry."""
     if not folder.is_dir() or (folder / mark).is_file():
         return ""
-    theirs = sorted(child.name for child in folder.iterdir() if child.name not in ours)
-    return ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+    return shown_names(sorted(child.name for child in folder.iterdir()))
+
+
+def shown_names(names: list[str]) -> str:
+    """The first three of `names`, "a, b, c, ..."."""
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def check_run_folder(path: Path) -> None:
-    """`runtime.output_dir` is new, empty, or a run's folder (its run.json, or the log a run starts with): a run
-    never writes over files it did not make (a results.json of your own, say)."""
-    shown = foreign_files(path, run_folder.RUN_FILE, (LOG_FILE, TENSORBOARD_DIR))
+    """`runtime.output_dir` is new, empty, or a run's folder (the run.json a run writes, or the log and TensorBoard
+    folder it starts with): a run never writes over files it did not make (a run.json, results.json or log.jsonl of
+    your own, say)."""
+    if not path.is_dir() or run_folder.written_by_a_run(path / run_folder.RUN_FILE):
+        return
+    shown = shown_names(sorted(child.name for child in path.iterdir() if not _started_by_a_run(child)))
     if shown:
         raise TpuplexError(f"runtime.output_dir = {str(path)!r} holds files tpuplex did not write ({shown}): give a "
                            "new or empty folder (or the folder of a run, to resume it), so none of yours is replaced")
+
+
+def _started_by_a_run(entry: Path) -> bool:
+    """Whether `entry` is what a run writes before its run.json: its log (empty, or JSON records with an event, a
+    step and a time) or its TensorBoard folder (event files only)."""
+    if entry.name == TENSORBOARD_DIR and entry.is_dir():
+        return all(child.name.startswith("events.out.tfevents.") for child in entry.iterdir())
+    if entry.name != LOG_FILE or not entry.is_file():
+        return False
+    try:
+        with entry.open(encoding="utf-8") as log:
+            first = log.readline()
+        record = json.loads(first) if first.strip() else {"event": "", "step": 0, "time": 0}
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(record, dict) and {"event", "step", "time"} <= set(record)
 
 
 def check_writable_folder(path: Path, field: str) -> None:

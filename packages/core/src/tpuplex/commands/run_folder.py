@@ -40,10 +40,30 @@ class Found:
     config_hash: str
 
 
+RUN_FORMAT = "tpuplex.run/1"
+"""run.json's `format`: what tells a run's folder from a folder of yours that happens to hold a run.json."""
+
+
 def record(config: Config, pinned_options: dict[str, Any]) -> dict[str, Any]:
-    """The content of `<output_dir>/run.json`, which `tpuplex train` writes before its first step: the config,
-    the directory, and the task options the data decided (`TaskData.pinned_options`)."""
-    return {"config": config.to_dict(), "directory": os.getcwd(), "task_options": pinned_options}
+    """The content of `<output_dir>/run.json`, which `tpuplex train` writes before its first step: its format, the
+    config, the directory, and the task options the data decided (`TaskData.pinned_options`)."""
+    return {"format": RUN_FORMAT, "config": config.to_dict(), "directory": os.getcwd(),
+            "task_options": pinned_options}
+
+
+def written_by_a_run(path: Path) -> bool:
+    """Whether `path` is a run.json `tpuplex train` wrote: its `format`, or (before the format was recorded) the
+    config and directory and nothing else."""
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(content, dict):
+        return False
+    if content.get("format") == RUN_FORMAT:
+        return True
+    return ({"config", "directory"} <= set(content) <= {"config", "directory", "task_options"}
+            and isinstance(content["config"], dict))
 
 
 def locate(path: str | Path, data_dir: str | None = None) -> Found:
