@@ -333,10 +333,10 @@ def from_dict(raw: dict[str, Any]) -> Config:
     wrong = [length for length in data.buckets if not 0 < length <= data.max_length]
     if wrong:
         raise ConfigError(f"data.buckets = {list(data.buckets)} has {wrong[0]}: every bucket length must be in "
-                           f"[1, data.max_length = {data.max_length}]")
+                          f"[1, data.max_length = {data.max_length}]")
     if built["data"].buckets and built["data"].bucket_count:
         raise ConfigError("data.buckets and data.bucket_count are both set: keep data.buckets (lengths you choose) "
-                           "or data.bucket_count (lengths fitted to the training data), not both")
+                          "or data.bucket_count (lengths fitted to the training data), not both")
     return Config(**built)
 
 
@@ -353,10 +353,10 @@ def build_section(section: str, cls: type, values: dict[str, Any]) -> Any:
         name = sorted(unknown)[0]
         if section == "data" and name in MOVED_TO_TASK:
             raise ConfigError(f"data.{name} is an option of the sequence_classification task now: move it under "
-                               f"[task] ({name} = ...)")
+                              f"[task] ({name} = ...)")
         if (section, name) == ("data", "task"):
             raise ConfigError("unknown config field data.task: the dataset is data.dataset now (write dataset = "
-                               "\"mrpc\" under [data]); a task is the kind of problem, [task] name")
+                              "\"mrpc\" under [data]); a task is the kind of problem, [task] name")
         raise ConfigError(f"unknown config field {section}.{name}: [{section}] has {', '.join(hints)}")
     kwargs = {name: _coerce(section, name, hints[name], value) for name, value in values.items()}
     for name, value in kwargs.items():
@@ -420,7 +420,7 @@ def _check_range(section: str, name: str, value: Any) -> None:
         raise ConfigError(f"{field} = {value!r} is not allowed: use a number of at least 0")
     if key == ("train", "seed") and not 0 <= value < 2**31:
         raise ConfigError(f"{field} = {value!r} is not allowed: use an integer in [0, 2147483647] (every framework's "
-                           "seed, TensorFlow's int32 included)")
+                          "seed, TensorFlow's int32 included)")
     if key in _UNIT_INTERVAL and not 0 <= value < 1:
         raise ConfigError(f"{field} = {value!r} is not allowed: use a number in [0, 1)")
     if key == ("runtime", "mesh"):

@@ -21,7 +21,7 @@ def check_import_path(architecture: str) -> None:
     allowed in the module part)."""
     if not IMPORT_PATH.match(architecture.replace("{backend}", "backend")):
         raise ConfigError(f"model.architecture = {architecture!r} is not an import path: write "
-                           "\"package.module:ClassName\" (or leave it empty for the checkpoint's own family)")
+                          "\"package.module:ClassName\" (or leave it empty for the checkpoint's own family)")
 
 
 def add_search_path(folder: Path) -> None:
@@ -40,7 +40,7 @@ def import_object(path: str, field: str) -> Any:
             found = getattr(found, part)
     except (ImportError, AttributeError) as error:
         raise ConfigError(f"{field} cannot be imported ({type(error).__name__}: {error}): make {module_name} "
-                           "importable (pip install -e your package, or add its folder to PYTHONPATH)") from None
+                          "importable (pip install -e your package, or add its folder to PYTHONPATH)") from None
     return found
 
 

@@ -74,13 +74,13 @@ def check_request(request: Mapping[str, Any]) -> None:
     for axis, size in request.items():
         if axis not in MESH_AXES:
             raise ConfigError(f"runtime.mesh has the axis {axis!r}: the axes are {', '.join(MESH_AXES)} "
-                               "(e.g. runtime.mesh = {data = -1, fsdp = 4})")
+                              "(e.g. runtime.mesh = {data = -1, fsdp = 4})")
         if isinstance(size, bool) or not isinstance(size, int) or not (size > 0 or size == -1):
             raise ConfigError(f"runtime.mesh.{axis} = {size!r} is not allowed: use a positive integer, or -1 for "
-                               "the devices the other axes leave")
+                              "the devices the other axes leave")
     if sum(size == -1 for size in request.values()) > 1:
         raise ConfigError(f"runtime.mesh = {dict(request)} has more than one -1: let one axis fill with the devices "
-                           "left and give the others their sizes")
+                          "left and give the others their sizes")
 
 
 def asks_to_shard(request: Mapping[str, int]) -> bool:

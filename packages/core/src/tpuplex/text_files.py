@@ -23,7 +23,7 @@ def read_utf8(path: Path) -> str:
     except UnicodeDecodeError as error:
         line = raw.count(b"\n", 0, error.start) + 1
         raise DataError(f"{path} is not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}): save it as "
-                           "UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+                        "UTF-8, e.g. iconv -f latin1 -t utf-8") from None
 
 
 CSV_FIELD_LIMIT = 2**31 - 1

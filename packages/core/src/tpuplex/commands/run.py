@@ -186,7 +186,7 @@ def output_directory(config: Config, backend_name: str) -> Path:
         path = Path(template.format(dataset=config.data.dataset, task=task_name, backend=backend_name)).expanduser()
     except (KeyError, IndexError, ValueError):
         raise ConfigError(f"runtime.output_dir = {template!r} has an unknown placeholder: only {{dataset}}, "
-                           "{task} and {backend} are filled in (write {{ and }} for literal braces)") from None
+                          "{task} and {backend} are filled in (write {{ and }} for literal braces)") from None
     check_writable_folder(path, "runtime.output_dir")
     return path
 

@@ -29,8 +29,8 @@ def restore(found: run_folder.Found, backend_name: str) -> tuple[Experiment, Any
     arrays, info = checkpoint.load(found.checkpoint, verified=True)
     if info.get("config_hash") != found.config_hash:
         raise CheckpointError(f"{found.checkpoint} was written with config hash {info.get('config_hash')}, but "
-                           f"{found.run_dir / run_folder.RUN_FILE} has {found.config_hash}: give a checkpoint of this "
-                           "run")
+                              f"{found.run_dir / run_folder.RUN_FILE} has {found.config_hash}: give a checkpoint of "
+                              "this run")
     experiment = prepare(found.config, backend_name)
     arrays = experiment.trainer.with_frozen(arrays, info, found.checkpoint)
     return experiment, experiment.backend.state_from_arrays(experiment.state, arrays)

@@ -105,18 +105,18 @@ def read_recording(path: Path, settings: LogMel, max_seconds: float, where: str)
         audio, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except (RuntimeError, soundfile.LibsndfileError, ValueError) as error:
         raise DataError(f"{path} cannot be read as audio ({where}: {error}): give a WAV, FLAC or OGG file, "
-                           "whole") from None
+                        "whole") from None
     if audio.shape[1] != 1:
         raise DataError(f"{path} has {audio.shape[1]} channels ({where}): tpuplex reads mono recordings; mix it "
-                           "down (e.g. sox in.wav -c 1 out.wav)")
+                        "down (e.g. sox in.wav -c 1 out.wav)")
     samples = audio[:, 0] if rate == settings.sample_rate else resampled(audio[:, 0], rate, settings.sample_rate)
     seconds = len(audio) / rate
     if settings.frames(len(samples)) == 0:
         raise DataError(f"{path} holds {len(audio)} samples, less than one {settings.frame_ms:g} ms frame "
-                           f"({where}): remove the empty recording from the manifest")
+                        f"({where}): remove the empty recording from the manifest")
     if seconds > max_seconds:
         raise DataError(f"{path} lasts {seconds:.1f} s, more than task.max_seconds = {max_seconds:g} ({where}): "
-                           "cut it into utterances, or raise task.max_seconds (every batch is padded to the longest)")
+                        "cut it into utterances, or raise task.max_seconds (every batch is padded to the longest)")
     return samples
 
 

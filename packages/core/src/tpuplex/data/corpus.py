@@ -130,7 +130,7 @@ def unit_documents(filesystem: Any, unit: Unit, text_column: str, whole_files: b
         text = bytes(raw).decode("utf-8-sig" if begin == 0 else "utf-8")
     except UnicodeDecodeError as error:
         raise DataError(f"{unit.path} is not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
-                           f"{begin + error.start}): save it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+                        f"{begin + error.start}): save it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
     if whole_files and not unit.path.endswith(".jsonl"):
         return [text]
     if unit.path.endswith(".jsonl"):
@@ -141,7 +141,7 @@ def unit_documents(filesystem: Any, unit: Unit, text_column: str, whole_files: b
                     value = json.loads(line)
                 except json.JSONDecodeError as error:
                     raise DataError(f"{unit.path}: line {number + 1} after byte {begin} is not JSON ({error.msg})"
-                                       ": give one JSON object per line") from None
+                                    ": give one JSON object per line") from None
                 texts.append(_record_text(value, text_column, f"{unit.path}: line {number + 1} after byte {begin}"))
     else:
         texts = text.splitlines()
@@ -154,11 +154,11 @@ def _record_text(record: Any, text_column: str, where: str) -> str:
     if not isinstance(record, dict) or text_column not in record:
         keys = ", ".join(map(repr, list(record)[:5])) if isinstance(record, dict) else type(record).__name__
         raise DataError(f"{where} has no {text_column!r} field (it has {keys or 'none'}): set task.text_column to "
-                           "the field that holds each record's text, or give every record one")
+                        "the field that holds each record's text, or give every record one")
     value = record[text_column]
     if value is not None and not isinstance(value, str):
         raise DataError(f"{where}: its {text_column!r} is a {type(value).__name__}, not text: give each record's "
-                           f"{text_column} as a string")
+                        f"{text_column} as a string")
     return value or ""
 
 
@@ -224,7 +224,7 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
     work = out.with_name(f"{out.name}.partial")
     if work.exists() and not (work / "plan.json").is_file():
         raise DataError(f"{work} exists and is no unfinished `tpuplex prepare` of {out} (it has no plan.json): "
-                           "move it away or choose another --out; tpuplex removes only its own work folders")
+                        "move it away or choose another --out; tpuplex removes only its own work folders")
     if not work.exists() or json.loads((work / "plan.json").read_text()) != plan:
         shutil.rmtree(work, ignore_errors=True)  # ours, of another plan: nothing in it can be reused
         work.mkdir(parents=True)
@@ -252,7 +252,7 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
         raise DataError(f"{pattern} has no text: give a file with at least one non-blank line")
     if tokens < max_length:
         raise DataError(f"{pattern} gives {tokens} tokens, fewer than one row of data.max_length = {max_length} "
-                           "(tpuplex prepare's --max-length): give more text or a lower one")
+                        "(tpuplex prepare's --max-length): give more text or a lower one")
     prepared = write_tokens(out, _packed_rows(work, len(units), max_length), shard_rows=shard_rows,
                             meta={"packed": True, **encoder.record, "sources": pattern})
     shutil.rmtree(work, ignore_errors=True)

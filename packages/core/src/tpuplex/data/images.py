@@ -78,17 +78,17 @@ def scan_folder(root: str | Path) -> ImageList:
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DataError(f"image folder {root} does not exist or is not a folder: give a folder with one "
-                           "sub-folder of images per class")
+                        "sub-folder of images per class")
     classes = tuple(sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith(".")))
     if len(classes) < 2:
         raise DataError(f"image folder {root} has {len(classes)} class folder(s) ({', '.join(classes) or 'none'}): "
-                           "a classifier needs at least two, one sub-folder of images per class")
+                        "a classifier needs at least two, one sub-folder of images per class")
     paths, labels = [], []
     for index, name in enumerate(classes):
         found = sorted(p for p in (root / name).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         if not found:
             raise DataError(f"class folder {root / name} holds no {'/'.join(IMAGE_SUFFIXES)} file: add its "
-                               "images or remove the folder")
+                            "images or remove the folder")
         paths += found
         labels += [index] * len(found)
     return ImageList(tuple(paths), np.asarray(labels, np.int32), classes, str(root))
@@ -102,7 +102,7 @@ def image_paths(path: str | Path) -> list[Path]:
              sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES))
     if not found or any(p.suffix.lower() not in IMAGE_SUFFIXES for p in found):
         raise DataError(f"{path} holds no {'/'.join(IMAGE_SUFFIXES)} image: give an image file or a folder of "
-                           "them")
+                        "them")
     return found
 
 
@@ -112,7 +112,7 @@ def read_listing(file: str | Path, classes: Sequence[str] = ()) -> ImageList:
     file = Path(file).expanduser()
     if not file.is_file():
         raise DataError(f"{file} does not exist: give a folder with one sub-folder of images per class, or a "
-                           ".csv (path,label) or .jsonl listing of the images")
+                        ".csv (path,label) or .jsonl listing of the images")
     if file.suffix.lower() == ".csv":
         with file.open(newline="", encoding="utf-8") as handle:
             rows = list(csv.DictReader(handle))
@@ -122,7 +122,7 @@ def read_listing(file: str | Path, classes: Sequence[str] = ()) -> ImageList:
         raise DataError(f"image listing {file} is neither .csv nor .jsonl: write (path, label) rows in one of them")
     if not rows or any("path" not in row or "label" not in row for row in rows):
         raise DataError(f"image listing {file} needs a 'path' and a 'label' in every row (a CSV header "
-                           "path,label)")
+                        "path,label)")
     names = [str(row["label"]) for row in rows]
     classes = tuple(classes) or tuple(sorted(set(names)))
     unknown = sorted(set(names) - set(classes))
@@ -156,7 +156,7 @@ def decode(data: bytes, size: tuple[int, int] | None, name: str = "image") -> np
         raise DataError(f"{name} is not an image Pillow can read: remove it or convert it to JPEG/PNG") from None
     except (OSError, SyntaxError, ValueError) as error:
         raise DataError(f"{name} cannot be decoded ({error}): the file is damaged or truncated; remove or "
-                           "replace it") from None
+                        "replace it") from None
     return rgb if size is None else resize(center_crop(rgb, size), size)
 
 
@@ -166,7 +166,7 @@ def require_pillow() -> None:
         import PIL  # noqa: F401
     except ImportError:
         raise DataError("image tasks decode images with Pillow, which is not installed: pip install "
-                           "'tpuplex-core[images]' (or pip install pillow)") from None
+                        "'tpuplex-core[images]' (or pip install pillow)") from None
 
 
 def center_crop(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -269,16 +269,16 @@ def open_prepared(location: str | Path) -> PreparedImages:
     """The prepared image folder at `location` (a path or an fsspec URL), its manifest checked."""
     if not is_prepared(location):
         raise DataError(f"{location} is not a prepared image folder (no {MANIFEST}): run tpuplex prepare on the "
-                           "images first, or point data.train_file at the image folder itself")
+                        "images first, or point data.train_file at the image folder itself")
     shards = open_shards(location)
     meta = shards.meta
     if meta.get("kind") != KIND or meta.get("format") != PREPARED_FORMAT:
         raise DataError(f"{location} holds {meta.get('kind')} prepared in format {meta.get('format')}, this "
-                           f"tpuplex reads images in format {PREPARED_FORMAT}: run tpuplex prepare again")
+                        f"tpuplex reads images in format {PREPARED_FORMAT}: run tpuplex prepare again")
     classes, counted = list(meta.get("classes", ())), list(meta.get("class_counts", {}))
     if not classes or classes != counted:
         raise DataError(f"{location}/{MANIFEST} names the classes {classes} but counts images of {counted}: run "
-                           "tpuplex prepare again (the classes are the image folders' or the listing's labels)")
+                        "tpuplex prepare again (the classes are the image folders' or the listing's labels)")
     return PreparedImages(shards)
 
 
@@ -311,8 +311,8 @@ def prepare(images: ImageList, folder: str | Path, size: tuple[int, int] | None,
                                              columns=("labels",), shard_rows=shard_size)
                     elif image.shape != shape:
                         raise DataError(f"{path} is {image.shape[1]}x{image.shape[0]} but {first} is "
-                                           f"{shape[1]}x{shape[0]}: set an image size (--image-size H W, or "
-                                           "task.image_size) so every image is resized to it")
+                                        f"{shape[1]}x{shape[0]}: set an image size (--image-size H W, or "
+                                        "task.image_size) so every image is resized to it")
                     decoded.append(image)
                 writer.add(images=np.stack(decoded), labels=images.labels[begin : begin + DECODE_CHUNK])
         counts = np.bincount(images.labels, minlength=len(images.classes))

@@ -88,7 +88,7 @@ class ShardWriter:
         self.folder = Path(folder).expanduser()
         if self.folder.exists():
             raise DataError(f"{self.folder} already exists: choose a new folder for the prepared data (or "
-                               "remove it)")
+                            "remove it)")
         self.fields = dict(fields)
         self.columns = tuple(columns)
         self.meta = dict(meta or {})
@@ -218,11 +218,11 @@ def open_shards(location: str | Path, retries: int = RETRIES) -> Shards:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         found = manifest if isinstance(manifest, dict) else {}
         raise DataError(f"{location} holds {found.get('format')} version {found.get('version')}, this "
-                           f"tpuplex reads {FORMAT} version {VERSION}: run tpuplex prepare again")
+                        f"tpuplex reads {FORMAT} version {VERSION}: run tpuplex prepare again")
     problem = manifest_problem(manifest)
     if problem:
         raise DataError(f"{location}/{MANIFEST} does not describe its shards ({problem}): run tpuplex prepare "
-                           "again, or restore the folder as prepare wrote it")
+                        "again, or restore the folder as prepare wrote it")
     return Shards(str(location), manifest, filesystem, root, retries)
 
 
@@ -308,7 +308,7 @@ class Shards:
                 parts.append(np.load(io.BytesIO(data), allow_pickle=False))
                 if len(parts[-1]) != shard["rows"]:
                     raise DataError(f"prepared column {path} is damaged: {len(parts[-1])} rows, its manifest says "
-                                       f"{shard['rows']}; run tpuplex prepare again (or restore the folder)")
+                                    f"{shard['rows']}; run tpuplex prepare again (or restore the folder)")
             self._column_cache[name] = np.concatenate(parts)
         return self._column_cache[name]
 
@@ -346,7 +346,7 @@ class Shards:
             if attempt == 0:
                 self.stats.retried += 1
         raise DataError(f"prepared shard {self._path(name)} is damaged: record {int(rows[bad[0]])} fails its "
-                           "checksum; run tpuplex prepare again (or restore the shard from a copy)")
+                        "checksum; run tpuplex prepare again (or restore the shard from a copy)")
 
     def _ranges(self, shard: int, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
         """Bytes [start, end) of a shard for each range: one pread each on a local file, one `cat_ranges` request
@@ -378,7 +378,7 @@ class Shards:
         size = self._filesystem.size(self._path(entry["records"]))
         if size != entry["bytes"]:
             raise DataError(f"prepared shard {self._path(entry['records'])} is damaged: {size} bytes, its "
-                               f"manifest says {entry['bytes']}; run tpuplex prepare again (or restore the shard)")
+                            f"manifest says {entry['bytes']}; run tpuplex prepare again (or restore the shard)")
         self._checked.add(shard)
 
     def _read_retrying(self, read, name: str):
@@ -400,7 +400,7 @@ def _retrying(read, retries: int, what: str, stats: ReadStats | None = None):
         except OSError as error:
             if attempt == retries:
                 raise DataError(f"cannot read {what} after {retries + 1} attempts ({error}): check the storage "
-                                   "and run again; the run resumes from its last checkpoint") from None
+                                "and run again; the run resumes from its last checkpoint") from None
             if stats is not None:
                 stats.retried += 1
             time.sleep(0.1 * 2**attempt)

@@ -112,16 +112,16 @@ def resolve_file(field: str, spec: str) -> DataFile:
         return _dataset_dict_split(field, spec, Path(folder).expanduser(), split)
     if not path.exists():
         raise DataError(f"{field} = {spec!r} does not exist: give the path of the file (relative paths start "
-                           "from the current directory)")
+                        "from the current directory)")
     if path.is_dir():
         if (path / DATASET_DICT_FILE).is_file():
             raise DataError(f"{field} = {spec!r} is a DatasetDict folder: name its split, e.g. "
-                               f"{spec}:{_dict_splits(path)[0]} (its splits: {', '.join(_dict_splits(path))})")
+                            f"{spec}:{_dict_splits(path)[0]} (its splits: {', '.join(_dict_splits(path))})")
         return DataFile(field, spec, path, DATASETS_FOLDER, path.name)
     kind = path.suffix.lower()
     if kind not in FORMATS:
         raise DataError(f"{field} = {spec!r} has the unknown file type {path.suffix or '(none)'!r}: use "
-                           f"{', '.join(FORMATS)}, or a folder written by datasets' save_to_disk")
+                        f"{', '.join(FORMATS)}, or a folder written by datasets' save_to_disk")
     return DataFile(field, spec, path, kind, path.stem)
 
 
@@ -129,10 +129,10 @@ def _dataset_dict_split(field: str, spec: str, folder: Path, split: str) -> Data
     """`folder:split`, which must name a split of the DatasetDict saved in `folder`."""
     if not (folder / DATASET_DICT_FILE).is_file():
         raise DataError(f"{field} = {spec!r}: {folder} is not a DatasetDict folder (no {DATASET_DICT_FILE}): "
-                           "drop the ':split' for a single Dataset folder")
+                        "drop the ':split' for a single Dataset folder")
     if split not in _dict_splits(folder):
         raise DataError(f"{field} = {spec!r}: the DatasetDict in {folder} has no split {split!r}: use one of "
-                           f"{', '.join(_dict_splits(folder))}")
+                        f"{', '.join(_dict_splits(folder))}")
     return DataFile(field, spec, folder / split, DATASETS_FOLDER, split)
 
 
@@ -174,7 +174,7 @@ def _read_delimited(path: Path, delimiter: str, columns: Sequence[str], optional
             separated = "tab-separated" if delimiter == "\t" else "comma-separated"
             fix = "repair the row" if delimiter == "\t" else "quote texts that hold commas, and close every quote"
             raise DataError(f"{path} line {line} has {len(row)} {separated} fields, the header has "
-                               f"{len(header)}: {fix}")
+                            f"{len(header)}: {fix}")
         for column, index in zip(values, indices, strict=True):
             column.append(row[index])
         lines.append(line)
@@ -199,15 +199,15 @@ def _records(rows: Any, path: Path) -> Iterator[tuple[list[str], int]]:
 def _csv_error(path: Path, line: int, error: csv.Error) -> DataError:
     if "field larger than field limit" in str(error):
         return DataError(f"{path} line {line}: a field is longer than the csv module's limit of "
-                            f"{csv.field_size_limit()} characters, usually a quote that is never closed: close the "
-                            "quote, or give very long texts as .jsonl or .parquet")
+                         f"{csv.field_size_limit()} characters, usually a quote that is never closed: close the "
+                         "quote, or give very long texts as .jsonl or .parquet")
     return DataError(f"{path} line {line} is not valid CSV ({error}): repair the row")
 
 
 def _header_index(header: Sequence[str], name: str, path: Path) -> int:
     if name not in header:
         raise DataError(f"{path} has no column {name!r} (its header is {', '.join(header)}): rename the column "
-                           "or set task.text_columns / task.label_column to the file's names")
+                        "or set task.text_columns / task.label_column to the file's names")
     if header.count(name) > 1:
         raise DataError(f"{path} has the column {name!r} twice in its header: give each column its own name")
     return list(header).index(name)
@@ -228,7 +228,7 @@ def _read_jsonl(path: Path, columns: Sequence[str], optional: Sequence[str]) -> 
         for name in wanted:
             if name not in record:
                 raise DataError(f"{path} line {line} has no field {name!r} (it has {', '.join(record) or 'none'}): "
-                                   "add it, or set task.text_columns / task.label_column to the file's names")
+                                "add it, or set task.text_columns / task.label_column to the file's names")
             values[name].append(record[name])
         lines.append(line)
     return Table(path, values, lines)
@@ -239,10 +239,10 @@ def _json_object(path: Path, line: int, text: str) -> dict[str, Any]:
         record = json.loads(text)
     except json.JSONDecodeError as error:
         raise DataError(f"{path} line {line} is not valid JSON ({error.msg}, column {error.colno}): write one "
-                           "JSON object per line") from None
+                        "JSON object per line") from None
     if not isinstance(record, dict):
         raise DataError(f"{path} line {line} holds a JSON {type(record).__name__}, not an object: write one "
-                           'JSON object per line, e.g. {"text": "...", "label": 1}')
+                        'JSON object per line, e.g. {"text": "...", "label": 1}')
     return record
 
 
@@ -253,7 +253,7 @@ def _read_arrow(file: DataFile, columns: Sequence[str], optional: Sequence[str])
     for name in columns:
         if name not in names:
             raise DataError(f"{file.path} has no column {name!r} (its columns are {', '.join(names)}): rename "
-                               "the column or set task.text_columns / task.label_column to the file's names")
+                            "the column or set task.text_columns / task.label_column to the file's names")
     wanted = [*columns, *(name for name in optional if name in names)]
     return Table(file.path, {name: table.column(name).to_pylist() for name in wanted}, None)
 
@@ -265,7 +265,7 @@ def _parquet_table(path: Path) -> Any:
         return parquet.read_table(path)
     except (pyarrow.ArrowException, OSError) as error:
         raise DataError(f"{path} is not a readable parquet file ({error}): write it with pandas' "
-                           "DataFrame.to_parquet or pyarrow.parquet.write_table") from None
+                        "DataFrame.to_parquet or pyarrow.parquet.write_table") from None
 
 
 def _dataset_table(path: Path) -> Any:
@@ -274,7 +274,7 @@ def _dataset_table(path: Path) -> Any:
         dataset = datasets.load_from_disk(str(path))
     except Exception as error:  # noqa: BLE001 - datasets raises many types for a folder it cannot read
         raise DataError(f"{path} is not a folder written by datasets' save_to_disk ({type(error).__name__}: "
-                           f"{error}): save it with dataset.save_to_disk(folder)") from None
+                        f"{error}): save it with dataset.save_to_disk(folder)") from None
     # The arrow format reads the stored table (no torch or numpy formatting a saved dataset may have set).
     return dataset.with_format("arrow")[:]
 
@@ -284,4 +284,4 @@ def _optional_import(module: str, path: Path) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise DataError(f"reading {path} needs the {module} library: pip install {module} "
-                           "(or pip install 'tpuplex-core[data]')") from None
+                        "(or pip install 'tpuplex-core[data]')") from None

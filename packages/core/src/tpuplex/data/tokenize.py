@@ -44,9 +44,9 @@ def tokenizer_files(tokenizer_dir: Path) -> tuple[Path, bool | None]:
             if (tokenizer_dir / name).is_file()]
     if slow:
         raise DataError(f"{tokenizer_dir} has only a slow tokenizer ({', '.join(slow)}): write its tokenizer.json "
-                           "once with transformers: AutoTokenizer.from_pretrained(folder).save_pretrained(folder)")
+                        "once with transformers: AutoTokenizer.from_pretrained(folder).save_pretrained(folder)")
     raise DataError(f"no tokenizer in {tokenizer_dir}: the checkpoint folder needs tokenizer.json or vocab.txt "
-                       "(save the tokenizer with the model, e.g. tokenizer.save_pretrained(folder))")
+                    "(save the tokenizer with the model, e.g. tokenizer.save_pretrained(folder))")
 
 
 def _lowercase(config_path: Path) -> bool:
@@ -84,7 +84,7 @@ def load_tokenizer(tokenizer_dir: Path, max_length: int) -> Tokenizer:
             tokenizer = Tokenizer.from_str(BertWordPieceTokenizer(str(path), lowercase=lowercase).to_str())
     except Exception as error:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for unreadable files
         raise DataError(f"cannot load the tokenizer {path} ({error}): give a checkpoint folder with a valid "
-                           "tokenizer.json or vocab.txt") from None
+                        "tokenizer.json or vocab.txt") from None
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length, strategy="longest_first")
     return tokenizer
@@ -110,7 +110,7 @@ def write_cache(path: Path, encoded: Encoded) -> PreparedTokens:
             raise PermissionError(errno.EACCES, "Permission denied")
     except OSError as error:
         raise DataError(f"cannot write the token cache in {path.parent} ({error.strerror}): "
-                           "set data.cache_dir to a writable folder") from None
+                        "set data.cache_dir to a writable folder") from None
     try:
         return write_tokens(path, [encoded])
     except (TpuplexError, OSError):

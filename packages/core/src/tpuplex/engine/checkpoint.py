@@ -115,7 +115,7 @@ def _together(hosts: Hosts, what: str, work: Callable[[], None], final: Path) ->
     kept = f"the checkpoints already in {final.parent} are untouched"
     if failure is None:
         raise CheckpointError(f"another process failed {what} (its output says why); {kept}: fix that, then run the "
-                           "same command to resume")
+                              "same command to resume")
     raise CheckpointError(
         f"could not write checkpoint {final} ({failure.strerror or failure}); {kept}: free space there or point "
         "runtime.output_dir elsewhere, then run the same command to resume") from failure
@@ -193,7 +193,7 @@ def latest_good(root: str | Path, on_damaged: Callable[[str], None]) -> Path | N
         on_damaged(f"skipping damaged checkpoint {path} ({problem})")
     if found:
         raise CheckpointError(f"no usable checkpoint in {root} ({'; '.join(problems)}): restore a good checkpoint "
-                           "there, or move the folder aside (or set a new runtime.output_dir) to start afresh")
+                              "there, or move the folder aside (or set a new runtime.output_dir) to start afresh")
     return None
 
 
@@ -226,7 +226,7 @@ def load(path: str | Path, verified: bool = False) -> tuple[PortableState, dict[
     problem = None if verified else verify(path)
     if problem is not None:
         raise CheckpointError(f"checkpoint {path} is damaged or incomplete ({problem}): "
-                           "point at a whole step-* directory written by tpuplex")
+                              "point at a whole step-* directory written by tpuplex")
     trainer_state = json.loads((path / "trainer.json").read_text())
     files = sorted(json.loads((path / MANIFEST).read_text()))
     weights = _stored(path, [path / name for name in files if name.startswith("model.")])
@@ -297,5 +297,5 @@ def _stored(folder: Path, paths: list[Path]) -> dict[str, StoredArray]:
         covered = sum(math.prod(size) for *_, size in pieces)
         if covered != math.prod(shapes[name]):
             raise CheckpointError(f"checkpoint {folder} is damaged: the slices of {name} hold {covered} of its "
-                               f"{math.prod(shapes[name])} elements; resume from another checkpoint")
+                                  f"{math.prod(shapes[name])} elements; resume from another checkpoint")
     return {name: StoredArray(name, shapes[name], dtypes[name], pieces) for name, pieces in parts.items()}

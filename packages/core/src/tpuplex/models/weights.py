@@ -16,7 +16,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
-from tpuplex.errors import CheckpointError, TpuplexError
+from tpuplex.errors import CheckpointError
 
 SAFETENSORS, PICKLE = "model.safetensors", "pytorch_model.bin"
 
@@ -38,7 +38,7 @@ def load_weights(checkpoint_dir: Path) -> dict[str, np.ndarray]:
         arrays = _load_pickled(folder / PICKLE)
     else:
         raise CheckpointError(f"model checkpoint {folder} has neither {SAFETENSORS} nor {PICKLE}: save the model "
-                           "there (transformers: model.save_pretrained(folder))")
+                              "there (transformers: model.save_pretrained(folder))")
     return {name: array.astype(np.float32) if np.issubdtype(array.dtype, np.floating) else array
             for name, array in arrays.items()}
 
@@ -49,7 +49,7 @@ def _load_pickled(path: Path) -> dict[str, np.ndarray]:
             pickled = next((name for name in archive.namelist() if name.endswith("/data.pkl")), None)
             if pickled is None:
                 raise CheckpointError(f"{path} has no data.pkl: it is not a torch.save zip archive; re-save it with "
-                                   "model.save_pretrained(folder, safe_serialization=True)")
+                                      "model.save_pretrained(folder, safe_serialization=True)")
             root = pickled.removesuffix("data.pkl")
             with archive.open(pickled) as file:
                 state = _WeightsUnpickler(file, archive, root).load()
@@ -91,6 +91,6 @@ def _rebuild_tensor(storage: np.ndarray, offset: int, size, stride, *_ignored) -
     return np.lib.stride_tricks.as_strided(storage[offset:], tuple(size), strides).copy()
 
 
-def _unreadable(path: Path, error) -> TpuplexError:
+def _unreadable(path: Path, error) -> CheckpointError:
     return CheckpointError(f"cannot read the weights {path} ({error}): the file is damaged or not a weights file; "
-                        "copy it again or re-save the checkpoint")
+                           "copy it again or re-save the checkpoint")

@@ -33,7 +33,7 @@ def get(name: str) -> Task:
     path = BUILTIN.get(name, name)
     if not IMPORT_PATH.match(path):
         raise ConfigError(f"task.name = {name!r} is not a task: use one of {', '.join(BUILTIN)} or the import path "
-                           "of your own, \"package.module:TASK\"")
+                          "of your own, \"package.module:TASK\"")
     found = import_object(path, f"task.name = {name!r}")
     if not isinstance(found, Task):
         raise ConfigError(f"task.name = {name!r} is a {type(found).__name__}, not a tpuplex.tasks.Task instance")
@@ -51,7 +51,7 @@ def framework_module(task: Task, framework: str, contract: type) -> Any:
     path = task.backends.get(framework)
     if path is None:
         raise ConfigError(f"the {task.name} task has no {framework} module: use one of the backends "
-                           f"{', '.join(task.backends)}")
+                          f"{', '.join(task.backends)}")
     module = construct(path, f"the {task.name} task's {framework} module", contract)
     module.name = task.name
     return module

@@ -75,7 +75,7 @@ def table_records(file: DataFile, prompt: str, answer: str, tokenizer_dir: Path)
     for option, (_, names) in templates.items():
         if missing := sorted(names - set(table.columns)):
             raise DataError(f"{option} reads the column {missing[0]!r}, which {file.path} ({file.field}) does not "
-                               "have: write the file's column names in the templates")
+                            "have: write the file's column names in the templates")
     chat_form = _renderer(tokenizer_dir) is not None
     for row in range(len(table)):
         values = {column: values[row] for column, values in table.columns.items()}
@@ -84,7 +84,7 @@ def table_records(file: DataFile, prompt: str, answer: str, tokenizer_dir: Path)
                            for option, (template, _) in templates.items())
         if not reply.strip():
             raise DataError(f"{where}: task.answer_template renders an empty answer, nothing to learn: fix the "
-                               "template or the row")
+                            "template or the row")
         yield where, ({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]}
                       if chat_form else {"prompt": question, "completion": reply})
 
@@ -109,11 +109,11 @@ def encode(records: Iterable[tuple[str, dict[str, Any]]], source: str, tokenizer
             ids, mask = np.append(ids, np.int32(tokenizer.end_of_text)), np.append(mask, np.int32(1))
         if len(ids) > max_length + 1:
             raise DataError(f"{where} is {len(ids)} tokens long, more than data.max_length + 1 = "
-                               f"{max_length + 1}: raise data.max_length (at most the model's context) or "
-                               "shorten that conversation")
+                            f"{max_length + 1}: raise data.max_length (at most the model's context) or "
+                            "shorten that conversation")
         if not mask[1:].any():
             raise DataError(f"{where} has no answer tokens to learn from (an empty answer, or only its first "
-                               "token): give each conversation an assistant answer")
+                            "token): give each conversation an assistant answer")
         rows.append(ids)
         answers.append(mask)
     if not rows:
@@ -158,7 +158,7 @@ def _record(line: str, where: str) -> dict[str, Any]:
         raise DataError(f"{where} is not a JSON record ({error.msg}): write one JSON object per line") from None
     if not isinstance(record, dict) or not any(key in record for key in FORMATS):
         raise DataError(f"{where} is not a conversation: give {{\"messages\": [{{\"role\": ..., \"content\": "
-                           "...}, ...]} or {\"prompt\": ..., \"completion\": ...} on every line")
+                        "...}, ...]} or {\"prompt\": ..., \"completion\": ...} on every line")
     return record
 
 
@@ -174,13 +174,13 @@ def _text_and_answers(record: dict[str, Any], render: Callable[..., str] | None,
     if (not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in messages)):
         raise DataError(f"{where}: \"messages\" must be a list of {{\"role\": one of {', '.join(ROLES)}, "
-                           "\"content\": text}")
+                        "\"content\": text}")
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(f"{where} has no assistant turn: a conversation needs an answer to learn from")
     if render is None:
         raise DataError(f"{where} is a conversation, but the checkpoint's tokenizer has no chat template "
-                           "(chat_template in tokenizer_config.json): add one, or write the data as "
-                           "{\"prompt\": ..., \"completion\": ...}")
+                        "(chat_template in tokenizer_config.json): add one, or write the data as "
+                        "{\"prompt\": ..., \"completion\": ...}")
     text = render(messages)
     spans = []
     for index, message in enumerate(messages):
@@ -189,7 +189,7 @@ def _text_and_answers(record: dict[str, Any], render: Callable[..., str] | None,
         before, through = render(messages[:index], add_generation_prompt=True), render(messages[: index + 1])
         if not (text.startswith(before) and text.startswith(through)):
             raise DataError(f"{where}: the chat template renders a conversation's start differently from the "
-                               "whole, so its answers cannot be found: use a template that renders turns in order")
+                            "whole, so its answers cannot be found: use a template that renders turns in order")
         spans.append((len(before), len(through)))
     return text, spans
 
@@ -230,7 +230,7 @@ def _row_templates(prompt: str, answer: str) -> dict[str, tuple[Any, set[str]]]:
             compiled[option] = environment.from_string(source), meta.find_undeclared_variables(parsed)
         except TemplateSyntaxError as error:
             raise DataError(f"{option} = {source!r} is not a jinja2 template ({error.message}): write the "
-                               "columns as {{ column }}") from None
+                            "columns as {{ column }}") from None
     return compiled
 
 
@@ -248,7 +248,7 @@ def user_turn(tokenizer_dir: Path) -> Callable[[str], str]:
     render = _renderer(tokenizer_dir)
     if render is None:
         raise DataError(f"the checkpoint's tokenizer ({tokenizer_dir}) has no chat template (chat_template in "
-                           "tokenizer_config.json): generate without --chat")
+                        "tokenizer_config.json): generate without --chat")
     return lambda message: render([{"role": "user", "content": message}], add_generation_prompt=True)
 
 

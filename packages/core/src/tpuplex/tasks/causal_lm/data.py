@@ -96,7 +96,7 @@ class Characters:
         if unknown.any():
             character = chr(int(codes[np.argmax(unknown)]))
             raise DataError(f"{what} has the character {character!r}, which the run's character vocabulary (built "
-                               "from data.train_file) lacks: train on text that has every character you feed")
+                            "from data.train_file) lacks: train on text that has every character you feed")
         return ids
 
     def decode(self, ids: np.ndarray) -> str:
@@ -135,7 +135,7 @@ def stream(texts: list[str], vocabulary: Vocabulary, what: str) -> np.ndarray:
     end = vocabulary.end_of_text
     if end is None:
         raise DataError(f"{what} has {len(texts)} documents, but the tokenizer has no end-of-text token to mark "
-                           f"where one ends ({', '.join(END_OF_TEXT)}): give one .txt file, or a tokenizer with one")
+                        f"where one ends ({', '.join(END_OF_TEXT)}): give one .txt file, or a tokenizer with one")
     return np.concatenate([np.append(vocabulary.encode(text, what), np.int32(end)) for text in texts])
 
 
@@ -165,8 +165,8 @@ class CorpusEncoder:
     def check(self) -> None:
         if self.end_of_text and self.vocabulary().end_of_text is None:
             raise DataError(f"the tokenizer in {self.tokenizer_dir} has no end-of-text token to mark where each "
-                               f"document of {self.source} ends ({', '.join(END_OF_TEXT)}): use a tokenizer that "
-                               "has one (a run on one .txt file needs none)")
+                            f"document of {self.source} ends ({', '.join(END_OF_TEXT)}): use a tokenizer that "
+                            "has one (a run on one .txt file needs none)")
 
     def encode(self, documents: list[str], ends: list[bool]) -> np.ndarray:
         vocabulary, pieces = self.vocabulary(), []
@@ -202,7 +202,7 @@ def prepared_corpus(field: str, spec: str, tokenizer_dir: Path, max_length: int)
         raise DataError(f"{field} = {spec!r} is a prepared folder but not a causal-LM corpus: {again}")
     if meta["max_length"] != max_length:
         raise DataError(f"{field} = {spec!r} was packed into rows of {meta['max_length']} tokens, but "
-                           f"data.max_length is {max_length}: set data.max_length = {meta['max_length']} or {again}")
+                        f"data.max_length is {max_length}: set data.max_length = {meta['max_length']} or {again}")
     if meta["tokenizer"] != tokenizer_hash(tokenizer_dir):
         raise DataError(f"{field} = {spec!r} was tokenized with another tokenizer than {tokenizer_dir}'s: {again}")
     return prepared
@@ -257,7 +257,7 @@ class NextTokenRows:
         """Itself, if it fills at least one row of L + 1 tokens; else one clear error naming `what`."""
         if self.token_count <= self.source.max_length:
             raise DataError(f"{what} gives {self.token_count} tokens, fewer than one row of data.max_length + 1 = "
-                               f"{self.max_length}: give more text or lower data.max_length")
+                            f"{self.max_length}: give more text or lower data.max_length")
         return self
 
     def rows(self, indices: np.ndarray, length: int) -> dict[str, np.ndarray]:

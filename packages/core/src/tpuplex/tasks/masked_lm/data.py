@@ -68,7 +68,7 @@ def encode_packed(texts: list[str], tokenizer: Tokenizer, max_length: int, what:
     total = sum(map(len, ids))
     if total < max_length:
         raise DataError(f"{what} gives {total} tokens, fewer than one row of data.max_length = {max_length}: "
-                           "give more text or lower data.max_length")
+                        "give more text or lower data.max_length")
     return pack(ids, max_length)
 
 
@@ -133,7 +133,7 @@ def mask_id(tokenizer: Tokenizer, tokenizer_dir: Path) -> int:
         if found is not None:
             return found
     raise DataError(f"the tokenizer in {tokenizer_dir} has no mask token ({' or '.join(MASK_TOKENS)}): "
-                       "masked-LM training needs a checkpoint whose tokenizer defines one")
+                    "masked-LM training needs a checkpoint whose tokenizer defines one")
 
 
 def prediction_slots(length: int, probability: float) -> int:

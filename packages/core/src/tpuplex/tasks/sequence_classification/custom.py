@@ -88,7 +88,7 @@ class CustomData:
             return {split: file_source(self.dataset, self.files[split], labelled=True)}
         choices = [name for name in self.files if name != "train"] + (["test"] if self.test else [])
         raise DataError(f"your data has no split {split!r} to predict: use one of {', '.join(choices)} "
-                           "(set data.test_file to predict on a file without labels)")
+                        "(set data.test_file to predict on a file without labels)")
 
 
 def dataset_sources(data: DataConfig, table: LabelledTable = LabelledTable()) -> GlueData | CustomData:
@@ -101,7 +101,7 @@ def dataset_sources(data: DataConfig, table: LabelledTable = LabelledTable()) ->
               if getattr(table, field.name) != field.default]
     if given:
         raise DataError(f"{given[0]} is set but data.train_file is empty: set data.train_file to train on your own "
-                           f"data, or remove {given[0]} to use the GLUE task {data.dataset!r}")
+                        f"data, or remove {given[0]} to use the GLUE task {data.dataset!r}")
     return GlueData(get_dataset(data.dataset), data.data_dir)
 
 
@@ -110,17 +110,17 @@ def custom_data(data: DataConfig, table: LabelledTable = LabelledTable()) -> Cus
     are looked up."""
     if not TASK_NAME.fullmatch(data.dataset):
         raise DataError(f"data.dataset = {data.dataset!r} cannot name your own task: use letters, digits, '.', '-' "
-                           "and '_' (it names cache files and fills {task} in runtime.output_dir)")
+                        "and '_' (it names cache files and fills {task} in runtime.output_dir)")
     if data.data_dir:
         raise DataError(f"data.data_dir = {data.data_dir!r} (--data-dir) is for GLUE tasks, but data.train_file "
-                           "is set: remove data.data_dir and give your files' paths in data.train_file and "
-                           "data.eval_files")
+                        "is set: remove data.data_dir and give your files' paths in data.train_file and "
+                        "data.eval_files")
     text_columns = _text_columns(table.text_columns)
     labels = _labels(table.labels, table.regression)
     metrics = _metrics(table.metrics, labels, table.regression)
     if not data.eval_files:
         raise DataError('data.eval_files is empty: give at least one labelled evaluation file, e.g. '
-                           'eval_files = ["data/dev.csv"]')
+                        'eval_files = ["data/dev.csv"]')
     train = resolve_file("data.train_file", data.train_file)
     evaluation = _eval_files(data.eval_files)
     test = resolve_file("data.test_file", data.test_file) if data.test_file else None
@@ -132,10 +132,10 @@ def custom_data(data: DataConfig, table: LabelledTable = LabelledTable()) -> Cus
 def _text_columns(columns: tuple[str, ...]) -> tuple[str, ...]:
     if not 1 <= len(columns) <= 2:
         raise DataError(f"task.text_columns = {list(columns)!r} must name one or two text columns: e.g. "
-                           '["sentence"], or ["premise", "hypothesis"] for sentence pairs')
+                        '["sentence"], or ["premise", "hypothesis"] for sentence pairs')
     if len(set(columns)) < len(columns):
         raise DataError(f"task.text_columns = {list(columns)!r} names one column twice: give two different "
-                           "columns, or one")
+                        "columns, or one")
     return columns
 
 
@@ -143,19 +143,19 @@ def _labels(labels: tuple[str, ...], regression: bool) -> tuple[str, ...]:
     """The class labels; empty for regression."""
     if regression and labels:
         raise DataError("task.labels and task.regression = true are both set: give labels for classification "
-                           "or regression = true for number labels, not both")
+                        "or regression = true for number labels, not both")
     if regression:
         return ()
     if not labels:
         raise DataError("your own data needs task.labels (classification, e.g. labels = [0, 1] or "
-                           '["neg", "pos"]) or task.regression = true (number labels)')
+                        '["neg", "pos"]) or task.regression = true (number labels)')
     if len(labels) < 2:
         raise DataError(f"task.labels = {list(labels)!r} has one label: a classifier needs at least two (or set "
-                           "task.regression = true)")
+                        "task.regression = true)")
     repeated = next((label for label in labels if labels.count(label) > 1), None)
     if repeated is not None:
         raise DataError(f"task.labels = {list(labels)!r} lists {repeated!r} twice: give each label once (the "
-                           "class index is its position)")
+                        "class index is its position)")
     return labels
 
 
@@ -171,7 +171,7 @@ def _metrics(metrics: tuple[str, ...], labels: tuple[str, ...], regression: bool
             raise DataError(f"task.metrics lists {name!r} twice: give each metric once")
     if "f1" in metrics and len(labels) != 2:
         raise DataError(f"task.metrics: f1 scores the second label as the positive class, so it needs two labels "
-                           f"and task.labels has {len(labels)}: use accuracy or mcc")
+                        f"and task.labels has {len(labels)}: use accuracy or mcc")
     return metrics
 
 
@@ -210,10 +210,10 @@ def _texts(table: Table, column: str) -> list[str]:
     for row, value in enumerate(values):
         if value is None or isinstance(value, str) and not value.strip():
             raise DataError(f"{table.where(row)}: text column {column!r} is empty: fill in the text or drop "
-                               "the row")
+                            "the row")
         if not isinstance(value, str):
             raise DataError(f"{table.where(row)}: text column {column!r} holds {value!r}, not text: text "
-                               "columns must hold strings")
+                            "columns must hold strings")
     return values
 
 
@@ -231,7 +231,7 @@ def _label_indices(table: Table, task: Dataset) -> np.ndarray:
         position = index.get(label_text(value))
         if position is None:
             raise DataError(f"{table.where(row)}: label {value!r} is not one of task.labels "
-                               f"({', '.join(task.labels)}): add it to task.labels or correct the row")
+                            f"({', '.join(task.labels)}): add it to task.labels or correct the row")
         indices[row] = position
     return indices
 
@@ -244,7 +244,7 @@ def _scores(table: Table, column: str) -> np.ndarray:
         score = _number(value)
         if not math.isfinite(score):
             raise DataError(f"{table.where(row)}: label {value!r} is not a number: with task.regression = true "
-                               f"the {column!r} column must hold a finite number in every row")
+                            f"the {column!r} column must hold a finite number in every row")
         scores[row] = score
     return scores
 

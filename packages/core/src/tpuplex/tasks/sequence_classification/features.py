@@ -34,12 +34,12 @@ def encode(examples: Examples, tokenizer: Tokenizer, max_length: int) -> Encoded
         encodings = tokenizer.encode_batch(inputs)
     except Exception as error:  # noqa: BLE001 - e.g. max_length shorter than the special tokens
         raise DataError(f"tokenization failed ({error}): check data.max_length = {max_length} "
-                           "(it must leave room for [CLS] and [SEP] tokens)") from None
+                        "(it must leave room for [CLS] and [SEP] tokens)") from None
     ids = [encoding.ids for encoding in encodings]
     lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
     if lengths.size and lengths.max() > max_length:
         raise DataError(f"the tokenizer returned {lengths.max()} tokens for max_length = {max_length}: "
-                           "load it with load_tokenizer(folder, max_length)")
+                        "load it with load_tokenizer(folder, max_length)")
     flat_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
     flat_type_ids = np.fromiter(itertools.chain.from_iterable(encoding.type_ids for encoding in encodings),
                                 dtype=np.int32, count=int(lengths.sum()))

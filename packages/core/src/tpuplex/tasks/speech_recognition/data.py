@@ -31,8 +31,8 @@ class Vocabulary:
         unknown = sorted(set(text) - set(index))
         if unknown:
             raise DataError(f"the transcript of {where} has {''.join(unknown)!r}, characters the training "
-                               f"transcripts do not ({self.characters!r}): fix the transcript, or train on data "
-                               "that has them")
+                            f"transcripts do not ({self.characters!r}): fix the transcript, or train on data "
+                            "that has them")
         return np.array([index[character] for character in text], np.int32)
 
     def decode(self, ids: np.ndarray) -> str:

@@ -78,7 +78,7 @@ def data_file(field: str, spec: str) -> DataFile:
         return resolve_file(field, spec)
     if not path.is_file():
         raise DataError(f"{field} = {spec!r} does not exist: give the path of a CoNLL file (one word and its "
-                           "tag per line) or of a .jsonl file")
+                        "tag per line) or of a .jsonl file")
     return DataFile(field, spec, path, ".conll", path.stem)
 
 
@@ -91,7 +91,7 @@ def read_sentences(file: DataFile, tag_column: int, words_field: str, tags_field
         found = _read_table(file, words_field, tags_field, require_tags)
     if not len(found):
         raise DataError(f"{file.path} holds no sentences ({file.field}): give a file with at least one "
-                           "tagged word")
+                        "tagged word")
     return found
 
 
@@ -118,8 +118,8 @@ def _read_conll(path: Path, tag_column: int, require_tags: bool) -> Sentences:
             resolved = tag_column if tag_column >= 0 else len(columns) + tag_column
             if not 0 < resolved < len(columns):
                 raise DataError(f"{path} line {number} has {len(columns)} column(s) and no tag in column "
-                                   f"{tag_column} (task.tag_column): write the word and its tag on each line, "
-                                   "separated by a tab or spaces")
+                                f"{tag_column} (task.tag_column): write the word and its tag on each line, "
+                                "separated by a tab or spaces")
             sentence_tags.append(columns[resolved])
         sentence_words.append(columns[0])
     return Sentences(path, words, tags if has_tags else None, lines)
@@ -135,13 +135,13 @@ def _read_table(file: DataFile, words_field: str, tags_field: str, require_tags:
         sentence = table.columns[words_field][row]
         if not _is_strings(sentence) or not sentence:
             raise DataError(f"{file.path} {where} {number}: {words_field!r} is not a non-empty list of words: "
-                               f'write e.g. {{"{words_field}": ["EU", "rejects"], "{tags_field}": ["B-ORG", "O"]}}')
+                            f'write e.g. {{"{words_field}": ["EU", "rejects"], "{tags_field}": ["B-ORG", "O"]}}')
         words.append(list(sentence))
         if tags is not None:
             sentence_tags = table.columns[tags_field][row]
             if not _is_strings(sentence_tags) or len(sentence_tags) != len(sentence):
                 raise DataError(f"{file.path} {where} {number}: {tags_field!r} is not a list of one tag per word "
-                                   f"({len(sentence)} words): give each word its tag")
+                                f"({len(sentence)} words): give each word its tag")
             tags.append(list(sentence_tags))
     return Sentences(file.path, words, tags, numbers)
 
@@ -162,7 +162,7 @@ def check_tags(sentences: Sentences, tags: tuple[str, ...], what: str) -> None:
         unknown = sorted(set(sentence) - known)
         if unknown:
             raise DataError(f"{sentences.path} sentence at line {line} has the tag {unknown[0]!r}, which is not in "
-                               f"the {what} ({', '.join(tags)}): fix the tag, or list every tag in task.tags")
+                            f"the {what} ({', '.join(tags)}): fix the tag, or list every tag in task.tags")
 
 
 def align(sentences: Sentences, tokenizer: Tokenizer, max_length: int, tags: tuple[str, ...],

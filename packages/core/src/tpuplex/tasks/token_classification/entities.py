@@ -25,7 +25,7 @@ def check_scheme(tags: Sequence[str], where: str) -> None:
     for tag in tags:
         if not TAG.match(tag):
             raise DataError(f"{where} has the tag {tag!r}, which is in no tag scheme tpuplex scores: use IOB2 "
-                               "(B-TYPE, I-TYPE, O) or IOBES (B-, I-, E-, S-, O) tags")
+                            "(B-TYPE, I-TYPE, O) or IOBES (B-, I-, E-, S-, O) tags")
 
 
 def entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:

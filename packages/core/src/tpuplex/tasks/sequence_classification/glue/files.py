@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tpuplex.errors import DataError, TpuplexError
+from tpuplex.errors import DataError
 from tpuplex.tasks.sequence_classification.glue.datasets import Dataset
 from tpuplex.text_files import csv_reader, read_utf8
 
@@ -42,7 +42,7 @@ def check_split(task: Dataset, split: str) -> None:
     """Raise a TpuplexError naming the task's splits when `split` is not one of them (nor a test split)."""
     if split not in (*task.splits, *task.test_splits):
         raise DataError(f"GLUE task {task.name} has no split {split!r}: use one of "
-                           f"{', '.join((*task.splits, *task.test_splits))}")
+                        f"{', '.join((*task.splits, *task.test_splits))}")
 
 
 def split_file(task: Dataset, split: str, data_dir: str | Path) -> Path:
@@ -55,7 +55,7 @@ def split_file(task: Dataset, split: str, data_dir: str | Path) -> Path:
     path = folder / f"{split}.tsv"
     if not path.is_file():
         raise DataError(f"GLUE file {path} does not exist: the {task.folder} folder must hold {files} "
-                           "(the original GLUE distribution)")
+                        "(the original GLUE distribution)")
     return path
 
 
@@ -84,7 +84,7 @@ def read_split(task: Dataset, split: str, data_dir: str | Path) -> Examples:
                 continue
             if len(row) != len(header):
                 raise DataError(f"{path} line {line} has {len(row)} tab-separated fields, expected "
-                                   f"{len(header)} ({', '.join(header)}): repair the row or restore the original file")
+                                f"{len(header)} ({', '.join(header)}): repair the row or restore the original file")
             for column, index in zip(texts, text_index, strict=True):
                 column.append(row[index])
             raw_labels.append(row[label_index])
@@ -99,14 +99,14 @@ def read_split(task: Dataset, split: str, data_dir: str | Path) -> Examples:
     return Examples(texts[0], texts[1] if task.is_pair else None, labels)
 
 
-def _empty(task: Dataset, path: Path) -> TpuplexError:
+def _empty(task: Dataset, path: Path) -> DataError:
     return DataError(f"{path} holds no examples: restore the original GLUE {task.folder} file")
 
 
 def _column(header: tuple[str, ...], name: str, path: Path) -> int:
     if name not in header:
         raise DataError(f"{path} has no column {name!r} (its header is {', '.join(header)}): "
-                           "give the original GLUE file for this task")
+                        "give the original GLUE file for this task")
     return header.index(name)
 
 
@@ -121,7 +121,7 @@ def _parse_labels(task: Dataset, raw: list[str], lines: list[int], path: Path) -
                 score = math.nan
             if not math.isfinite(score):
                 raise DataError(f"{path} line {line}: score {value!r} is not a finite number: "
-                                   f"the {task.label_column!r} column of {task.folder} must hold numbers")
+                                f"the {task.label_column!r} column of {task.folder} must hold numbers")
             scores[position] = score
         return scores
     index = {label: i for i, label in enumerate(task.labels)}
@@ -129,6 +129,6 @@ def _parse_labels(task: Dataset, raw: list[str], lines: list[int], path: Path) -
     for position, (value, line) in enumerate(zip(raw, lines, strict=True)):
         if value not in index:
             raise DataError(f"{path} line {line}: label {value!r} is not a {task.name} label: "
-                               f"allowed labels are {', '.join(task.labels)}")
+                            f"allowed labels are {', '.join(task.labels)}")
         labels[position] = index[value]
     return labels

@@ -51,8 +51,8 @@ def read_hub_split(task: Dataset, split: str) -> Examples:
     labels = np.asarray(data["label"], dtype=dtype)
     if not labels.size:
         raise DataError(f"{HUB_DATASET} {task.name}/{hub_split} holds no examples: give local GLUE files "
-                           "with --data-dir or GLUE_DIR")
+                        "with --data-dir or GLUE_DIR")
     if not task.is_regression and (labels.min() < 0 or labels.max() >= task.num_labels):
         raise DataError(f"{HUB_DATASET} {task.name}/{hub_split} has labels outside 0..{task.num_labels - 1} "
-                           "(an unlabelled split?): give local GLUE files with --data-dir or GLUE_DIR")
+                        "(an unlabelled split?): give local GLUE files with --data-dir or GLUE_DIR")
     return Examples(texts[0], texts[1] if task.is_pair else None, labels)

@@ -59,7 +59,7 @@ def resolve_source(task: Dataset, split: str, data_dir: str | Path | None) -> So
         folder = Path(data_dir).expanduser()
         if not folder.is_dir():
             raise DataError(f"data.data_dir {folder} does not exist: give the folder holding {task.folder}'s "
-                               "train.tsv and dev.tsv (--data-dir)")
+                            "train.tsv and dev.tsv (--data-dir)")
         return file_source(task, split, folder / task.folder if (folder / task.folder).is_dir() else folder)
     reasons = []
     glue_dir = os.environ.get("GLUE_DIR")
