@@ -41,6 +41,8 @@ def fresh(config: tpuplex.Config, backend: str, folder: Path) -> tpuplex.Run:
 
 
 def test_torch_then_jax_then_torch_in_one_process_match_fresh_processes(config, tmp_path) -> None:
+    """In the fast tier although it takes about 75 s under two workers: the two fresh processes and the three runs in
+    this one are the claim itself, on a tiny model."""
     expected = {backend: fresh(config, backend, tmp_path / "fresh") for backend in ("torch", "jax")}
     for index, backend in enumerate(("torch", "jax", "torch")):
         run = tpuplex.train(config.override({"runtime.output_dir": str(tmp_path / f"{index}-{backend}")}), backend)
