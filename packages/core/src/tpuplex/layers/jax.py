@@ -1,5 +1,5 @@
-"""What every Flax (JAX) module of tpuplex shares: activations by HF name, and the naming between Flax trees and
-portable names.
+"""What every Flax (JAX) module of tpuplex shares: activations by HF name, fused attention, and the naming between
+Flax trees and portable names.
 
 Modules are named after the core's *canonical* parameter names, so a parameter's tree path spells its canonical
 name (`block.3/query/kernel` is `block.3.query.weight`, transposed: Flax keeps Dense kernels [in, out], torch
@@ -32,6 +32,28 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "tanh": jnp.tanh,
     "silu": jax.nn.silu,
 }
+CUDNN_HEAD_DIMS = range(8, 129, 8)
+"""Head sizes cuDNN's fused attention takes (bf16/fp16 operands)."""
+
+
+def fused_attention(query: jax.Array, key: jax.Array, value: jax.Array, key_lengths: jax.Array | None = None,
+                    is_causal: bool = False) -> jax.Array:
+    """Softmax attention without dropout, fused: query [B, T, N, H], key and value [B, S, K, H] (N a multiple of K)
+    -> [B, T, N, H] in query's dtype. key_lengths int32 [B]: each row attends to its first key_lengths keys (rows
+    right-padded, as tpuplex's batches are); None: to all.
+
+    `jax.nn.dot_product_attention`: cuDNN's flash kernel on a GPU for bf16/fp16 operands (the [B, N, T, S] scores
+    never reach memory), XLA's scores-softmax-product elsewhere (scores and softmax in float32). A row of length 0
+    (a static-shape filler row, weight 0) is given one key, so no kernel sees an empty softmax.
+    """
+    cudnn = (jax.default_backend() == "gpu" and query.dtype in (jnp.bfloat16, jnp.float16)
+             and query.shape[-1] in CUDNN_HEAD_DIMS)
+    if key_lengths is not None:
+        key_lengths = jnp.maximum(key_lengths.astype(jnp.int32), 1)
+    return jax.nn.dot_product_attention(query, key, value, key_value_seq_lengths=key_lengths, is_causal=is_causal,
+                                        implementation="cudnn" if cudnn else "xla")
+
+
 _CANONICAL_LEAF = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
 
 

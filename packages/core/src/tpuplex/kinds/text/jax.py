@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import jax
 from tpuplex.kinds.jax import Built, KindModule
 from tpuplex.kinds.text import expected_shapes
-from tpuplex.layers.jax import ACTIVATIONS, Naming, to_flax
+from tpuplex.layers.jax import ACTIVATIONS, Naming, fused_attention, to_flax
 from tpuplex.models import Architecture
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
@@ -55,23 +55,29 @@ class Block(nn.Module):
     dtype: Any
 
     @nn.compact
-    def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
-        """mask_bias [B, 1, 1, L]: 0 on real keys, float32's min on padding keys."""
+    def __call__(self, x: jax.Array, attention_mask: jax.Array, deterministic: bool) -> jax.Array:
+        """attention_mask int32 [B, L]: 1 on real tokens, 0 on the right padding."""
         a = self.arch
         head_dim = a.hidden_size // a.num_heads
         dense = lambda features, name: nn.Dense(features, dtype=self.dtype, name=name)  # noqa: E731
         norm = lambda name: nn.LayerNorm(epsilon=a.layer_norm_eps, dtype=self.dtype, name=name)  # noqa: E731
 
-        def heads(name: str) -> jax.Array:  # [B, L, hidden] -> [B, heads, L, head_dim]
+        def heads(name: str) -> jax.Array:  # [B, L, hidden] -> [B, L, heads, head_dim]
             y = dense(a.hidden_size, name)(x)
-            return y.reshape(*y.shape[:2], a.num_heads, head_dim).transpose(0, 2, 1, 3)
+            return y.reshape(*y.shape[:2], a.num_heads, head_dim)
 
         query, key, value = heads("query"), heads("key"), heads("value")
-        # Scores and softmax in float32 even under bf16 compute: the masked keys' large negative bias needs it.
-        scores = jnp.einsum("bhqd,bhkd->bhqk", query, key).astype(jnp.float32) / math.sqrt(head_dim) + mask_bias
-        probs = nn.Dropout(a.attention_dropout)(jax.nn.softmax(scores, axis=-1), deterministic=deterministic)
-        context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(self.dtype), value)
-        context = context.transpose(0, 2, 1, 3).reshape(x.shape)
+        if a.attention_dropout and not deterministic:
+            # Dropout on the attention probabilities needs them written out: scores and softmax in float32 under
+            # bf16 compute, padding keys given float32's minimum (HF's extended attention mask).
+            scores = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) / math.sqrt(head_dim)
+            scores = scores + (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * jnp.finfo(
+                jnp.float32).min
+            probs = nn.Dropout(a.attention_dropout)(jax.nn.softmax(scores, axis=-1), deterministic=deterministic)
+            context = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), value)
+        else:  # no attention dropout (model.attention_dropout = 0, or evaluation): the fused kernel
+            context = fused_attention(query, key, value, attention_mask.sum(axis=-1))
+        context = context.reshape(x.shape)
         attended = nn.Dropout(a.attention_output_dropout)(dense(a.hidden_size, "attention_output")(context),
                                                           deterministic=deterministic)
         attended = norm("attention_norm")(x + attended)
@@ -100,11 +106,9 @@ class TaskModel(nn.Module):
         a = self.arch
         embeddings = Embeddings(a, self.dtype, name="embeddings")
         x = embeddings(input_ids, token_type_ids, deterministic)
-        # HF's extended attention mask: 0 on real keys, the dtype's minimum on padding keys.
-        mask_bias = (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * jnp.finfo(jnp.float32).min
         blocks = [Block(a, self.dtype, name=f"block.{index}") for index in range(a.num_blocks)]
         for index in a.block_schedule:
-            x = blocks[index](x, mask_bias, deterministic)
+            x = blocks[index](x, attention_mask, deterministic)
         return self.head(x, embeddings.variables["params"]["word"]["embedding"], deterministic, **head_inputs)
 
 
