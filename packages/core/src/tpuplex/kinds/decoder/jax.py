@@ -19,7 +19,7 @@ import numpy as np
 import jax
 from tpuplex.kinds.decoder import parameter_names, parameter_shapes
 from tpuplex.kinds.jax import Built, KindModule
-from tpuplex.layers.jax import ACTIVATIONS, Naming, to_flax
+from tpuplex.layers.jax import ACTIVATIONS, Embed, Naming, to_flax
 from tpuplex.models.decoder import DecoderArch
 from tpuplex.models.lora import Lora
 from tpuplex.params import check_names
@@ -137,10 +137,10 @@ class DecoderModel(nn.Module):
         length = input_ids.shape[1]
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(length), input_ids.shape)
-        word = nn.Embed(a.vocab_size, a.hidden_size, dtype=self.dtype, name="embeddings.word")
+        word = Embed(a.vocab_size, a.hidden_size, dtype=self.dtype, name="embeddings.word")
         x = word(input_ids)
         if not a.rope_theta:
-            x = x + nn.Embed(a.max_positions, a.hidden_size, dtype=self.dtype, name="embeddings.position")(positions)
+            x = x + Embed(a.max_positions, a.hidden_size, dtype=self.dtype, name="embeddings.position")(positions)
         x = nn.Dropout(a.embedding_dropout)(x, deterministic=deterministic)
         keys = length if cache is None else cache[0][0].shape[1]
         mask = (jnp.arange(keys)[None, :] <= cache_index + jnp.arange(length)[:, None])[None]
@@ -152,7 +152,7 @@ class DecoderModel(nn.Module):
                 x, positions, mask, None if cache is None else cache[index], cache_index, deterministic)
             updated.append(entry)
         x = norm(a, self.dtype, "final_norm")(x)
-        head = word if a.tied else nn.Embed(a.vocab_size, a.hidden_size, dtype=self.dtype, name="lm_head")
+        head = word if a.tied else Embed(a.vocab_size, a.hidden_size, dtype=self.dtype, name="lm_head")
         logits = head.attend(x).astype(jnp.float32)
         return logits if cache is None else (logits, tuple(updated))
 

@@ -10,7 +10,7 @@ which is what `jax.jit`, `jax.grad` and optax consume directly, with no split/me
 
 from __future__ import annotations
 
-import math
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import jax
 from tpuplex.kinds.jax import Built, KindModule
 from tpuplex.kinds.text import expected_shapes
-from tpuplex.layers.jax import ACTIVATIONS, Naming, fused_attention, to_flax
+from tpuplex.layers.jax import ACTIVATIONS, Embed, Naming, attention, to_flax
 from tpuplex.models import Architecture
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
@@ -34,7 +34,7 @@ class Embeddings(nn.Module):
         """[B, L] ids -> [B, L, hidden]: word + position (+ token type) embeddings, LayerNorm, dropout, and the
         projection to the hidden size for factorised embeddings."""
         a = self.arch
-        embed = lambda size, name: nn.Embed(size, a.embedding_size, dtype=self.dtype, name=name)  # noqa: E731
+        embed = lambda size, name: Embed(size, a.embedding_size, dtype=self.dtype, name=name)  # noqa: E731
         positions = jnp.arange(input_ids.shape[1])[None, :] + a.position_offset
         x = embed(a.vocab_size, "word")(input_ids) + embed(a.max_positions, "position")(positions)
         if a.type_vocab_size:
@@ -66,17 +66,10 @@ class Block(nn.Module):
             y = dense(a.hidden_size, name)(x)
             return y.reshape(*y.shape[:2], a.num_heads, head_dim)
 
-        query, key, value = heads("query"), heads("key"), heads("value")
-        if a.attention_dropout and not deterministic:
-            # Dropout on the attention probabilities needs them written out: scores and softmax in float32 under
-            # bf16 compute, padding keys given float32's minimum (HF's extended attention mask).
-            scores = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) / math.sqrt(head_dim)
-            scores = scores + (1.0 - attention_mask[:, None, None, :].astype(jnp.float32)) * jnp.finfo(
-                jnp.float32).min
-            probs = nn.Dropout(a.attention_dropout)(jax.nn.softmax(scores, axis=-1), deterministic=deterministic)
-            context = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), value)
-        else:  # no attention dropout (model.attention_dropout = 0, or evaluation): the fused kernel
-            context = fused_attention(query, key, value, attention_mask.sum(axis=-1))
+        dropout = None
+        if a.attention_dropout and not deterministic:  # without it (config.json: 0) a fused kernel on GPUs
+            dropout = functools.partial(nn.Dropout(a.attention_dropout), deterministic=False)
+        context = attention(heads("query"), heads("key"), heads("value"), attention_mask.sum(axis=-1), dropout)
         context = context.reshape(x.shape)
         attended = nn.Dropout(a.attention_output_dropout)(dense(a.hidden_size, "attention_output")(context),
                                                           deterministic=deterministic)
