@@ -83,6 +83,37 @@ def test_a_folder_of_the_work_folder_s_name_is_never_removed(shakespeare, minilm
     assert [child.name for child in theirs.iterdir()] == ["notes.txt"] and not (tmp_path / "corpus").exists()
 
 
+def test_folders_named_like_tpuplex_s_staging_are_never_removed(shakespeare, minilm_dir, tmp_path) -> None:
+    """Hidden folders of yours that start like a prepare's staging folder, and a `corpus.partial/` of yours that
+    holds a plan.json, are left byte for byte; the prepared folder is written beside them."""
+    yours = {tmp_path / ".corpus.partial-old" / "notes.txt": "mine",
+             tmp_path / ".corpus.partial-backup" / "thesis.tex": "chapter 1",
+             tmp_path / ".corpus.partial-123-abcdefgh" / "kept.txt": "no mark of tpuplex's in it"}
+    for path, content in yours.items():
+        path.parent.mkdir()
+        path.write_text(content)
+    corpus.prepare_corpus(str(shakespeare), tmp_path / "corpus", CorpusEncoder(str(minilm_dir)), 64)
+    assert {path: path.read_text() for path in yours} == yours
+    plan = tmp_path / "other.partial" / "plan.json"
+    plan.parent.mkdir()
+    plan.write_text('{"format": 2, "mine": true}')
+    with pytest.raises(TpuplexError, match="no plan.json of tpuplex's in it"):
+        corpus.prepare_corpus(str(shakespeare), tmp_path / "other", CorpusEncoder(str(minilm_dir)), 64)
+    assert plan.read_text() == '{"format": 2, "mine": true}' and not (tmp_path / "other").exists()
+
+
+def test_a_file_of_yours_in_the_work_folder_stays(shakespeare, minilm_dir, tmp_path) -> None:
+    """prepare removes the files it wrote in its work folder, never one it did not."""
+    encoder = CorpusEncoder(str(minilm_dir))
+    with pytest.raises(TpuplexError):  # a first prepare stops after its work folder is made (too short a corpus)
+        corpus.prepare_corpus(str(shakespeare), tmp_path / "corpus", encoder, 10**9)
+    note = tmp_path / "corpus.partial" / "note.txt"
+    note.write_text("mine")
+    corpus.prepare_corpus(str(shakespeare), tmp_path / "corpus", encoder, 64)
+    assert note.read_text() == "mine" and (tmp_path / "corpus" / "manifest.json").is_file()
+    assert [path.name for path in note.parent.iterdir()] == ["note.txt"]
+
+
 def test_jsonl_files_and_a_folder_glob(minilm_dir, tmp_path) -> None:
     lines = ["First line of text.", "", "  Second, with spaces.  ", "Third one."]
     (tmp_path / "docs").mkdir()

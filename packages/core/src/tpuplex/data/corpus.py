@@ -22,6 +22,7 @@ a raw .txt/.jsonl corpus: through this same code into the token cache, so a run'
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import functools
@@ -29,7 +30,7 @@ import hashlib
 import json
 import multiprocessing
 import os
-import shutil
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,6 +45,7 @@ from tpuplex.errors import DataError
 
 UNIT_BYTES = 16 << 20
 WORK_FORMAT = 2
+WORK_TOOL = "tpuplex prepare"
 SUFFIXES = (".txt", ".jsonl")
 
 
@@ -218,17 +220,20 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
     encoder.check()
     filesystem, paths = corpus_files(pattern)
     units = units_of(filesystem, paths, unit_bytes)
-    plan = {"format": WORK_FORMAT, "max_length": max_length, "text_column": text_column, "unit_bytes": unit_bytes,
-            "encoder": encoder.record, "documents": documents,
+    plan = {"tool": WORK_TOOL, "format": WORK_FORMAT, "max_length": max_length, "text_column": text_column,
+            "unit_bytes": unit_bytes, "encoder": encoder.record, "documents": documents,
             "files": [[path, filesystem.size(path), str(filesystem.modified(path))] for path in paths]}
     work = out.with_name(f"{out.name}.partial")
-    if work.exists() and not (work / "plan.json").is_file():
-        raise DataError(f"{work} exists and is no unfinished `tpuplex prepare` of {out} (it has no plan.json): "
-                        "move it away or choose another --out; tpuplex removes only its own work folders")
-    if not work.exists() or json.loads((work / "plan.json").read_text()) != plan:
-        shutil.rmtree(work, ignore_errors=True)  # ours, of another plan: nothing in it can be reused
-        work.mkdir(parents=True)
-        (work / "plan.json").write_text(json.dumps(plan))
+    if work.exists():
+        earlier = _work_plan(work)
+        if earlier is None:
+            raise DataError(f"{work} exists and is no unfinished `tpuplex prepare` of {out} (no plan.json of "
+                            "tpuplex's in it): move it away or choose another --out; tpuplex removes only its own "
+                            "work folders")
+        if earlier != plan:  # ours, of another plan: nothing in it can be reused
+            _remove_work(work)
+    work.mkdir(parents=True, exist_ok=True)  # a file of yours left in it keeps the folder
+    (work / "plan.json").write_text(json.dumps(plan))
     pending = [index for index in range(len(units)) if not _unit_file(work, index).is_file()]
     # More processes than units left, or than cores, would only start interpreters that wait.
     workers = max(1, min(workers, len(pending), os.cpu_count() or 1))
@@ -255,12 +260,32 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
                         "(tpuplex prepare's --max-length): give more text or a lower one")
     prepared = write_tokens(out, _packed_rows(work, len(units), max_length), shard_rows=shard_rows,
                             meta={"packed": True, **encoder.record, "sources": pattern})
-    shutil.rmtree(work, ignore_errors=True)
+    _remove_work(work)
     return CorpusReport(prepared, tokens, len(units), len(units) - len(pending), workers)
 
 
 def _unit_file(work: Path, index: int) -> Path:
     return work / f"unit-{index:07d}.npy"
+
+
+def _work_plan(work: Path) -> dict[str, Any] | None:
+    """The plan of `prepare`'s work folder `work`, or None when it holds none of tpuplex's (a folder of yours)."""
+    try:
+        plan = json.loads((work / "plan.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return plan if isinstance(plan, dict) and plan.get("tool") == WORK_TOOL else None
+
+
+def _remove_work(work: Path) -> None:
+    """Delete the files `prepare` wrote in `work` (its plan and unit files) and the folder once empty: anything
+    else found there is left where it is."""
+    for path in work.glob("unit-*.npy"):
+        if re.fullmatch(r"unit-\d{7}\.npy", path.name):
+            path.unlink()
+    (work / "plan.json").unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        work.rmdir()
 
 
 def _single_threaded() -> None:

@@ -30,6 +30,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -47,6 +48,8 @@ VERSION = 1
 MANIFEST = "manifest.json"
 OPEN_FILES = 64
 RETRIES = 4
+STAGING_MARK = ".tpuplex-staging"
+"""In a writer's staging folder: only a folder holding it is ever removed as abandoned."""
 """Attempts after the first for a read that fails with a transient error (waits 0.1, 0.2, 0.4, 0.8 s)."""
 
 
@@ -98,6 +101,7 @@ class ShardWriter:
         remove_abandoned(self.folder)
         self.staging = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}.partial-{os.getpid()}-",
                                              dir=self.folder.parent))
+        (self.staging / STAGING_MARK).write_text(str(os.getpid()))
         self.shards: list[dict[str, Any]] = []
         self._file: Any = None
         self._digest = hashlib.sha256()
@@ -163,6 +167,7 @@ class ShardWriter:
                         "content_sha256": content.hexdigest(), "meta": self.meta,
                         "meta_sha256": meta_sha256(self.meta)}
             (self.staging / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+            (self.staging / STAGING_MARK).unlink()
             os.replace(self.staging, self.folder)
         except BaseException:
             self.abandon()
@@ -177,11 +182,12 @@ class ShardWriter:
 
 
 def remove_abandoned(folder: Path) -> None:
-    """Delete what a killed writer of `folder` left: staging folders whose process is gone (a live one may be
-    another writer of the same folder at work)."""
+    """Delete what a killed writer of `folder` left: the staging folders a writer made (their exact name form and
+    its mark inside) whose process is gone (a live one may be another writer of the same folder at work). A user's
+    folder of a similar name (`.corpus.partial-old`) is never touched."""
     for staging in folder.parent.glob(f".{folder.name}.partial-*"):
-        pid = staging.name.removeprefix(f".{folder.name}.partial-").split("-")[0]
-        if not pid.isdigit() or not _alive(int(pid)):
+        found = re.fullmatch(r"(\d+)-[a-z0-9_]{8}", staging.name.removeprefix(f".{folder.name}.partial-"))
+        if found and (staging / STAGING_MARK).is_file() and not _alive(int(found.group(1))):
             shutil.rmtree(staging, ignore_errors=True)
 
 
