@@ -34,6 +34,7 @@ from tpuplex.models.architecture import drawn_as_hf
 from tpuplex.models.family import ConfigReader
 
 MODEL_TYPE = "conformer_ctc"
+INITIALIZERS = ("fan_in", "normal")
 SERVED_FRAMES = 4096
 """The most frames after subsampling an exported model (SavedModel, torch.export) takes: 164 s of audio at a 10 ms
 hop."""
@@ -51,6 +52,9 @@ class ConformerArch:
     subsampling_channels: int = 144
     dropout: float = 0.1
     layer_norm_eps: float = 1e-5
+    initializer: str = "fan_in"
+    """How weights start: "fan_in", N(0, 1 / (3 fan_in)), the variance of PyTorch's default Linear and Conv init
+    (the Conformers of ESPnet and of a plain PyTorch loop start so); "normal", N(0, initializer_range) as BERT's."""
     initializer_range: float = 0.02
 
     @property
@@ -102,6 +106,8 @@ def read(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> Conf
         raise TpuplexError(f"{path}: hidden_size {arch.hidden_size} does not divide into {arch.num_heads} heads")
     if arch.conv_kernel % 2 == 0:
         raise TpuplexError(f"{path}: conv_kernel = {arch.conv_kernel}: use an odd width (the padding is centred)")
+    if arch.initializer not in INITIALIZERS:
+        raise TpuplexError(f"{path}: initializer = {arch.initializer!r}: use one of {', '.join(INITIALIZERS)}")
     return arch
 
 
@@ -140,9 +146,13 @@ def parameter_shapes(arch: ConformerArch, mel_bins: int, vocab_size: int) -> dic
 
 
 def initial_params(arch: ConformerArch, mel_bins: int, vocab_size: int, seed: int) -> dict[str, np.ndarray]:
-    """Every parameter drawn from `default_rng(seed)`: weights N(0, initializer_range), biases 0, norms 1."""
-    return drawn_as_hf(parameter_shapes(arch, mel_bins, vocab_size), np.random.default_rng(seed),
-                       lambda module: arch.initializer_range)
+    """Every parameter drawn from `default_rng(seed)`: weights as `arch.initializer` says, biases 0, norms 1."""
+    shapes = parameter_shapes(arch, mel_bins, vocab_size)
+    if arch.initializer == "normal":
+        return drawn_as_hf(shapes, np.random.default_rng(seed), lambda module: arch.initializer_range)
+    # A weight's fan-in: its inputs times its kernel (Linear [out, in], Conv [out, in / groups, k...]).
+    fan_in = {name.rsplit(".", 1)[0]: math.prod(shape[1:]) for name, shape in shapes.items() if len(shape) > 1}
+    return drawn_as_hf(shapes, np.random.default_rng(seed), lambda module: 1 / math.sqrt(3 * fan_in[module]))
 
 
 def positions(frames: int, width: int) -> np.ndarray:
