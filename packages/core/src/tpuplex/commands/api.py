@@ -77,7 +77,7 @@ class Run:
         self._target = target or folder
         self._results = results
         self._found: run_folder.Found | None = None
-        self._restored: dict[str, tuple[Any, Any]] = {}
+        self._restored: dict[tuple[str, bool], tuple[Any, Any]] = {}
 
     @classmethod
     def open(cls, path: str | Path) -> Run:
@@ -172,8 +172,8 @@ class Run:
         listed = [prompts] if single else list(prompts)
         generate.check_options(tokens, temperature, top_k, seed, listed)
         generate.check_run(self._located())
-        texts = generate.generate_restored(self._located(), *self._restore(backend), listed, tokens, temperature,
-                                           top_k, seed, chat=chat).texts
+        texts = generate.generate_restored(self._located(), *self._restore(backend, model_only=True), listed, tokens,
+                                           temperature, top_k, seed, chat=chat).texts
         return texts[0] if single else texts
 
     def export(self, format: str, out: str | Path | None = None, merge: bool = False) -> Path:
@@ -189,13 +189,16 @@ class Run:
             self._found = run_folder.locate(self._target)
         return self._found
 
-    def _restore(self, backend: str | None) -> tuple[Any, Any]:
+    def _restore(self, backend: str | None, model_only: bool = False) -> tuple[Any, Any]:
         """(experiment, state): the checkpoint restored on `backend` (default: the run's), kept for this Run's next
-        call there, so an evaluation and then predictions build the model once."""
+        call there, so an evaluation and then predictions build the model once. `model_only` (generation): without
+        its data where the task can; a restore with the data serves it too."""
         name = backend or self._backend()
-        if name not in self._restored:
-            self._restored[name] = workflow.restore(self._located(), name)
-        return self._restored[name]
+        for key in ((name, False), (name, True)) if model_only else ((name, False),):
+            if key in self._restored:
+                return self._restored[key]
+        self._restored[(name, model_only)] = workflow.restore(self._located(), name, model_only)
+        return self._restored[(name, model_only)]
 
     def _backend(self) -> str:
         """The backend the run trained on (its log's first record)."""

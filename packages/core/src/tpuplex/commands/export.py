@@ -39,8 +39,6 @@ from tpuplex.text_files import as_umask_allows
 
 FORMATS = {"hf": "the core", "peft": "the core", "saved_model": "tf", "torch_export": "torch"}
 """Export format -> who writes it: the core, or the backend of that name."""
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
-                   "merges.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json")
 
 
 def export(path: str | Path, format: str, out: Path | None = None, merge: bool = False) -> Path:
@@ -101,7 +99,7 @@ class Trained:
         weights = kind.hf_weights({**(self.lora.merged(params) if self.lora else params),
                                    **{name: np.asarray(array) for name, array in self.state.buffers.items()}})
         _save_safetensors(weights, folder / "model.safetensors")
-        for name in TOKENIZER_FILES:
+        for name in run_folder.TOKENIZER_FILES:
             if (kind.checkpoint_dir / name).is_file():
                 shutil.copy2(kind.checkpoint_dir / name, folder / name)
 

@@ -68,8 +68,8 @@ def generate(path: str | Path, backend_name: str, prompts: list[str], new_tokens
     check_options(new_tokens, temperature, top_k, seed, prompts)
     found = run_folder.locate(path)
     check_run(found)
-    return generate_restored(found, *workflow.restore(found, backend_name), prompts, new_tokens, temperature, top_k,
-                             seed, cache, chat)
+    return generate_restored(found, *workflow.restore(found, backend_name, model_only=True), prompts, new_tokens,
+                             temperature, top_k, seed, cache, chat)
 
 
 def check_options(new_tokens: int, temperature: float, top_k: int, seed: int, prompts: list[str]) -> None:

@@ -61,11 +61,13 @@ class Experiment:
     for an image model of your own (`tpuplex.kinds.ModelKind.checkpoint_dir`)."""
 
 
-def prepare(config: Config, backend_name: str, config_path: Path | None = None) -> Experiment:
+def prepare(config: Config, backend_name: str, config_path: Path | None = None, model_only: bool = False
+            ) -> Experiment:
     """Check the config against the task, devices, backend, checkpoint and data, then build the model state.
 
     A user model (`model.architecture`) imports from the current directory or the config file's folder, and so
-    does a task of your own (`task.name`).
+    does a task of your own (`task.name`). `model_only`: a trained run's model to generate with, built without
+    reading any split where the task can (`Task.model_data`); its Trainer then trains and evaluates nothing.
 
     Creates no output directory: bad input leaves nothing behind (only the tokenization cache may be written).
     """
@@ -74,7 +76,8 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
         add_search_path(Path(config_path).resolve().parent)
     task = tasks.get(config.task.name)
     options = tasks.options(task, config.task.options)
-    task.check(config, options)
+    if not model_only:  # a run's own config was checked when it trained; its data may be gone since
+        task.check(config, options)
     kind = kinds.resolve(config, task)
     kind.check(config, task)
     output_dir = output_directory(config, backend_name)
@@ -88,7 +91,8 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None) 
     topology = backend.topology()
     _check_batch_sizes(config, topology.batch_shards)
 
-    data = task.prepare(config, options, kind.checkpoint_dir)
+    data = (task.model_data(config, options, kind.checkpoint_dir) if model_only else None) or task.prepare(
+        config, options, kind.checkpoint_dir)
     kind.check_data(data)
     model = kind.spec(config, task, data)
     trainer = Trainer(backend, config, data, output_dir, model)
@@ -107,6 +111,8 @@ def train(config: Config, backend_name: str, config_path: Path | None = None) ->
         if trainer.hosts.writer:
             record = run_folder.record(config, run.data.pinned_options())
             write_json_atomic(run.output_dir / run_folder.RUN_FILE, record)
+            if run.model_dir is not None:
+                run_folder.keep_model_files(run.model_dir, run.output_dir)
         state_bytes = backend.state_bytes(run.state)  # before the first step, which may donate the state
         held = f", {state_bytes / 2**20:.1f} MiB of parameters and moments a device" if state_bytes else ""
         reporter.say(f"{backend_name}: {run.topology.report()}{held}")

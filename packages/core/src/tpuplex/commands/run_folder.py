@@ -2,9 +2,12 @@
 
 `tpuplex train` writes `<output_dir>/run.json`: the config as given and the directory it ran from, so that eval,
 predict and export rebuild exactly that experiment from anywhere. Relative paths in the config (data, model, cache)
-are read from the directory the run started in when they exist there.
+are read from the directory the run started in when they exist there. It also keeps the model's config.json and
+tokenizer files in `<output_dir>/model/`: a run folder copied alone (the checkpoint folder it started from gone)
+generates and exports from them.
 
     record(config)   what run.json holds
+    keep_model_files(checkpoint_dir, run_dir)   the model's config.json and tokenizer, beside the run
     locate(path)     a run folder (its newest good checkpoint) or one of its checkpoints/step-* folders, verified,
                      with the run's config (`data_dir` replaces its data.data_dir)
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,8 @@ from tpuplex import config as config_lib
 from tpuplex.config import Config
 from tpuplex.engine import checkpoint
 from tpuplex.errors import CheckpointError
+from tpuplex.models.gguf import SMOLLM2_ALIAS
+from tpuplex.params import MINILM_ALIAS
 from tpuplex.plugins import add_search_path
 
 RUN_FILE = "run.json"
@@ -40,6 +46,12 @@ class Found:
     config_hash: str
 
 
+MODEL_DIR = "model"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                   "merges.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json")
+MODEL_FILES = ("config.json", "generation_config.json", "chat_template.jinja", *TOKENIZER_FILES)
+"""A checkpoint folder's files besides its weights: what building the model and reading text need."""
+
 RUN_FORMAT = "tpuplex.run/1"
 """run.json's `format`: what tells a run's folder from a folder of yours that happens to hold a run.json."""
 
@@ -49,6 +61,17 @@ def record(config: Config, pinned_options: dict[str, Any]) -> dict[str, Any]:
     config, the directory, and the task options the data decided (`TaskData.pinned_options`)."""
     return {"format": RUN_FORMAT, "config": config.to_dict(), "directory": os.getcwd(),
             "task_options": pinned_options}
+
+
+def keep_model_files(checkpoint_dir: Path, run_dir: Path) -> None:
+    """Copy the model's `MODEL_FILES` (those it has) from its checkpoint folder into `<run_dir>/model/`, once."""
+    kept = run_dir / MODEL_DIR
+    if (kept / "config.json").is_file():  # a resumed run kept them when it started
+        return
+    kept.mkdir(parents=True, exist_ok=True)
+    for name in MODEL_FILES:
+        if (Path(checkpoint_dir) / name).is_file():
+            shutil.copy2(Path(checkpoint_dir) / name, kept / name)
 
 
 def written_by_a_run(path: Path) -> bool:
@@ -96,7 +119,20 @@ def locate(path: str | Path, data_dir: str | None = None) -> Found:
                                                                                         **pinned}))
     if data_dir is not None:
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, data_dir=data_dir))
+    if _moved_away(config.model.checkpoint) and (run_dir / MODEL_DIR / "config.json").is_file():
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model,
+                                                                       checkpoint=str(run_dir / MODEL_DIR)))
     return Found(run_dir, step_dir, config, given.hash())
+
+
+def _moved_away(checkpoint: str) -> bool:
+    """Whether model.checkpoint names a local folder or .gguf file that is no longer there (an alias or a hub id
+    is found as it was in training)."""
+    if not checkpoint or checkpoint in (MINILM_ALIAS, SMOLLM2_ALIAS):
+        return False
+    path = Path(checkpoint).expanduser()
+    hub_id = checkpoint.count("/") == 1 and not path.is_absolute() and not checkpoint.startswith(".")
+    return not path.exists() and not hub_id
 
 
 def folder_of(path: Path) -> Path:

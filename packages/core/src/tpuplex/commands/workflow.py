@@ -24,14 +24,15 @@ EVAL_DIR = "eval"
 PREDICTIONS_DIR = "predictions"
 
 
-def restore(found: run_folder.Found, backend_name: str) -> tuple[Experiment, Any]:
-    """The run's experiment built on `backend_name` with its state set to the checkpoint."""
+def restore(found: run_folder.Found, backend_name: str, model_only: bool = False) -> tuple[Experiment, Any]:
+    """The run's experiment built on `backend_name` with its state set to the checkpoint; `model_only`: without
+    reading its data where the task can (to generate: `run.prepare`)."""
     arrays, info = checkpoint.load(found.checkpoint, verified=True)
     if info.get("config_hash") != found.config_hash:
         raise CheckpointError(f"{found.checkpoint} was written with config hash {info.get('config_hash')}, but "
                               f"{found.run_dir / run_folder.RUN_FILE} has {found.config_hash}: give a checkpoint of "
                               "this run")
-    experiment = prepare(found.config, backend_name)
+    experiment = prepare(found.config, backend_name, model_only=model_only)
     arrays = experiment.trainer.with_frozen(arrays, info, found.checkpoint)
     return experiment, experiment.backend.state_from_arrays(experiment.state, arrays)
 

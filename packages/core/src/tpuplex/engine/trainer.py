@@ -167,15 +167,19 @@ class Trainer:
         data_config = config.data
         # Fitted to the training split alone: evaluation and prediction use the same lengths, so the same programs.
         self.buckets = (fit_buckets(train_data.lengths, train_data.max_length, data_config.bucket_count,
-                                    data_config.bucket_multiple) if data_config.bucket_count else data_config.buckets)
+                                    data_config.bucket_multiple)
+                        if data_config.bucket_count and train_data is not None else data_config.buckets)
         topology = backend.topology()
-        self.train_batcher = Batcher(train_data, train.global_batch, replicas, self.buckets, seed=train.seed,
-                                     group_by_length=data_config.group_by_length,
-                                     process=(topology.process_index, topology.host_count))
         self.eval_batchers = {split: self.batcher(encoded) for split, encoded in data.eval.items()}
-        self.steps_per_epoch = self.train_batcher.steps_per_epoch
-        # Recorded in every checkpoint, so that resuming on other training data is refused.
-        self.train_data_fingerprint = train_data.fingerprint()
+        self.train_batcher: Batcher | None = None  # None: a model rebuilt to generate (`Task.model_data`)
+        self.steps_per_epoch, self.train_data_fingerprint = 0, ""
+        if train_data is not None:
+            self.train_batcher = Batcher(train_data, train.global_batch, replicas, self.buckets, seed=train.seed,
+                                         group_by_length=data_config.group_by_length,
+                                         process=(topology.process_index, topology.host_count))
+            self.steps_per_epoch = self.train_batcher.steps_per_epoch
+            # Recorded in every checkpoint, so that resuming on other training data is refused.
+            self.train_data_fingerprint = train_data.fingerprint()
         self.total_steps = train.max_steps or train.epochs * self.steps_per_epoch
         self.warmup = warmup_steps(self.total_steps, train.warmup_ratio)
         self.profile = tuple(runtime.profile_steps)

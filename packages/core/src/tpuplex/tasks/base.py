@@ -68,13 +68,14 @@ def matmul_weights(shapes: Mapping[str, tuple[int, ...]]) -> int:
 class TaskData:
     """A task's data for one run, as the Trainer uses it: encoded splits, and the task's hooks on host batches.
 
-    train: the training split; eval: evaluation split name -> split; test: a split to check but never train or
-    evaluate on (None without one). `name` fills `{dataset}` in runtime.output_dir.
+    train: the training split (None in a model rebuilt to generate, `Task.model_data`); eval: evaluation split
+    name -> split; test: a split to check but never train or evaluate on (None without one). `name` fills
+    `{dataset}` in runtime.output_dir.
     per_token: whether `Backend.predict` returns one value per token ([B, L, ...]) rather than per row.
     """
 
     name: str
-    train: Encoded
+    train: Encoded | None
     eval: dict[str, Encoded]
     test: Encoded | None = None
     per_token: ClassVar[bool] = False
@@ -105,7 +106,8 @@ class TaskData:
 
     def splits(self) -> dict[str, Encoded]:
         """Every split to check (train, eval, test)."""
-        return {"train": self.train, **self.eval, **({"data.test_file": self.test} if self.test else {})}
+        return {**({"train": self.train} if self.train is not None else {}), **self.eval,
+                **({"data.test_file": self.test} if self.test else {})}
 
 
 def framework_modules(package: str) -> dict[str, str]:
@@ -141,6 +143,12 @@ class Task:
         """Read and encode the run's data (`config.data`), checking it first; `tokenizer_dir` is the model's
         checkpoint folder (a text task's tokenizer)."""
         raise NotImplementedError
+
+    def model_data(self, config: Any, options: Any, tokenizer_dir: Path | None) -> TaskData | None:
+        """The data a trained model is rebuilt from without reading any split (`train` None, no eval splits): what
+        run.json pinned (`TaskData.pinned_options`) and the checkpoint folder hold. None: the task needs its data
+        (the default)."""
+        return None
 
     def example_batch(self, data: TaskData | None) -> dict[str, np.ndarray]:
         """Two rows of zeros shaped as the task's batches, to build a model's variables: token ids, types and mask

@@ -78,7 +78,7 @@ class Options:
 @dataclasses.dataclass
 class CausalLMData(TaskData):
     name: str
-    train: NextTokenRows
+    train: NextTokenRows | None
     eval: dict[str, NextTokenRows]
     vocabulary: Vocabulary
     windows: NextTokenRows | None = None
@@ -191,6 +191,14 @@ class CausalLM(Task):
         train.check(f"data.train_file {data.train_file}")
         windows = train if options.sampling == "random_windows" else None
         return CausalLMData(data.dataset, train, evaluation, vocabulary, windows, config.train.seed)
+
+    def model_data(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData | None:
+        """Generation reads no text: the vocabulary is the run's pinned characters or the checkpoint's tokenizer."""
+        if options.tokenizer == "characters" and not options.characters:
+            return None
+        vocabulary = (Characters(options.characters) if options.tokenizer == "characters"
+                      else CheckpointTokenizer(tokenizer_dir))
+        return CausalLMData(config.data.dataset, None, {}, vocabulary, seed=config.train.seed)
 
     def _prepare_conversations(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData:
         data, length = config.data, config.data.max_length
