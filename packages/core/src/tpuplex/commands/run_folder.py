@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from tpuplex.errors import CheckpointError
 from tpuplex.models.gguf import SMOLLM2_ALIAS
 from tpuplex.params import MINILM_ALIAS
 from tpuplex.plugins import add_search_path
+from tpuplex.text_files import as_umask_allows
 
 RUN_FILE = "run.json"
 RUN_PATHS = {**config_lib.INPUT_PATHS, "data": (*config_lib.INPUT_PATHS["data"], "cache_dir")}
@@ -64,14 +66,20 @@ def record(config: Config, pinned_options: dict[str, Any]) -> dict[str, Any]:
 
 
 def keep_model_files(checkpoint_dir: Path, run_dir: Path) -> None:
-    """Copy the model's `MODEL_FILES` (those it has) from its checkpoint folder into `<run_dir>/model/`, once."""
+    """Copy the model's `MODEL_FILES` (those it has) from its checkpoint folder into `<run_dir>/model/`, whole or
+    not at all (staged, then renamed into place), once: a `model/` already there (the run's own from an earlier
+    start, or a folder of yours) is left as it is."""
     kept = run_dir / MODEL_DIR
-    if (kept / "config.json").is_file():  # a resumed run kept them when it started
+    if kept.exists():
         return
-    kept.mkdir(parents=True, exist_ok=True)
-    for name in MODEL_FILES:
-        if (Path(checkpoint_dir) / name).is_file():
-            shutil.copy2(Path(checkpoint_dir) / name, kept / name)
+    staging = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR}-", dir=run_dir))
+    try:
+        for name in MODEL_FILES:
+            if (Path(checkpoint_dir) / name).is_file():
+                shutil.copy2(Path(checkpoint_dir) / name, staging / name)
+        os.rename(as_umask_allows(staging), kept)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def written_by_a_run(path: Path) -> bool:
