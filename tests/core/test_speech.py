@@ -4,6 +4,8 @@ greedy CTC decoding, and one clear line for each kind of bad audio."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import soundfile
@@ -63,13 +65,20 @@ def test_recordings_become_features_labels_and_static_batches(tmp_path) -> None:
     assert again.train.shards.location == data.train.shards.location
 
 
-def test_features_are_normalised_log_mel_frames() -> None:
+def test_features_are_log_mel_frames_normalised_per_utterance_when_asked(tmp_path) -> None:
     settings = audio.LogMel(RATE, 16, 25.0, 10.0)
     features = settings(tone(1.0))
     assert features.shape == (settings.frames(RATE), 16) == (98, 16)
-    np.testing.assert_allclose(features.mean(axis=0), 0.0, atol=1e-4)
+    normalised = dataclasses.replace(settings, normalize="utterance")(tone(1.0))
+    np.testing.assert_allclose(normalised.mean(axis=0), 0.0, atol=1e-4)
+    varying = features.std(axis=0) > 0.1  # the tone's own bins; flat ones stay near 0
+    assert varying.any() and not np.allclose(features.mean(axis=0), 0.0, atol=0.1)
+    np.testing.assert_allclose(normalised.std(axis=0)[varying], 1.0, atol=1e-2)
     matrix = audio.mel_matrix(16, 129, RATE)
     assert matrix.shape == (129, 16) and not matrix[0].any() and np.all(matrix.max(axis=0) > 0.5)
+    manifest = write_data(tmp_path / "audio", {"a.wav": (tone(0.5), "one"), "b.wav": (tone(0.5), "two")})
+    with pytest.raises(TpuplexError, match='task.normalize = \'global\' is not a normalization: use "none"'):
+        prepare(tmp_path, manifest, normalize="global")
 
 
 def test_greedy_ctc_merges_repeats_and_drops_blanks() -> None:

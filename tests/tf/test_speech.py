@@ -36,5 +36,6 @@ def test_the_saved_model_transcribes_wav_bytes_as_predict_does(speech_run, tmp_p
     assert [text.decode() for text in served["transcripts"].numpy()] == [row["transcript"] for row in predicted]
     assert len(predicted) == 20
     samples, _ = soundfile.read(predicted[0]["path"], dtype="float32")
-    settings = LogMel(8000, 24)
-    np.testing.assert_allclose(log_mel(tf.constant(samples), settings).numpy(), settings(samples), atol=1e-4)
+    for normalize in ("none", "utterance"):
+        settings = LogMel(8000, 24, normalize=normalize)
+        np.testing.assert_allclose(log_mel(tf.constant(samples), settings).numpy(), settings(samples), atol=1e-4)

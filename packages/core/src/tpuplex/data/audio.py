@@ -7,8 +7,8 @@ Features (`LogMel`), TensorFlowASR's and `tf.signal`'s recipe, so a serving grap
     power      |rfft(frame, n_fft)|^2, n_fft the power of 2 at or above the frame's samples
     mel        the power through `mel_bins` triangular filters on HTK's mel scale from 0 Hz to the Nyquist
                frequency (`tf.signal.linear_to_mel_weight_matrix`), then log(mel + 1e-6)
-    normalised each mel bin to mean 0 and variance 1 over the utterance's frames (TensorFlowASR's
-               `normalize_feature`)
+    normalised with `normalize = "utterance"`: each mel bin to mean 0 and variance 1 over the utterance's frames
+               (TensorFlowASR's `normalize_feature`); "none" (the default) leaves the log-mel as it is
 
 A prepared speech folder (`tpuplex.data.shards`) holds per utterance: `features` float32 [F, mel_bins] (F the
 longest utterance's frames, zeros after its own), `frames` int32, `text` and `path` (UTF-8 bytes, zero-padded).
@@ -32,6 +32,7 @@ from tpuplex.errors import DataError
 
 EPSILON = 1e-6
 FORMAT = "speech"
+NORMALIZATIONS = ("none", "utterance")
 """The `meta["task"]` of a prepared speech folder."""
 
 
@@ -43,6 +44,7 @@ class LogMel:
     mel_bins: int = 80
     frame_ms: float = 25.0
     hop_ms: float = 10.0
+    normalize: str = "none"
 
     @property
     def frame_length(self) -> int:
@@ -68,8 +70,9 @@ class LogMel:
         spectrum = np.fft.rfft(audio[starts].astype(np.float64) * window, n=self.fft_length)
         power = spectrum.real ** 2 + spectrum.imag ** 2
         mel = np.log(power @ mel_matrix(self.mel_bins, self.fft_length // 2 + 1, self.sample_rate) + EPSILON)
-        normalised = (mel - mel.mean(axis=0)) / np.sqrt(mel.var(axis=0) + EPSILON)
-        return normalised.astype(np.float32)
+        if self.normalize == "utterance":
+            mel = (mel - mel.mean(axis=0)) / np.sqrt(mel.var(axis=0) + EPSILON)
+        return mel.astype(np.float32)
 
 
 def mel_matrix(mel_bins: int, spectrum_bins: int, sample_rate: int) -> np.ndarray:

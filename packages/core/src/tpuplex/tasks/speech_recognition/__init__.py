@@ -6,6 +6,7 @@ model (`model.architecture`).
     name = "speech_recognition"
     sample_rate = 16000             # the features' rate (a recording at another is resampled to it)
     mel_bins = 80                   # log-mel features: 25 ms frames every 10 ms (frame_ms, hop_ms)
+    normalize = "none"              # or "utterance": each mel bin to mean 0, variance 1 over the recording
     max_seconds = 30.0              # longer recordings are refused (every batch pads to its longest)
     validation_fraction = 0.1       # without data.eval_files: a seeded 10% of the utterances are held out
     time_masks = 2                  # SpecAugment in training: masks of up to time_mask_frames frames
@@ -54,6 +55,7 @@ class Options:
     mel_bins: int = 80
     frame_ms: float = 25.0
     hop_ms: float = 10.0
+    normalize: str = "none"
     max_seconds: float = 30.0
     audio_column: str = "path"
     text_column: str = "text"
@@ -67,7 +69,7 @@ class Options:
 
     @property
     def features(self) -> audio.LogMel:
-        return audio.LogMel(self.sample_rate, self.mel_bins, self.frame_ms, self.hop_ms)
+        return audio.LogMel(self.sample_rate, self.mel_bins, self.frame_ms, self.hop_ms, self.normalize)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +136,10 @@ class SpeechRecognition(Task):
     def check(self, config: Any, options: Options) -> None:
         audio.require_soundfile()
         check_held_out(config, options.validation_fraction, self.name, "utterances", 0.1)
+        if options.normalize not in audio.NORMALIZATIONS:
+            raise TpuplexError(f"task.normalize = {options.normalize!r} is not a normalization: use \"none\" (the "
+                               "log-mel as it is) or \"utterance\" (each mel bin to mean 0, variance 1 over the "
+                               "recording)")
         for name in ("sample_rate", "mel_bins", "frame_ms", "hop_ms", "max_seconds"):
             if not getattr(options, name) > 0:
                 raise TpuplexError(f"task.{name} = {getattr(options, name)!r} is not allowed: use a number greater "

@@ -108,8 +108,9 @@ def split_of(shards: Shards, members: np.ndarray, vocabulary: Vocabulary, label_
 def spec_augment(features: np.ndarray, frames: np.ndarray, rng: np.random.Generator, time_masks: int,
                  time_width: int, frequency_masks: int, frequency_width: int) -> np.ndarray:
     """SpecAugment's masks (Park et al., 2019) on features [b, T, mel]: per utterance, `time_masks` runs of up to
-    `time_width` of its own frames and `frequency_masks` runs of up to `frequency_width` mel bins, set to 0 (the
-    normalised features' mean). Widths and starts are drawn from `rng` (the core's, from the seed and the step)."""
+    `time_width` of its own frames and `frequency_masks` runs of up to `frequency_width` mel bins, set to 0 (as
+    TensorFlowASR and the plain loops do: the mean of normalised features). Widths and starts are drawn from `rng`
+    (the core's, from the seed and the step)."""
     features = features.copy()
     bins = features.shape[2]
     for row, count in enumerate(frames):

@@ -71,6 +71,8 @@ def log_mel(samples: tf.Tensor, settings: LogMel) -> tf.Tensor:
     power = tf.math.square(tf.math.real(spectrum)) + tf.math.square(tf.math.imag(spectrum))
     matrix = mel_matrix(settings.mel_bins, settings.fft_length // 2 + 1, settings.sample_rate).astype(np.float32)
     mel = tf.math.log(tf.matmul(power, matrix) + EPSILON)
+    if settings.normalize != "utterance":
+        return mel
     mean, variance = tf.nn.moments(mel, axes=[0], keepdims=True)
     return (mel - mean) / tf.sqrt(variance + EPSILON)
 
