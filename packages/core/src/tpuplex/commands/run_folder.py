@@ -27,7 +27,7 @@ from tpuplex.config import Config
 from tpuplex.engine import checkpoint
 from tpuplex.errors import CheckpointError
 from tpuplex.models.gguf import SMOLLM2_ALIAS
-from tpuplex.params import MINILM_ALIAS
+from tpuplex.params import MINILM_ALIAS, is_hub_id
 from tpuplex.plugins import add_search_path
 from tpuplex.text_files import as_umask_allows
 
@@ -136,11 +136,9 @@ def locate(path: str | Path, data_dir: str | None = None) -> Found:
 def _moved_away(checkpoint: str) -> bool:
     """Whether model.checkpoint names a local folder or .gguf file that is no longer there (an alias or a hub id
     is found as it was in training)."""
-    if not checkpoint or checkpoint in (MINILM_ALIAS, SMOLLM2_ALIAS):
+    if not checkpoint or checkpoint in (MINILM_ALIAS, SMOLLM2_ALIAS) or is_hub_id(checkpoint):
         return False
-    path = Path(checkpoint).expanduser()
-    hub_id = checkpoint.count("/") == 1 and not path.is_absolute() and not checkpoint.startswith(".")
-    return not path.exists() and not hub_id
+    return not Path(checkpoint).expanduser().exists()
 
 
 def folder_of(path: Path) -> Path:

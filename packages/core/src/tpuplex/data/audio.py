@@ -32,8 +32,9 @@ from tpuplex.errors import DataError
 
 EPSILON = 1e-6
 FORMAT = "speech"
-NORMALIZATIONS = ("none", "utterance")
 """The `meta["task"]` of a prepared speech folder."""
+NORMALIZATIONS = ("none", "utterance")
+"""`LogMel.normalize`'s values (the speech task's `task.normalize`)."""
 
 
 @dataclasses.dataclass(frozen=True)

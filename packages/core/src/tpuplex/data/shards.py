@@ -48,9 +48,9 @@ VERSION = 1
 MANIFEST = "manifest.json"
 OPEN_FILES = 64
 RETRIES = 4
+"""Attempts after the first for a read that fails with a transient error (waits 0.1, 0.2, 0.4, 0.8 s)."""
 STAGING_MARK = ".tpuplex-staging"
 """In a writer's staging folder: only a folder holding it is ever removed as abandoned."""
-"""Attempts after the first for a read that fails with a transient error (waits 0.1, 0.2, 0.4, 0.8 s)."""
 
 
 @dataclasses.dataclass(frozen=True)

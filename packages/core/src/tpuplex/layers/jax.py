@@ -34,6 +34,8 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "tanh": jnp.tanh,
     "silu": jax.nn.silu,
 }
+
+
 class Embed(nn.Embed):
     """`nn.Embed` that gathers its rows from the float32 table and casts them to `dtype`, where Flax casts the whole
     table first: the same forward values, but the gradient's scatter-add (every token's row added into the table)
