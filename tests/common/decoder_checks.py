@@ -55,7 +55,7 @@ def hf_reference(spec: ModelSpec) -> torch.nn.Module:
     settings = dict(spec.hf_config)
     config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    state = {name: torch.from_numpy(array) for name, array in spec.kind.hf_weights(spec.params).items()}
+    state = {name: torch.from_numpy(np.asarray(array)) for name, array in spec.kind.hf_weights(spec.params).items()}
     tied = spec.family.tied_names(spec.arch)
     model.load_state_dict(state | {alias: state[target] for alias, target in tied.items()}, strict=True)
     return model

@@ -61,7 +61,7 @@ def hf_token_losses(model_spec: ModelSpec, batch: dict[str, np.ndarray]) -> tupl
     settings = {k: v for k, v in model_spec.hf_config.items() if k not in ("architectures", "transformers_version")}
     config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings)
     reference = transformers.AutoModelForMaskedLM.from_config(config).eval()
-    state = {name: torch.from_numpy(array) for name, array in model_spec.params.items()}
+    state = {name: torch.from_numpy(np.asarray(array)) for name, array in model_spec.params.items()}
     tied = reference._tied_weights_keys or {}
     reference.load_state_dict(state | {alias: state[target] for alias, target in tied.items()}, strict=True)
     inputs = {key: torch.from_numpy(np.asarray(batch[key])).long() for key in ("input_ids", "attention_mask")}

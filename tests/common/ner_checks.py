@@ -48,7 +48,7 @@ def hf_logits(model_spec: ModelSpec, batch: dict[str, np.ndarray]) -> np.ndarray
     settings = {k: v for k, v in model_spec.hf_config.items() if k not in ("architectures", "transformers_version")}
     config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings, num_labels=len(TAGS))
     reference = transformers.AutoModelForTokenClassification.from_config(config).eval()
-    reference.load_state_dict({name: torch.from_numpy(array) for name, array in model_spec.params.items()},
+    reference.load_state_dict({name: torch.from_numpy(np.asarray(array)) for name, array in model_spec.params.items()},
                               strict=True)
     inputs = {key: torch.from_numpy(np.asarray(batch[key])).long() for key in ("input_ids", "attention_mask")}
     if model_spec.hf_config.get("model_type") in ("bert", "albert", "electra"):

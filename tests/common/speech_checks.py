@@ -61,7 +61,8 @@ def write_model(folder: Path, train_file: Path) -> None:
     (folder / "config.json").write_text(json.dumps(CONFORMER))
     with train_file.open(encoding="utf-8", newline="") as handle:
         vocabulary = characters([row["text"] for row in csv.DictReader(handle, delimiter="\t")])
-    params = initial_params(read(CONFORMER), MEL_BINS, len(vocabulary) + 1, seed=0)
+    params = {name: np.asarray(array) for name, array in
+              initial_params(read(CONFORMER), MEL_BINS, len(vocabulary) + 1, seed=0).items()}
     params["head.bias"][BLANK] = -4.0
     save_file(params, str(folder / "model.safetensors"))
 

@@ -147,7 +147,7 @@ def test_a_bias_free_gpt2_has_no_bias_and_exports_zero_ones():
     config = {"model_type": "gpt2", "vocab_size": 65, "n_positions": 16, "n_embd": 8, "n_layer": 2, "n_head": 2}
     family, biased = models.architecture_of(config)
     _, bias_free = models.architecture_of({**config, "bias": False})
-    drawn = initial_params(bias_free, np.random.default_rng(0))
+    drawn = initial_params(bias_free, seed=0)
     params = {family.hf_name(name): array for name, array in drawn.items()}
     assert not [name for name in params if name.endswith(".bias")]
     exported = family.hf_weights(bias_free, params)

@@ -45,14 +45,14 @@ def test_targets_match_as_peft_matches_them() -> None:
 
 
 def test_adapters_start_as_peft_draws_them_and_merge_exactly() -> None:
-    """A ~ U(-1/sqrt(in), 1/sqrt(in)) from the seed's own stream, B = 0; merging folds scale * B A into each
+    """A ~ U(-1/sqrt(in), 1/sqrt(in)) keyed by the seed and its name, B = 0; merging folds scale * B A into each
     weight in the family's layout and drops the adapters."""
     lora, arch = read({"rank": 4, "alpha": 8, "targets": ["q_proj", "down_proj"]})
     first, again = lora.initial(arch, seed=3), lora.initial(arch, seed=3)
-    assert all(np.array_equal(first[name], again[name]) for name in first)
-    a = first["model.layers.0.mlp.down_proj.lora_A.weight"]
+    assert all(np.array_equal(np.asarray(first[name]), np.asarray(again[name])) for name in first)
+    a = np.asarray(first["model.layers.0.mlp.down_proj.lora_A.weight"])
     assert a.shape == (4, 24) and np.abs(a).max() <= 1 / np.sqrt(24) and a.std() > 0.5 / np.sqrt(3 * 24)
-    assert not first["model.layers.0.mlp.down_proj.lora_B.weight"].any()
+    assert not np.asarray(first["model.layers.0.mlp.down_proj.lora_B.weight"]).any()
     rng = np.random.default_rng(0)
     base = {"model.layers.0.mlp.down_proj.weight": rng.standard_normal((16, 24)).astype(np.float32)}
     adapters = {"model.layers.0.mlp.down_proj.lora_A.weight": a,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tpuplex import models
+from tpuplex import initializers, models
 from tpuplex.commands import cli
 from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.errors import TpuplexError
@@ -99,10 +99,10 @@ def test_initial_params_add_the_prefix_drop_pretraining_heads_and_draw_the_head(
     assert {name: array.shape for name, array in params.items()} == shapes
     head = classifier(CONFIGS[model_type], 3)
     dense, out = (head.hf_name(f"head.{m}.weight") for m in ("dense", "out"))
-    rng = np.random.default_rng(5)  # the head is drawn in a fixed order: dense, then out
-    np.testing.assert_array_equal(params[dense], (rng.standard_normal(shapes[dense]) * 0.02).astype(np.float32))
-    np.testing.assert_array_equal(params[out], (rng.standard_normal(shapes[out]) * 0.02).astype(np.float32))
-    assert not params[head.hf_name("head.out.bias")].any()
+    for name in (dense, out):  # each drawn from N(0, 0.02^2) keyed by the seed and its name
+        np.testing.assert_array_equal(np.asarray(params[name]), np.asarray(initializers.normal(5, name, shapes[name],
+                                                                                               0.02)))
+    assert not np.asarray(params[head.hf_name("head.out.bias")]).any()
 
 
 @pytest.mark.parametrize("model_type", list(CONFIGS))
@@ -112,11 +112,11 @@ def test_a_folder_with_config_json_alone_draws_the_encoder_as_hf_does(tmp_path, 
     params = initial_params(tmp_path, CONFIGS[model_type], head, seed=5)
     assert {name: array.shape for name, array in params.items()} == expected_shapes(CONFIGS[model_type], head)
     family, arch = models.architecture_of(CONFIGS[model_type])
-    query, norm, bias = (params[family.hf_name(name, arch)] for name in
+    query, norm, bias = (np.asarray(params[family.hf_name(name, arch)]) for name in
                          ("block.0.query.weight", "block.0.output_norm.weight", "block.0.query.bias"))
     assert abs(query.std() - 0.02) < 0.005 and (norm == 1).all() and not bias.any()
     again = initial_params(tmp_path, CONFIGS[model_type], head, seed=5)
-    assert all(np.array_equal(params[name], again[name]) for name in params)
+    assert all(np.array_equal(np.asarray(params[name]), np.asarray(again[name])) for name in params)
 
 
 def test_a_missing_encoder_weight_is_named(tmp_path):

@@ -31,7 +31,8 @@ def write_base(folder: Path) -> Path:
     config = {**CONFIGS["llama"], "vocab_size": 258, "max_position_embeddings": 128}
     (folder / "config.json").write_text(json.dumps(config))
     family, arch = models.architecture_of(config)
-    save_file(initial_decoder_params(folder, family, arch, seed=11), str(folder / "model.safetensors"),
+    drawn = initial_decoder_params(folder, family, arch, seed=11)
+    save_file({name: np.asarray(array) for name, array in drawn.items()}, str(folder / "model.safetensors"),
               metadata={"format": "pt"})
     return folder
 

@@ -18,7 +18,7 @@ from tpuplex.protocol import OptimizerSpec
 def reference_logits(spec, batch) -> np.ndarray:
     """HF's own model, built as the issue prescribes, in eval mode, with its own 2D-mask path."""
     reference = BertForSequenceClassification(BertConfig(**spec.hf_config, num_labels=spec.num_labels))
-    reference.load_state_dict({name: torch.from_numpy(a) for name, a in spec.params.items()}, strict=True)
+    reference.load_state_dict({name: torch.from_numpy(np.asarray(a)) for name, a in spec.params.items()}, strict=True)
     reference.eval()
     with torch.no_grad():
         return reference(**{key: torch.from_numpy(batch[key]).long()

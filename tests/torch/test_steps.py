@@ -30,7 +30,7 @@ def hand_written_loop(spec, batches, rates, optimizer: OptimizerSpec) -> dict[st
     config = BertConfig(**spec.hf_config, num_labels=spec.num_labels)
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
     model = BertForSequenceClassification(config)
-    model.load_state_dict({name: torch.from_numpy(a) for name, a in spec.params.items()}, strict=True)
+    model.load_state_dict({name: torch.from_numpy(np.asarray(a)) for name, a in spec.params.items()}, strict=True)
     model.train()
     named = list(model.named_parameters())
     adamw = torch.optim.AdamW(

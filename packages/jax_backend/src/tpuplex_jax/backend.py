@@ -85,11 +85,10 @@ class JaxBackend(BackendBase):
         built = kind.build(model, task, optimizer, batch_shards)
         trained, frozen = step.partition_params(built.params, built.naming, model.frozen)
         tx = step.make_optimizer(optimizer, trained, built.naming)
-        # The moments' zeros are made on the host: made on the default device they would be whole on one device.
-        with jax.default_device(jax.local_devices(backend="cpu")[0]):
-            host_state = step.TrainState(trained, tx.init(trained), built.model_state, frozen)
+        abstract = step.TrainState(trained, jax.eval_shape(tx.init, layout.shapes_of(trained)), built.model_state,
+                                   frozen)
         shapes = built.naming.shapes(built.params)
-        state_sharding = layout.state_sharding(self.mesh, tx, host_state, built.naming, shapes, self._topology.mesh)
+        state_sharding = layout.state_sharding(self.mesh, tx, abstract, built.naming, shapes, self._topology.mesh)
         train = step.make_train_step(built.network, tx, optimizer.grad_accum, batch_shards, model.dropout,
                                      optimizer.seed, task.unit_losses, task.model_inputs)
         predict = step.make_predict_step(built.network, task.predict_outputs, task.model_inputs)
@@ -101,7 +100,12 @@ class JaxBackend(BackendBase):
             state_naming=built.state_naming, state_shapes=built.state_naming.shapes(built.model_state),
             grad_accum=optimizer.grad_accum, inputs=model.inputs, kind=kind, network=built.network,
             model_inputs=task.model_inputs, state_sharding=state_sharding)
-        return self._place(host_state)
+        # Each device reads its block of the parameters (drawn by the core as it reads), and the optimizer's zeros
+        # are made where they live, already split: no host or device holds a split array whole.
+        params = layout.place(trained, state_sharding.params)
+        opt_state = jax.jit(tx.init, out_shardings=state_sharding.opt_state)(params)
+        return step.TrainState(params, opt_state, layout.place(built.model_state, state_sharding.model_state),
+                               layout.place(frozen, state_sharding.frozen))
 
     def train_step(self, state: step.TrainState, batch: Batch, learning_rate: float) -> tuple[step.TrainState, float]:
         state, losses = self.train_steps(state, [batch], [learning_rate])

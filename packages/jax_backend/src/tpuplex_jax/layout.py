@@ -27,8 +27,8 @@ from tpuplex_jax.step import TrainState
 
 def state_sharding(mesh: jax.sharding.Mesh, optimizer: optax.GradientTransformation, state: TrainState,
                    naming: Naming, shapes: Mapping[str, tuple[int, ...]], axes: sharding.Mesh) -> TrainState:
-    """The NamedSharding of every leaf of `state` (a host TrainState): parameters and moments by the core's
-    layouts of their portable names and `shapes`, on the mesh whose axis sizes are `axes`."""
+    """The NamedSharding of every leaf of `state` (a TrainState of host arrays, views or shapes): parameters and
+    moments by the core's layouts of their portable names and `shapes`, on the mesh whose axis sizes are `axes`."""
     replicated = NamedSharding(mesh, PartitionSpec())
     layouts = sharding.layouts(shapes, axes)
 
@@ -42,6 +42,11 @@ def state_sharding(mesh: jax.sharding.Mesh, optimizer: optax.GradientTransformat
                                       transform_non_params=lambda _: replicated)
     return TrainState(params, opt_state, jax.tree.map(lambda _: replicated, state.model_state),
                       jax.tree_util.tree_map_with_path(of_parameter, state.frozen))
+
+
+def shapes_of(tree: Any) -> Any:
+    """`tree` (of arrays or `tpuplex.slices.SliceReader`s) as `jax.ShapeDtypeStruct`s, for `jax.eval_shape`."""
+    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype), tree)
 
 
 def place(state: Any, shardings: Any) -> Any:

@@ -39,11 +39,11 @@ class TorchBackend(BackendBase):
             raise TpuplexError(f"the {task.name} task does not run on torch_xla: {task.not_on_xla}; use "
                                "--backend jax on a TPU (or torch on a GPU or CPU)")
         self._kind = kinds_torch.load(model_spec)
-        built = self._kind.build(model_spec, task, optimizer)
+        with self.placement.building():
+            built = self._kind.build(model_spec, task, optimizer)
         for name, parameter in built.module.named_parameters():
             parameter.requires_grad_(name not in model_spec.frozen)
-        module = self.placement.shard(
-            self._batch_norm_across_processes(built.module, model_spec).to(self.placement.device))
+        module = self.placement.shard(self._batch_norm_across_processes(built.module, model_spec))
         state = TorchState(module, step.make_optimizer(module, optimizer), optimizer, built.forward,
                            self.placement.compiled(built.forward), task, tuple(built.buffers))
         return self.state_from_arrays(state, checkpoint.initial(built.params, built.buffers, model_spec.frozen))

@@ -40,6 +40,7 @@ from tpuplex.data.batching import check_divisible
 from tpuplex.errors import TpuplexError
 from tpuplex.hardware import Topology
 from tpuplex.hosts import process_rows
+from tpuplex.layers.torch import layers
 from tpuplex.protocol import TARGETS, Batch, batch_rows, device_dtype
 
 if TYPE_CHECKING:
@@ -96,9 +97,15 @@ class Placement(abc.ABC):
     replicas_in_view: int
     row_processes: int = 1
 
+    def building(self) -> contextlib.AbstractContextManager:
+        """The context a model kind builds its module in (`tpuplex.kinds.torch`): as it is, unless `shard` will
+        split the parameters (then they are made on the meta device)."""
+        return contextlib.nullcontext()
+
     def shard(self, module: torch.nn.Module) -> torch.nn.Module:
-        """`module` with its parameters laid out over the mesh (FSDP2 where the mesh has fsdp); as it is else."""
-        return module
+        """`module` on `device`, its parameters laid out over the mesh (FSDP2 where the mesh has fsdp), their values
+        unset until the state is restored into them."""
+        return module.to(self.device)
 
     @property
     def shards_parameters(self) -> bool:
@@ -206,14 +213,14 @@ class EagerPlacement(Placement):
         self._graphs_before = _compiled_graphs() if self._compiles else 0
 
     def shard(self, module: torch.nn.Module) -> torch.nn.Module:
-        """FSDP2 over the (data, fsdp) mesh: `fully_shard` on every block of the model's layer lists (so one block's
-        weights are gathered at a time), then on the root; each parameter split on the dimension the core's layout
-        gives it (`tpuplex.sharding.layout`; dimension 0 where the core keeps it whole, as FSDP2 splits every
+        """FSDP2 over the (data, fsdp) mesh: `fully_shard` on every layer (`tpuplex.layers.torch.layers`: so one
+        layer's weights are gathered at a time), then on the root; each parameter split on the dimension the core's
+        layout gives it (`tpuplex.sharding.layout`; dimension 0 where the core keeps it whole, as FSDP2 splits every
         parameter). FSDP2 averages the gradients over the processes (gloo has no pre-scaled sum for a factor of
         one), so the train step scales each process's share of the global mean loss by their number
         (`gradient_scale`)."""
         if self.device_mesh is None:
-            return module
+            return super().shard(module)
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor import Shard
 
@@ -225,10 +232,23 @@ class EagerPlacement(Placement):
             return Shard(layout.index("fsdp") if "fsdp" in layout else 0)
 
         shard_mesh = self.device_mesh if mesh.data > 1 else self.device_mesh["fsdp"]
-        blocks = [block for child in module.modules() if isinstance(child, torch.nn.ModuleList) for block in child]
-        for part in (*blocks, module):
+        for part in (*layers(module), module):
             fully_shard(part, mesh=shard_mesh, shard_placement_fn=placement)
+        # Built on the meta device (`building`): each process allocates its own shards only now. The buffers the
+        # kind made (position ids, batch-norm statistics) are whole and small: kept as they were.
+        buffers = [buffer.clone() for buffer in module.buffers()]
+        module.to_empty(device=self.device)
+        with torch.no_grad():
+            for buffer, value in zip(module.buffers(), buffers, strict=True):
+                buffer.copy_(value)
         return module
+
+    def building(self) -> contextlib.AbstractContextManager:
+        if self.device_mesh is None:
+            return super().building()
+        import accelerate
+
+        return accelerate.init_empty_weights(include_buffers=False)
 
     def put(self, batch: Batch) -> dict[str, torch.Tensor]:
         """On a GPU through pinned host memory, copied without waiting: the copy queues ahead of the step's

@@ -23,7 +23,9 @@ from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 class Built:
     """A Flax network and its initial trees.
 
-    params: the parameter tree; model_state: the other collections (`{"batch_stats": ...}`; empty for most);
+    params: the parameter tree; model_state: the other collections (`{"batch_stats": ...}`; empty for most); their
+    leaves numpy arrays or `tpuplex.slices.SliceReader`s (the core's views, which the backend reads a device's block
+    at a time, so a sharded parameter is never whole on a host);
     naming, state_naming: how their paths become portable names; max_length: the longest sequence it takes (its
     position embeddings), int32's max when it has no such limit.
     """

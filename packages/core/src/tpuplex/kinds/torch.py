@@ -1,7 +1,10 @@
 """The contract of a model kind's PyTorch module: `build`, which the torch backend calls for every kind.
 
-The backend moves `Built.module` to its device, restores `Built.params` and `Built.buffers` into it (with zero
-optimizer moments) and calls `Built.forward` in its steps.
+The backend moves `Built.module` to its device (FSDP2: this process's shards of it), restores `Built.params` and
+`Built.buffers` into it (with zero optimizer moments) and calls `Built.forward` in its steps. A kind builds the
+module's structure only: its parameters' values are the backend's to set, and under FSDP2 the backend builds it
+with parameters on the meta device (`tpuplex_torch.devices.Placement.building`), so no process ever makes them
+whole.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import transformers  # a lazy module: the model classes (and accelerate behind t
 import torch
 from tpuplex import kinds
 from tpuplex.errors import TpuplexError
-from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
+from tpuplex.slices import SliceReader
 
 Forward = Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
 """(model, batch tensors) -> the outputs the task's `unit_losses` and `predict_outputs` take."""
@@ -26,12 +29,12 @@ Forward = Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-    """A model on the CPU in float32, how to call it, its initial parameters and its non-trainable state (numpy,
-    by name: batch-norm statistics; none for the text families)."""
+    """A model in float32, how to call it, its initial parameters (`tpuplex.slices.SliceReader`s by HF name) and its
+    non-trainable state (numpy, by name: batch-norm statistics; none for the text families)."""
 
     module: torch.nn.Module
     forward: Forward
-    params: Mapping[str, np.ndarray]
+    params: Mapping[str, SliceReader]
     buffers: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
@@ -58,16 +61,6 @@ def hf_model(spec: ModelSpec, head_config: Mapping[str, Any]) -> torch.nn.Module
             if "dropout" in key and (value is None or isinstance(value, float)):
                 setattr(config, key, 0.0)
     return getattr(transformers, spec.task.auto_class).from_config(config, dtype=torch.float32)
-
-
-def load_parameters(model: torch.nn.Module, params: Mapping[str, np.ndarray], tied: Mapping[str, str]) -> None:
-    """Load `params` (HF names, torch layout) into `model` strictly; mismatched names or shapes raise one
-    TpuplexError naming them. A tied parameter appears once in `params` (and in named_parameters) but under both
-    names in the state dict: `tied` maps each alias to the parameter it is."""
-    expected = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
-    check_names(expected, params, "the initial parameters")
-    state = {name: torch.from_numpy(np.asarray(array, dtype=np.float32)) for name, array in params.items()}
-    model.load_state_dict(state | {alias: state[target] for alias, target in tied.items()}, strict=True)
 
 
 def load(spec: ModelSpec) -> KindModule:

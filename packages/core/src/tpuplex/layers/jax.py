@@ -4,8 +4,9 @@ between Flax trees and portable names.
 Modules are named after the core's *canonical* parameter names, so a parameter's tree path spells its canonical
 name (`block.3/query/kernel` is `block.3.query.weight`, transposed: Flax keeps Dense kernels [in, out], torch
 [out, in]); a family's table (`Family.hf_names`) turns those into HF names. A `Naming` holds that table;
-`to_flax` / `to_portable_arrays` convert whole trees with it (parameters, and Adam moments, which share the
-layout), `flax_views` / `to_portable_slices` a block at a time (a sharded state, never gathered whole). A model of
+`flax_views` turns portable arrays into a tree read a block at a time (the initial state and checkpoints, placed
+on a mesh without ever being whole), `to_portable_arrays` / `to_portable_slices` turn a tree back, whole or as
+each process's slices (parameters, and Adam moments, which share the layout). A model of
 your own gets a native `Naming`: its tree paths as they are.
 
 A framework module (docs/ARCHITECTURE.md): imported by the jax backend and the `jax.py` of tasks and model kinds.
@@ -137,11 +138,6 @@ def flax_views(arrays: Mapping[str, Any], template: Any, naming: Naming) -> Any:
         return View(source, flax_axes(len(source.shape)) if naming.transposed(path) else None, np.dtype(leaf.dtype))
 
     return jax.tree_util.tree_map_with_path(view, template)
-
-
-def to_flax(arrays: Mapping[str, Any], template: Any, naming: Naming) -> Any:
-    """Portable arrays -> a Flax tree shaped like `template` (numpy leaves of the template's dtypes)."""
-    return jax.tree.map(np.asarray, flax_views(arrays, template, naming))
 
 
 def _portable(array: Any) -> np.ndarray:

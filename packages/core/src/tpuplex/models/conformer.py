@@ -32,6 +32,7 @@ import numpy as np
 from tpuplex.errors import TpuplexError
 from tpuplex.models.architecture import drawn_as_hf
 from tpuplex.models.family import ConfigReader
+from tpuplex.slices import SliceReader
 
 MODEL_TYPE = "conformer_ctc"
 INITIALIZERS = ("fan_in", "normal")
@@ -145,14 +146,14 @@ def parameter_shapes(arch: ConformerArch, mel_bins: int, vocab_size: int) -> dic
     return shapes | linear("head", vocab_size, h)
 
 
-def initial_params(arch: ConformerArch, mel_bins: int, vocab_size: int, seed: int) -> dict[str, np.ndarray]:
-    """Every parameter drawn from `default_rng(seed)`: weights as `arch.initializer` says, biases 0, norms 1."""
+def initial_params(arch: ConformerArch, mel_bins: int, vocab_size: int, seed: int) -> dict[str, SliceReader]:
+    """Every parameter (`drawn_as_hf`, keyed by `seed`): weights as `arch.initializer` says, biases 0, norms 1."""
     shapes = parameter_shapes(arch, mel_bins, vocab_size)
     if arch.initializer == "normal":
-        return drawn_as_hf(shapes, np.random.default_rng(seed), lambda module: arch.initializer_range)
+        return drawn_as_hf(shapes, seed, lambda module: arch.initializer_range)
     # A weight's fan-in: its inputs times its kernel (Linear [out, in], Conv [out, in / groups, k...]).
     fan_in = {name.rsplit(".", 1)[0]: math.prod(shape[1:]) for name, shape in shapes.items() if len(shape) > 1}
-    return drawn_as_hf(shapes, np.random.default_rng(seed), lambda module: 1 / math.sqrt(3 * fan_in[module]))
+    return drawn_as_hf(shapes, seed, lambda module: 1 / math.sqrt(3 * fan_in[module]))
 
 
 def positions(frames: int, width: int) -> np.ndarray:

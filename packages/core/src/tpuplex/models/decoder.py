@@ -28,6 +28,7 @@ from tpuplex import flops
 from tpuplex.errors import TpuplexError
 from tpuplex.models.architecture import drawn_as_hf
 from tpuplex.models.family import ConfigReader
+from tpuplex.slices import SliceReader
 
 DECODER_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
 """Activation names (HF's spelling) every backend implements for decoders; "gelu" is the exact erf form."""
@@ -130,17 +131,17 @@ RESIDUAL_OUTPUTS = ("attention_output", "down")
 """The projections back into the residual stream (drawn smaller under `scaled_output_init`)."""
 
 
-def initial_params(arch: DecoderArch, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Every parameter drawn as HF initialises the family, in `canonical_shapes` order, float32: weights and
-    embeddings from N(0, initializer_range) (residual projections / sqrt(2 * layers) under `scaled_output_init`),
-    biases 0, norms 1."""
+def initial_params(arch: DecoderArch, seed: int) -> dict[str, SliceReader]:
+    """Every parameter as HF initialises the family, float32 (`drawn_as_hf`): weights and embeddings from
+    N(0, initializer_range) (residual projections / sqrt(2 * layers) under `scaled_output_init`), biases 0,
+    norms 1."""
     residual_std = arch.initializer_range / math.sqrt(2 * arch.num_layers)
 
     def std(module: str) -> float:
         scaled = arch.scaled_output_init and module.rsplit(".", 1)[-1] in RESIDUAL_OUTPUTS
         return residual_std if scaled else arch.initializer_range
 
-    return drawn_as_hf(canonical_shapes(arch), rng, std)
+    return drawn_as_hf(canonical_shapes(arch), seed, std)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from tpuplex import initializers
 from tpuplex.errors import ConfigError
 from tpuplex.models.decoder import DecoderArch, DecoderFamily, canonical_shapes
+from tpuplex.slices import SliceReader
 
 PEFT_TARGETS = {"llama": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
 """PEFT's default target modules by model_type (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`)."""
@@ -122,15 +124,13 @@ class Lora:
         names = self.hf_names()
         return {names[canonical]: shape for canonical, shape in self.canonical_shapes(arch).items()}
 
-    def initial(self, arch: DecoderArch, seed: int) -> dict[str, np.ndarray]:
-        """The adapters before training: A as PEFT draws it, from `default_rng([seed, 1])` (a stream of its own,
-        so the base's draw is untouched), B zero."""
-        rng = np.random.default_rng([seed, 1])
-        params = {}
+    def initial(self, arch: DecoderArch, seed: int) -> dict[str, SliceReader]:
+        """The adapters before training: A as PEFT draws it, U(+-1/sqrt(fan_in)) keyed by `seed` and its name
+        (`tpuplex.initializers`), B zero."""
+        params: dict[str, SliceReader] = {}
         for name, shape in self.shapes(arch).items():
             if ".lora_A." in name:
-                bound = 1.0 / np.sqrt(shape[1])
-                params[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+                params[name] = initializers.uniform(seed, name, shape, 1.0 / np.sqrt(shape[1]))
             else:
                 params[name] = np.zeros(shape, np.float32)
         return params

@@ -22,8 +22,10 @@ import dataclasses
 
 import numpy as np
 
+from tpuplex import initializers
 from tpuplex.errors import TpuplexError
 from tpuplex.models.family import ConfigReader
+from tpuplex.slices import SliceReader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,17 +150,17 @@ class ResNet:
                        f"{norm}.num_batches_tracked": ()}
         return shapes
 
-    def initial_params(self, num_labels: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """HF's `ResNetPreTrainedModel._init_weights`, drawn with numpy: convolutions Kaiming-normal (fan_out,
-        ReLU gain), batch norms weight 1 and bias 0, the classifier torch's Linear default U(+-1/sqrt(fan_in))."""
-        params = {}
+    def initial_params(self, num_labels: int, seed: int) -> dict[str, SliceReader]:
+        """HF's `ResNetPreTrainedModel._init_weights` (`tpuplex.initializers`, keyed by `seed`): convolutions
+        Kaiming-normal (fan_out, ReLU gain), batch norms weight 1 and bias 0, the classifier torch's Linear default
+        U(+-1/sqrt(fan_in))."""
+        params: dict[str, SliceReader] = {}
         for name, shape in self.parameter_shapes(num_labels).items():
             if name.endswith("convolution.weight"):
                 fan_out = shape[0] * shape[2] * shape[3]
-                params[name] = (rng.standard_normal(shape) * np.sqrt(2.0 / fan_out)).astype(np.float32)
+                params[name] = initializers.normal(seed, name, shape, np.sqrt(2.0 / fan_out))
             elif name.startswith("classifier."):
-                bound = 1.0 / np.sqrt(self.features)
-                params[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+                params[name] = initializers.uniform(seed, name, shape, 1.0 / np.sqrt(self.features))
             else:
                 params[name] = np.full(shape, 1.0 if name.endswith("weight") else 0.0, np.float32)
         return params

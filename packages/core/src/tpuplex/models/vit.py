@@ -14,9 +14,10 @@ import dataclasses
 
 import numpy as np
 
-from tpuplex import flops
+from tpuplex import flops, initializers
 from tpuplex.errors import TpuplexError
 from tpuplex.models.family import ConfigReader
+from tpuplex.slices import SliceReader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,18 +84,18 @@ class ViT:
         """A ViT has no non-trainable state."""
         return {}
 
-    def initial_params(self, num_labels: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """HF's ViT initialisation, drawn with numpy: weights, the cls token and the position embeddings from
-        N(0, initializer_range) truncated at +-2 (torch's trunc_normal_ default), biases 0, LayerNorms 1 and 0."""
-        params = {}
+    def initial_params(self, num_labels: int, seed: int) -> dict[str, SliceReader]:
+        """HF's ViT initialisation (`tpuplex.initializers`, keyed by `seed`): weights, the cls token and the
+        position embeddings from N(0, initializer_range) truncated at +-2 (torch's trunc_normal_ default), biases 0,
+        LayerNorms 1 and 0."""
+        params: dict[str, SliceReader] = {}
         for name, shape in self.parameter_shapes(num_labels).items():
             if name.endswith("bias"):
                 params[name] = np.zeros(shape, np.float32)
             elif "layernorm" in name:
                 params[name] = np.ones(shape, np.float32)
             else:
-                draw = rng.standard_normal(shape) * self.initializer_range
-                params[name] = np.clip(draw, -2.0, 2.0).astype(np.float32)
+                params[name] = initializers.normal(seed, name, shape, self.initializer_range, clip=2.0)
         return params
 
     def initial_buffers(self) -> dict[str, np.ndarray]:

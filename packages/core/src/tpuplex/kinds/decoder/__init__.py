@@ -25,6 +25,7 @@ from tpuplex.models.decoder import initial_params
 from tpuplex.models.lora import Lora
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
 from tpuplex.params import check_names
+from tpuplex.slices import SliceReader
 
 
 class Decoders(ModelKind):
@@ -66,11 +67,10 @@ class Decoders(ModelKind):
 
 def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: int) -> dict[str, np.ndarray]:
     """Every parameter of the decoder (HF names, HF layout, float32): the folder's weights, or, without a weights
-    file, drawn from `numpy.random.default_rng(seed)` (`tpuplex.models.decoder.initial_params`); an untied LM head
-    a base model's folder lacks is taken from that draw, as `from_pretrained` draws it anew."""
-    def drawn() -> dict[str, np.ndarray]:
-        params = initial_params(arch, np.random.default_rng(seed))
-        return {family.hf_name(name): array for name, array in params.items()}
+    file, drawn (`tpuplex.models.decoder.initial_params`, keyed by `seed`, each drawn a block at a time when read);
+    an untied LM head a base model's folder lacks is taken from that draw, as `from_pretrained` draws it anew."""
+    def drawn() -> dict[str, SliceReader]:
+        return {family.hf_name(name): array for name, array in initial_params(arch, seed).items()}
 
     folder = Path(checkpoint_dir)
     if not any((folder / name).is_file() for name in (SAFETENSORS, PICKLE)):

@@ -19,7 +19,7 @@ import numpy as np
 import jax
 from tpuplex.kinds.decoder import parameter_names, parameter_shapes
 from tpuplex.kinds.jax import Built, KindModule
-from tpuplex.layers.jax import ACTIVATIONS, Embed, Naming, to_flax
+from tpuplex.layers.jax import ACTIVATIONS, Embed, Naming, flax_views
 from tpuplex.models.decoder import DecoderArch
 from tpuplex.models.lora import Lora
 from tpuplex.params import check_names
@@ -222,7 +222,7 @@ class Decoder(KindModule):
         naming = Naming(parameter_names(spec), torch_layout=arch.kernel_layout == "out_in")
         check_names(parameter_shapes(spec), spec.params, "model.params")
         network = DecoderModel(arch, dtype, lora)
-        return Built(network, to_flax(spec.params, param_template(network), naming), {}, naming, Naming.native({}),
+        return Built(network, flax_views(spec.params, param_template(network), naming), {}, naming, Naming.native({}),
                      arch.max_length)
 
     def generate(self, network: DecoderModel, params: Any, prompts: Prompts) -> np.ndarray:

@@ -10,7 +10,8 @@ decoders do; `generate` runs the loop eagerly, one token per forward.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch.nn.functional as F
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 import torch
 from tpuplex.kinds.decoder import parameter_names, parameter_shapes
 from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import ACTIVATIONS, register_parameters
+from tpuplex.layers.torch import ACTIVATIONS, Layer, add_module_at, register_parameters
 from tpuplex.models.decoder import DecoderArch
 from tpuplex.models.lora import Lora
 from tpuplex.params import check_names
@@ -38,19 +39,30 @@ class DecoderModel(torch.nn.Module):
     positions, written in place from `cache_index`), returns (logits, the cache).
     """
 
-    def __init__(self, arch: DecoderArch, hf_names: Mapping[str, str], params: Mapping[str, np.ndarray],
+    def __init__(self, arch: DecoderArch, hf_names: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]],
                  lora: Lora | None = None):
-        """hf_names: canonical -> HF name of every parameter; params: HF name -> initial value (HF layout); lora:
-        the adapters among them (`tpuplex.models.lora`), or None."""
+        """hf_names: canonical -> HF name of every parameter; shapes: HF name -> shape (HF layout); lora: the
+        adapters among them (`tpuplex.models.lora`), or None. Each layer is a `DecoderBlock` module at its HF
+        prefix (`model.layers.3`), so FSDP2 can gather one layer's weights at a time."""
         super().__init__()
         self.arch, self.lora = arch, lora
-        registered = register_parameters(self, {hf_name: params[hf_name] for hf_name in hf_names.values()})
-        self.slots = {canonical: registered[hf_name] for canonical, hf_name in hf_names.items()}
-        """Canonical name -> (the module that holds the parameter, its attribute there)."""
+        in_block = {index: {c: hf for c, hf in hf_names.items() if c.startswith(f"block.{index}.")}
+                    for index in range(arch.num_layers)}
+        blocks = [DecoderBlock(arch, lora, f"block.{index}") for index in range(arch.num_layers)]
+        for block, names in zip(blocks, in_block.values(), strict=True):
+            add_module_at(self, _common_prefix(names.values()), block)
+        registered = register_parameters(self, {hf_name: shapes[hf_name] for hf_name in hf_names.values()})
+        for block, names in zip(blocks, in_block.values(), strict=True):
+            block.slots = {canonical: registered[hf_name] for canonical, hf_name in names.items()}
+        self.blocks = blocks
+        self.slots = {canonical: registered[hf_name] for canonical, hf_name in hf_names.items()
+                      if not canonical.startswith("block.")}
+        """Canonical name -> (the module that holds the parameter, its attribute there): the parameters outside
+        the blocks (embeddings, final norm, LM head)."""
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, cache: Cache | None = None,
                 cache_index: int = 0, key_mask: torch.Tensor | None = None) -> torch.Tensor | tuple:
-        a, p = self.arch, {name: getattr(owner, leaf) for name, (owner, leaf) in self.slots.items()}
+        a, p = self.arch, _read(self.slots)
         length, device = input_ids.shape[1], input_ids.device
         if positions is None:
             positions = torch.arange(length, device=device).expand_as(input_ids)
@@ -63,19 +75,28 @@ class DecoderModel(torch.nn.Module):
             keys = length if cache is None else cache[0][0].shape[2]
             mask = attention_mask(keys, length, cache_index, key_mask, x.dtype)
         updated = []
-        for index in range(a.num_layers):
-            x, entry = self.block(x, p, f"block.{index}", positions, mask,
-                                  None if cache is None else cache[index], cache_index)
+        for index, block in enumerate(self.blocks):
+            x, entry = block(x, positions, mask, None if cache is None else cache[index], cache_index)
             updated.append(entry)
         x = norm(x, a, p, "final_norm")
         logits = F.linear(x, p["embeddings.word.weight" if a.tied else "lm_head.weight"])
         return logits if cache is None else (logits, updated)
 
-    def block(self, x: torch.Tensor, p: Params, name: str, positions: torch.Tensor, mask: torch.Tensor | None,
-              cache: tuple | None, cache_index: int) -> tuple[torch.Tensor, tuple | None]:
-        """A pre-norm decoder block: [B, T, H] -> ([B, T, H], this layer's updated cache entry or None).
-        mask: None (causal over the rows) or additive [B, 1, T, S]."""
-        a = self.arch
+
+class DecoderBlock(Layer):
+    """One pre-norm decoder layer: [B, T, H] -> ([B, T, H], its updated cache entry or None). Its parameters are
+    registered below it under their HF names; `slots` maps their canonical names (`block.3.query.weight`) to
+    (owner module, attribute), read when the forward runs (FSDP2 has gathered them by then)."""
+
+    def __init__(self, arch: DecoderArch, lora: Lora | None, name: str):
+        super().__init__()
+        self.arch, self.lora, self.name = arch, lora, name
+        self.slots: dict[str, tuple[torch.nn.Module, str]] = {}
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: tuple | None,
+                cache_index: int) -> tuple[torch.Tensor, tuple | None]:
+        """mask: None (causal over the rows) or additive [B, 1, T, S]."""
+        a, p, name = self.arch, _read(self.slots), self.name
         rows, length = x.shape[:2]
         heads, kv, size = a.num_heads, a.num_kv_heads, a.head_dim
         h = norm(x, a, p, f"{name}.attention_norm")
@@ -111,6 +132,16 @@ class DecoderModel(torch.nn.Module):
             return y
         low = F.linear(F.dropout(x, self.lora.dropout, self.training), p[f"{name}.lora_A.weight"])
         return y + F.linear(low, p[f"{name}.lora_B.weight"]) * self.lora.scale
+
+
+def _read(slots: Mapping[str, tuple[torch.nn.Module, str]]) -> Params:
+    """The parameters `slots` name, as their modules hold them now."""
+    return {name: getattr(owner, leaf) for name, (owner, leaf) in slots.items()}
+
+
+def _common_prefix(names: Iterable[str]) -> str:
+    """The dotted prefix every name in `names` shares (`model.layers.3` of a layer's HF names)."""
+    return ".".join(os.path.commonprefix([name.split(".") for name in names]))
 
 
 def linear(x: torch.Tensor, arch: DecoderArch, p: Params, name: str) -> torch.Tensor:
@@ -174,7 +205,7 @@ class Decoder(KindModule):
         arch = spec.arch if spec.dropout else spec.arch.without_dropout()
         lora = spec.lora if spec.dropout or spec.lora is None else spec.lora.without_dropout()
         check_names(parameter_shapes(spec), spec.params, "model.params")
-        return Built(DecoderModel(arch, parameter_names(spec), spec.params, lora), logits, spec.params)
+        return Built(DecoderModel(arch, parameter_names(spec), parameter_shapes(spec), lora), logits, spec.params)
 
     def generate(self, model: DecoderModel, prompts: Prompts) -> np.ndarray:
         """The prompts [B, P] through the model once, then one token per forward with the cache of P + N positions

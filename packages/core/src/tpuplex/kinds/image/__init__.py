@@ -45,12 +45,12 @@ def initial_image_state(checkpoint_dir: Path, hf_config: Mapping[str, Any], num_
     torch layout.
 
     From the checkpoint's weights file when it has one (a backbone saved without its prefix gets it; a classifier
-    of another num_labels is drawn anew), else all drawn by `numpy.random.default_rng(seed)` as HF initialises the
-    family (`arch.initial_params`): a config.json alone is a model to train from scratch.
+    of another num_labels is drawn anew), else all drawn as HF initialises the family (`arch.initial_params`, keyed
+    by `seed`, each drawn a block at a time when read): a config.json alone is a model to train from scratch.
     """
     family, arch = models.architecture_of(hf_config, Path(checkpoint_dir) / "config.json")
     shapes, buffer_shapes = arch.parameter_shapes(num_labels), arch.buffer_shapes()
-    params, buffers = arch.initial_params(num_labels, np.random.default_rng(seed)), arch.initial_buffers()
+    params, buffers = arch.initial_params(num_labels, seed), arch.initial_buffers()
     folder = Path(checkpoint_dir)
     if not any((folder / name).is_file() for name in (SAFETENSORS, PICKLE)):
         return params, buffers

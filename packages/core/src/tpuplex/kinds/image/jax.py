@@ -19,7 +19,7 @@ import numpy as np
 import jax
 from tpuplex.kinds.image import example_image_shape
 from tpuplex.kinds.jax import Built, KindModule
-from tpuplex.layers.jax import ACTIVATIONS, Naming, to_flax
+from tpuplex.layers.jax import ACTIVATIONS, Naming, flax_views
 from tpuplex.models.resnet import Conv, ResNet
 from tpuplex.models.vit import ViT
 from tpuplex.params import check_names
@@ -163,5 +163,6 @@ class ImageFamily(KindModule):
         naming, state_naming = Naming.hf(params_template), Naming.hf(state_template, collection=True)
         check_names(naming.shapes(params_template), spec.params, "model.params")
         check_names(state_naming.shapes(state_template), spec.buffers, "the batch-norm statistics")
-        return Built(network, to_flax(spec.params, params_template, naming),
-                     to_flax(spec.buffers, state_template, state_naming), naming, state_naming, np.iinfo(np.int32).max)
+        return Built(network, flax_views(spec.params, params_template, naming),
+                     flax_views(spec.buffers, state_template, state_naming), naming, state_naming,
+                     np.iinfo(np.int32).max)

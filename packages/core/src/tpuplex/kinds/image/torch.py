@@ -1,12 +1,10 @@
 """Image families in PyTorch: transformers' own `ResNetForImageClassification` / `ViTForImageClassification`
-from the checkpoint's config, with the core's parameters and batch-norm statistics."""
+from the checkpoint's config, for the core's parameters and batch-norm statistics (the backend restores them)."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-
-import numpy as np
 
 import torch
 from tpuplex import models
@@ -29,8 +27,6 @@ class ImageFamily(KindModule):
                 embedder.pooler = torch.nn.Identity()
         expected = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
         check_names(expected, spec.params, "the initial parameters")
-        state = {name: torch.from_numpy(np.array(array)) for name, array in {**spec.params, **spec.buffers}.items()}
-        model.load_state_dict(state, strict=True)
         model = model.to(memory_format=torch.channels_last)
         return Built(model, functools.partial(image_logits, model_inputs=task.model_inputs), spec.params,
                      spec.buffers)

@@ -9,7 +9,7 @@ import numpy as np
 
 import jax
 from tpuplex.kinds.jax import Built, KindModule
-from tpuplex.layers.jax import Naming, to_flax
+from tpuplex.layers.jax import Naming, flax_views
 from tpuplex.models.conformer import ConformerArch, forward, positions
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 
@@ -87,5 +87,5 @@ class SpeechFamily(KindModule):
         network = SpeechModel(arch, tuple((name, tuple(np.shape(array))) for name, array in spec.params.items()))
         naming = Naming({name: name for name in spec.params})
         template = {name: jax.ShapeDtypeStruct(np.shape(array), jnp.float32) for name, array in spec.params.items()}
-        return Built(network, to_flax(spec.params, template, naming), {}, naming, Naming.native({}),
+        return Built(network, flax_views(spec.params, template, naming), {}, naming, Naming.native({}),
                      np.iinfo(np.int32).max)

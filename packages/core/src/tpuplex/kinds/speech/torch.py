@@ -70,10 +70,10 @@ class TorchOps:
 class SpeechModel(torch.nn.Module):
     """(features float32 [B, T, mel], attention_mask [B, T]) -> (logits [B, T', vocab], output_lengths [B])."""
 
-    def __init__(self, arch: ConformerArch, params: Mapping[str, np.ndarray]):
+    def __init__(self, arch: ConformerArch, shapes: Mapping[str, tuple[int, ...]]):
         super().__init__()
         self.arch = arch
-        self.slots = register_parameters(self, params)
+        self.slots = register_parameters(self, shapes)
 
     def forward(self, features: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lengths = attention_mask.sum(dim=1)
@@ -89,4 +89,5 @@ def call(model: SpeechModel, batch: Mapping[str, torch.Tensor]) -> Any:
 class SpeechFamily(KindModule):
     def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
         arch = spec.arch if spec.dropout else spec.arch.without_dropout()
-        return Built(SpeechModel(arch, spec.params), call, spec.params)
+        shapes = {name: tuple(np.shape(array)) for name, array in spec.params.items()}
+        return Built(SpeechModel(arch, shapes), call, spec.params)

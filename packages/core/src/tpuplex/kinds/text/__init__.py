@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tpuplex import models
+from tpuplex import initializers, models
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds import ModelKind
 from tpuplex.models import architecture
@@ -63,20 +63,19 @@ def initial_params(checkpoint_dir: Path, hf_config: Mapping[str, Any], head: Hea
 
     Weights come from the checkpoint (`model.safetensors` or `pytorch_model.bin`; base-model names get the
     family's prefix, other heads are dropped as `from_pretrained` drops them); a folder with config.json alone
-    is pre-training from scratch: the encoder is drawn (`tpuplex.models.architecture.initial_params`, from
-    `numpy.random.default_rng(seed)` before the head's draws). The head's missing parts
-    (`head.drawn`, in order; a linear layer also when its shape differs, e.g. another num_labels) are drawn by
-    `numpy.random.default_rng(seed)`: linear weights from N(0, initializer_range) with zero biases, norms as
-    weight 1 and bias 0, as HF initialises them, so the draw is the same on every machine and backend.
+    is pre-training from scratch: the encoder is drawn (`tpuplex.models.architecture.initial_params`). The head's
+    missing parts (`head.drawn`; a linear layer also when its shape differs, e.g. another num_labels) are drawn
+    too: linear weights from N(0, initializer_range) with zero biases, norms as weight 1 and bias 0, as HF
+    initialises them. Every draw is keyed by `seed` and the parameter's name and made a block at a time when a
+    backend reads it (`tpuplex.initializers`), so it is the same on every machine, backend and mesh.
     """
     family, arch = models.architecture_of(hf_config, Path(checkpoint_dir) / "config.json")
     shapes = expected_shapes(hf_config, head)
-    rng = np.random.default_rng(seed)
     folder = Path(checkpoint_dir)
     if any((folder / name).is_file() for name in (SAFETENSORS, PICKLE)):
         loaded = load_weights(folder)
     else:
-        loaded = {family.hf_name(name, arch): array for name, array in architecture.initial_params(arch, rng).items()}
+        loaded = {family.hf_name(name, arch): array for name, array in architecture.initial_params(arch, seed).items()}
     params = {}
     for name, array in loaded.items():
         full = name if name in shapes else f"{family.prefix}.{name}"
@@ -88,13 +87,11 @@ def initial_params(checkpoint_dir: Path, hf_config: Mapping[str, Any], head: Hea
         if params.get(first) is not None and params[first].shape == shapes[first]:
             continue
         if kind == "linear":
-            params[names["weight"]] = _normal(rng, shapes[names["weight"]], arch.initializer_range)
+            params[names["weight"]] = initializers.normal(seed, names["weight"], shapes[names["weight"]],
+                                                             arch.initializer_range)
         elif kind == "norm":
             params[names["weight"]] = np.ones(shapes[names["weight"]], np.float32)
         params[names["bias"]] = np.zeros(shapes[names["bias"]], np.float32)
     check_names(shapes, params, f"the weights in {checkpoint_dir}")
     return params
 
-
-def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
-    return (rng.standard_normal(shape) * std).astype(np.float32)

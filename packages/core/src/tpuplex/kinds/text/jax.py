@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import jax
 from tpuplex.kinds.jax import Built, KindModule
 from tpuplex.kinds.text import expected_shapes
-from tpuplex.layers.jax import ACTIVATIONS, Embed, Naming, attention, to_flax
+from tpuplex.layers.jax import ACTIVATIONS, Embed, Naming, attention, flax_views
 from tpuplex.models import Architecture
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
@@ -119,5 +119,5 @@ class TextEncoder(KindModule):
         naming = Naming({**spec.family.hf_names(arch), **{name: head.hf_name(name) for name in head.shapes}})
         check_names(expected_shapes(spec.hf_config, head), spec.params, "model.params")
         network = TaskModel(arch, task.build_head(arch, head, dtype), dtype)
-        return Built(network, to_flax(spec.params, param_template(network), naming), {}, naming, Naming.native({}),
+        return Built(network, flax_views(spec.params, param_template(network), naming), {}, naming, Naming.native({}),
                      arch.max_length)

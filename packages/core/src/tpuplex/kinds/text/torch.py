@@ -1,6 +1,6 @@
 """Text encoder families in PyTorch: transformers' `AutoModelFor<Task>` (the task's `auto_class`) from the
-checkpoint's config, with the core's initial weights (HF names) loaded strictly, so every HF encoder family builds
-the same way for every task."""
+checkpoint's config, into which the backend restores the core's initial weights (HF names, checked strictly), so
+every HF encoder family builds the same way for every task."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ import functools
 from collections.abc import Callable, Mapping
 
 import torch
-from tpuplex.kinds.torch import Built, KindModule, hf_model, load_parameters
+from tpuplex.kinds.torch import Built, KindModule, hf_model
+from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 
 
 class TextEncoder(KindModule):
     def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
-        """The HF family's model for the task from `spec.params`; mismatched parameters raise TpuplexError
-        naming them."""
+        """The HF family's model for the task, for `spec.params`; mismatched parameters raise TpuplexError naming
+        them (a tied parameter, the MLM decoder, appears once, as in `named_parameters`)."""
         model = hf_model(spec, task.head_config(spec.head))
-        load_parameters(model, spec.params, model._tied_weights_keys or {})  # the MLM decoder is tied
+        check_names({name: tuple(p.shape) for name, p in model.named_parameters()}, spec.params, "model.params")
         return Built(model, functools.partial(forward_outputs, token_types=spec.arch.token_types,
                                               head_forward=task.forward), spec.params)
 
