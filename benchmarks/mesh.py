@@ -60,14 +60,13 @@ def run_one(backend_name: str, mesh: dict, devices: int, steps: int, rows: int, 
     params = kind.initial_state(None, 0)[0]
     spec = ModelSpec(kind=kind, task=TASK, inputs=TASK.inputs, head=TASK.head(family, arch, {}, None),
                      hf_config=SMOLLM2, family=family, arch=arch, params=params, dropout=False, checkpoint_dir=folder)
-    whole = 3 * sum(array.nbytes for array in params.values())
+    whole = 3 * sum(np.size(array) * np.dtype(array.dtype).itemsize for array in params.values())
     text = np.frombuffer(TEXT.read_bytes(), np.uint8).astype(np.int32)
     starts = np.random.default_rng(0).integers(0, len(text) - length - 1, (steps + 1, rows))
     windows = [text[s[:, None] + np.arange(length + 1)] for s in starts]
     batches = [{"input_ids": w[:, :-1], "labels": w[:, 1:], "weight": np.ones((rows, length), np.float32)}
                for w in windows]
     backend = Backend(RuntimeConfig(cpu_devices=devices if backend_name == "jax" else 0, mesh=mesh))
-    del params
     rss = {}
     state = backend.init(spec, OptimizerSpec())
     del spec

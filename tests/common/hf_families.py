@@ -66,7 +66,8 @@ def hf_logits(spec: ModelSpec, batch: dict[str, np.ndarray]) -> np.ndarray:
     settings = {k: v for k, v in spec.hf_config.items() if k not in ("architectures", "transformers_version")}
     config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings, num_labels=spec.num_labels)
     reference = transformers.AutoModelForSequenceClassification.from_config(config).eval()
-    reference.load_state_dict({name: torch.from_numpy(np.asarray(array)) for name, array in spec.params.items()}, strict=True)
+    weights = {name: torch.from_numpy(np.asarray(array)) for name, array in spec.params.items()}
+    reference.load_state_dict(weights, strict=True)
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     if family_of(spec.hf_config).architecture(spec.hf_config).token_types:
         inputs["token_type_ids"] = batch["token_type_ids"]

@@ -11,7 +11,7 @@ import pytest
 from tpuplex import config as config_module
 from tpuplex import models
 from tpuplex.errors import TpuplexError
-from tpuplex.models.lora import Lora, fingerprint
+from tpuplex.models.lora import Lora, MergedWeight, fingerprint
 
 LLAMA = {"model_type": "llama", "vocab_size": 40, "max_position_embeddings": 16, "hidden_size": 16,
          "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -63,7 +63,8 @@ def test_adapters_start_as_peft_draws_them_and_merge_exactly() -> None:
     x = rng.standard_normal((3, 24))
     expected = x @ base["model.layers.0.mlp.down_proj.weight"].T + 2.0 * (x @ a.T) @ adapters[
         "model.layers.0.mlp.down_proj.lora_B.weight"].T
-    np.testing.assert_allclose(x @ merged["model.layers.0.mlp.down_proj.weight"].T, expected, rtol=1e-5, atol=1e-5)
+    folded = np.asarray(merged["model.layers.0.mlp.down_proj.weight"])
+    np.testing.assert_allclose(x @ folded.T, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_peft_config_names_what_peft_reads() -> None:
@@ -110,3 +111,17 @@ def test_the_fingerprint_sees_every_byte_name_and_shape() -> None:
     assert fingerprint({**weights, "a": weights["a"].reshape(3, 2)}) != same
     assert fingerprint({**weights, "b": weights["b"] * 2}) != same
     assert fingerprint({"c": weights["a"], "b": weights["b"]}) != same
+
+
+@pytest.mark.parametrize("in_out", [False, True], ids=["out_in", "in_out"])
+def test_a_merged_weight_is_read_a_block_at_a_time(in_out) -> None:
+    """W + scale * B A (transposed for an [in, out] weight), any block equal to that block of the whole sum."""
+    rng = np.random.default_rng(1)
+    out, into, rank = 12, 20, 4
+    weight = rng.standard_normal((into, out) if in_out else (out, into)).astype(np.float32)
+    a, b = rng.standard_normal((rank, into)).astype(np.float32), rng.standard_normal((out, rank)).astype(np.float32)
+    merged = MergedWeight(weight, a, b, 0.5, in_out)
+    delta = 0.5 * (b.astype(np.float64) @ a.astype(np.float64))
+    whole = (weight + (delta.T if in_out else delta)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(merged), whole)
+    np.testing.assert_array_equal(merged[3:7, 5:11], whole[3:7, 5:11])

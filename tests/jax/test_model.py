@@ -13,7 +13,8 @@ from tpuplex.protocol import OptimizerSpec
 
 def torch_reference(spec) -> BertForSequenceClassification:
     reference = BertForSequenceClassification(BertConfig(**spec.hf_config, num_labels=spec.num_labels))
-    reference.load_state_dict({name: torch.from_numpy(np.asarray(array)) for name, array in spec.params.items()}, strict=True)
+    weights = {name: torch.from_numpy(np.asarray(array)) for name, array in spec.params.items()}
+    reference.load_state_dict(weights, strict=True)
     return reference.eval()
 
 

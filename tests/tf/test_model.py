@@ -17,7 +17,8 @@ from tpuplex_tf.backend import TfBackend
 def torch_logits(spec, batch) -> np.ndarray:
     config = {key: value for key, value in spec.hf_config.items() if key not in ("architectures", "model_type")}
     reference = BertForSequenceClassification(BertConfig(**config, num_labels=spec.num_labels)).eval()
-    reference.load_state_dict({name: torch.from_numpy(np.asarray(array)) for name, array in spec.params.items()}, strict=True)
+    weights = {name: torch.from_numpy(np.asarray(array)) for name, array in spec.params.items()}
+    reference.load_state_dict(weights, strict=True)
     with torch.no_grad():
         return reference(input_ids=torch.from_numpy(batch["input_ids"]).long(),
                          token_type_ids=torch.from_numpy(batch["token_type_ids"]).long(),

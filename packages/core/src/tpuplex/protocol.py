@@ -46,6 +46,7 @@ import numpy as np
 
 from tpuplex.errors import TpuplexError
 from tpuplex.hardware import Topology
+from tpuplex.slices import SliceReader
 
 Batch = Mapping[str, np.ndarray]
 TEXT_INPUTS: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask")
@@ -97,7 +98,9 @@ class ModelSpec:
         empty and None for a model of your own.
     params: initial weights under the HF names of the family's encoder and `head`, in torch layout (Linear
         weights are [out, in]), float32; the head's missing parts drawn by the core, so every backend starts
-        from the same numbers. A tied parameter (the MLM decoder) is not listed: it is the one it is tied to.
+        from the same numbers. Each a `tpuplex.slices.SliceReader` (a numpy array, or a drawn parameter made a
+        block at a time when read: `tpuplex.initializers`), so a backend reads only the blocks its devices keep.
+        A tied parameter (the MLM decoder) is not listed: it is the one it is tied to.
         Empty for a model of your own, which its framework initialises from the optimizer's seed.
     buffers: the initial non-trainable state under HF names (batch-norm running statistics, float32, and update
         counts, int64); empty for the text families.
@@ -120,7 +123,7 @@ class ModelSpec:
     kind: Any
     task: Any
     head: Any
-    params: Mapping[str, np.ndarray]
+    params: Mapping[str, SliceReader]
     inputs: tuple[str, ...] = TEXT_INPUTS
     hf_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     family: Any = None

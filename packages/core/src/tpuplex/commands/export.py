@@ -3,8 +3,9 @@
     hf            an HF folder that `AutoModelFor<Task>.from_pretrained` and `AutoTokenizer` load: config.json (the
                   checkpoint's, with the task's settings, e.g. num_labels and id2label, and its HF class in
                   "architectures"), model.safetensors (the portable checkpoint's parameters, already under HF's
-                  names and layout) and the tokenizer files. A LoRA run's needs `--merge`: its adapters folded
-                  into the base (W += alpha / rank * B A). Written by the core, no framework needed.
+                  names and layout, written a block at a time: the model is never whole in memory) and the
+                  tokenizer files. A LoRA run's needs `--merge`: its adapters folded into the base (W += alpha /
+                  rank * B A). Written by the core, no framework needed.
     peft          a LoRA run's adapters as PEFT writes them: adapter_config.json and adapter_model.safetensors, which
                   `peft.PeftModel.from_pretrained(base, folder)` puts on the base model (the HF folder the run read,
                   named in the config).
@@ -23,18 +24,17 @@ import functools
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-from safetensors.numpy import save_file
 
 from tpuplex import kinds, tasks
 from tpuplex.commands import run_folder
 from tpuplex.engine import checkpoint
 from tpuplex.errors import TpuplexError
 from tpuplex.models.lora import PEFT_PREFIX, Lora, fingerprint
+from tpuplex.models.weights import save_weights
+from tpuplex.slices import SliceReader
 from tpuplex.text_files import as_umask_allows
 
 FORMATS = {"hf": "the core", "peft": "the core", "saved_model": "tf", "torch_export": "torch"}
@@ -96,8 +96,7 @@ class Trained:
                     **self.task.export_config(config)}
         (folder / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
         params = self._params()
-        weights = kind.hf_weights({**(self.lora.merged(params) if self.lora else params),
-                                   **{name: np.asarray(array) for name, array in self.state.buffers.items()}})
+        weights = kind.hf_weights({**(self.lora.merged(params) if self.lora else params), **self.state.buffers})
         _save_safetensors(weights, folder / "model.safetensors")
         for name in run_folder.TOKENIZER_FILES:
             if (kind.checkpoint_dir / name).is_file():
@@ -110,13 +109,13 @@ class Trained:
                                "export it with --format hf")
         peft_config = self.lora.peft_config("CAUSAL_LM", str(self.kind.checkpoint_dir))  # decoders: causal_lm
         (folder / "adapter_config.json").write_text(json.dumps(peft_config, indent=2) + "\n")
-        adapters = {f"{PEFT_PREFIX}{name}": np.asarray(array) for name, array in self.state.params.items()}
+        adapters = {f"{PEFT_PREFIX}{name}": array for name, array in self.state.params.items()}
         _save_safetensors(adapters, folder / "adapter_model.safetensors")
 
-    def _params(self) -> dict[str, np.ndarray]:
-        """The trained parameters, with a LoRA run's base read from its model.checkpoint (checked to be the one
-        its adapters were trained on)."""
-        params = {name: np.asarray(array) for name, array in self.state.params.items()}
+    def _params(self) -> dict[str, SliceReader]:
+        """The trained parameters (read from the checkpoint when written), with a LoRA run's base read from its
+        model.checkpoint (checked to be the one its adapters were trained on)."""
+        params = dict(self.state.params)
         if self.lora is None:
             return params
         base, _ = self.kind.initial_state(None, self.found.config.train.seed)  # a decoder: no head to draw
@@ -127,9 +126,9 @@ class Trained:
         return {**base, **params}
 
 
-def _save_safetensors(arrays: dict[str, np.ndarray], path: Path) -> None:
+def _save_safetensors(arrays: Mapping[str, SliceReader], path: Path) -> None:
     # transformers and peft read the "format" metadata to know the tensors are in torch layout.
-    save_file({name: np.ascontiguousarray(a) for name, a in arrays.items()}, path, metadata={"format": "pt"})
+    save_weights(arrays, path, metadata={"format": "pt"})
 
 
 def write_atomically(out: Path, write: Callable[[Path], None]) -> Path:

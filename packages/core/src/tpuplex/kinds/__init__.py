@@ -31,6 +31,7 @@ from tpuplex.errors import ConfigError
 from tpuplex.models.lora import Lora, fingerprint
 from tpuplex.plugins import construct
 from tpuplex.protocol import ModelSpec
+from tpuplex.slices import SliceReader
 
 
 class ModelKind:
@@ -68,7 +69,7 @@ class ModelKind:
         """transformers' class of the trained model (`tpuplex export --format hf`'s "architectures")."""
         return task.hf_class(self.family, self.hf_config["model_type"])
 
-    def hf_weights(self, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def hf_weights(self, weights: dict[str, SliceReader]) -> dict[str, SliceReader]:
         """A checkpoint's parameters (HF names) as the HF export writes them: as they are, unless the kind's HF
         class needs more (a bias-free GPT-2's zero biases)."""
         return weights

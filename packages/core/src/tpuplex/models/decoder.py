@@ -194,7 +194,7 @@ class DecoderFamily:
         """HF name -> portable shape of every parameter."""
         return {self.hf_name(name): shape for name, shape in canonical_shapes(arch).items()}
 
-    def hf_weights(self, arch: DecoderArch, params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def hf_weights(self, arch: DecoderArch, params: Mapping[str, SliceReader]) -> dict[str, SliceReader]:
         """`params` (HF names) with the biases the family's HF class always has and `arch` lacks (nanoGPT's
         bias = False) as zeros: the same model, as `from_pretrained` reads it."""
         if not self.hf_biased:

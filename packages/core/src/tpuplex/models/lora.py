@@ -29,7 +29,7 @@ import numpy as np
 from tpuplex import initializers
 from tpuplex.errors import ConfigError
 from tpuplex.models.decoder import DecoderArch, DecoderFamily, canonical_shapes
-from tpuplex.slices import SliceReader
+from tpuplex.slices import Index, SliceReader, bounds
 
 PEFT_TARGETS = {"llama": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
 """PEFT's default target modules by model_type (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`)."""
@@ -135,15 +135,13 @@ class Lora:
                 params[name] = np.zeros(shape, np.float32)
         return params
 
-    def merged(self, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def merged(self, params: Mapping[str, SliceReader]) -> dict[str, SliceReader]:
         """The base with each adapter folded in (W += scale * B A, in the family's layout), adapters removed:
-        the model `tpuplex export --format hf --merge` writes."""
-        merged = {name: np.asarray(array) for name, array in params.items() if ".lora_" not in name}
+        the model `tpuplex export --format hf --merge` writes, each weight computed a block at a time when read."""
+        merged = {name: array for name, array in params.items() if ".lora_" not in name}
         for _, hf in self.modules:
-            delta = self.scale * (np.asarray(params[f"{hf}.lora_B.weight"], np.float64)
-                                  @ np.asarray(params[f"{hf}.lora_A.weight"], np.float64))
-            weight = merged[f"{hf}.weight"]
-            merged[f"{hf}.weight"] = (weight + (delta.T if self.in_out else delta)).astype(np.float32)
+            merged[f"{hf}.weight"] = MergedWeight(merged[f"{hf}.weight"], params[f"{hf}.lora_A.weight"],
+                                                  params[f"{hf}.lora_B.weight"], self.scale, self.in_out)
         return merged
 
     def peft_config(self, task_type: str, base: str) -> dict[str, Any]:
@@ -153,6 +151,39 @@ class Lora:
                 "target_modules": self.targets if isinstance(self.targets, str) else list(self.targets),
                 "fan_in_fan_out": self.in_out, "bias": "none", "use_rslora": False, "use_dora": False,
                 "init_lora_weights": True, "modules_to_save": None, "inference_mode": True}
+
+
+@dataclasses.dataclass(frozen=True)
+class MergedWeight:
+    """`weight` with its adapter folded in: W + scale * B A ([out, in]; its transpose for an [in, out] `in_out`
+    weight), read a block at a time (a `tpuplex.slices.SliceReader`): a block of rows and columns needs only
+    those rows of B and columns of A. The product is taken in float64 and the sum rounded once to float32."""
+
+    weight: SliceReader
+    lora_a: SliceReader
+    lora_b: SliceReader
+    scale: float
+    in_out: bool
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.weight.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    def __getitem__(self, index: Index) -> np.ndarray:
+        (first, last), (low, high) = bounds(index, self.shape)
+        outputs, inputs = ((low, high), (first, last)) if self.in_out else ((first, last), (low, high))
+        delta = self.scale * (np.asarray(self.lora_b[slice(*outputs), :], np.float64)
+                              @ np.asarray(self.lora_a[:, slice(*inputs)], np.float64))
+        block = np.asarray(self.weight[slice(first, last), slice(low, high)], np.float64)
+        return (block + (delta.T if self.in_out else delta)).astype(np.float32)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        whole = self[()]
+        return whole if dtype is None else whole.astype(dtype, copy=False)
 
 
 def projection_modules(family: DecoderFamily, arch: DecoderArch) -> dict[str, str]:

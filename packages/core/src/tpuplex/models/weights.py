@@ -1,4 +1,5 @@
-"""A checkpoint folder's weights as numpy arrays: `model.safetensors`, or `pytorch_model.bin` read without torch.
+"""A checkpoint folder's weights as numpy arrays: `model.safetensors`, or `pytorch_model.bin` read without torch;
+and `save_weights`, which writes a safetensors file a block at a time (an exported model is never whole in memory).
 
 `pytorch_model.bin` is a pickle, and unpickling runs whatever the file names. It is read here the way
 `torch.load(weights_only=True)` reads it, without torch: an unpickler that resolves only a state dict's own
@@ -8,8 +9,11 @@ pieces (an OrderedDict, tensor rebuilds, storage types) and refuses every other 
 from __future__ import annotations
 
 import collections
+import json
+import math
 import pickle
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
 from tpuplex.errors import CheckpointError
+from tpuplex.slices import SliceReader
 
 SAFETENSORS, PICKLE = "model.safetensors", "pytorch_model.bin"
 
@@ -41,6 +46,43 @@ def load_weights(checkpoint_dir: Path) -> dict[str, np.ndarray]:
                               "there (transformers: model.save_pretrained(folder))")
     return {name: array.astype(np.float32) if np.issubdtype(array.dtype, np.floating) else array
             for name, array in arrays.items()}
+
+
+_SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.float16): "F16",
+                       np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.int16): "I16",
+                       np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
+"""numpy dtypes as the safetensors format names them."""
+BLOCK_BYTES = 64 * 2**20
+"""`save_weights` reads and writes an array at most this many bytes at a time (whole rows of dimension 0)."""
+
+
+def save_weights(arrays: Mapping[str, SliceReader], path: Path, metadata: Mapping[str, str] | None = None,
+                 block_bytes: int = BLOCK_BYTES) -> None:
+    """Write `arrays` (numpy arrays or any `tpuplex.slices.SliceReader`) as the safetensors file `path`, reading
+    each a block of rows at a time: the file `safetensors.numpy.save_file` writes, without holding the arrays in
+    memory at once (the format is a JSON header of dtypes, shapes and byte offsets, then the bytes in order; the
+    library writes only from arrays it holds)."""
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for name, array in arrays.items():
+        dtype = np.dtype(array.dtype)
+        size = math.prod(array.shape) * dtype.itemsize
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as the library writes it
+    with open(path, "wb") as file:
+        file.write(len(encoded).to_bytes(8, "little"))
+        file.write(encoded)
+        for array in arrays.values():
+            if not array.shape:
+                file.write(np.ascontiguousarray(np.asarray(array)).tobytes())
+                continue
+            row_bytes = max(1, math.prod(array.shape[1:]) * np.dtype(array.dtype).itemsize)
+            rows = max(1, block_bytes // row_bytes)
+            for first in range(0, array.shape[0], rows):
+                file.write(np.ascontiguousarray(array[(slice(first, first + rows),)]).tobytes())
 
 
 def _load_pickled(path: Path) -> dict[str, np.ndarray]:

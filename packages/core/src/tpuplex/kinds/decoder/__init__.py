@@ -61,11 +61,11 @@ class Decoders(ModelKind):
     def hf_class(self, config: Any, task: Any) -> str:
         return self.family.hf_class
 
-    def hf_weights(self, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def hf_weights(self, weights: dict[str, SliceReader]) -> dict[str, SliceReader]:
         return self.family.hf_weights(self.arch, weights)
 
 
-def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: int) -> dict[str, np.ndarray]:
+def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: int) -> dict[str, SliceReader]:
     """Every parameter of the decoder (HF names, HF layout, float32): the folder's weights, or, without a weights
     file, drawn (`tpuplex.models.decoder.initial_params`, keyed by `seed`, each drawn a block at a time when read);
     an untied LM head a base model's folder lacks is taken from that draw, as `from_pretrained` draws it anew."""
