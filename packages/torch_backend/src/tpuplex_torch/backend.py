@@ -89,7 +89,7 @@ class TorchBackend(BackendBase):
         export.torch_export(state.model, state.task, folder, data)
 
     def state_bytes(self, state: TorchState) -> int:
-        return checkpoint.local_state_bytes(state)
+        return checkpoint.local_state_bytes(state, self.placement)
 
     def compile_count(self) -> int:
         return self.placement.compile_count()

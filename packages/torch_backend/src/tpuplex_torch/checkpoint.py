@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 import torch
+from tpuplex import sharding
 from tpuplex.params import check_names
 from tpuplex.protocol import PortableState
 from tpuplex.slices import Slice, SliceReader, Zeros
@@ -94,23 +95,20 @@ def _reshard(model: torch.nn.Module) -> None:
             module.reshard()
 
 
-def local_state_bytes(state: TorchState) -> int:
-    """Bytes of parameters and optimizer moments this process holds (its FSDP2 shards, or the whole)."""
-    local = [_local(p) for p in state.model.parameters()]
-    local += [_local(t) for moments in state.optimizer.state.values() for t in moments.values()
-              if isinstance(t, torch.Tensor) and t.dim() > 0]
-    return sum(t.numel() * t.element_size() for t in local)
+def local_state_bytes(state: TorchState, placement: Placement) -> int:
+    """Bytes of parameters and optimizer moments one device holds (its shards, or the whole)."""
+    held = list(state.model.parameters())
+    held += [t for moments in state.optimizer.state.values() for t in moments.values()
+             if isinstance(t, torch.Tensor) and t.dim() > 0]
+    return sum(placement.held_bytes(tensor) for tensor in held)
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def _upload_like(placement: Placement, array: SliceReader, current: torch.Tensor) -> torch.Tensor:
+def _upload_like(placement: Placement, array: SliceReader, current: torch.Tensor,
+                 layout: sharding.Layout) -> torch.Tensor:
     """A host array as a tensor laid out as `current`: of an FSDP2 parameter, this process's shard (read alone,
-    no communication), else the whole in `current`'s memory format."""
+    no communication), else the whole in `current`'s memory format (split as `layout` says under torch_xla)."""
     if not isinstance(current, DTensor):
-        return _like(placement.upload(array), current)
+        return _like(placement.upload(array, layout), current)
     size, start = compute_local_shape_and_global_offset(current.shape, current.device_mesh, current.placements)
     block = array[tuple(slice(first, first + n) for first, n in zip(start, size, strict=True))]
     return DTensor.from_local(placement.upload(block), current.device_mesh, current.placements, run_check=False,
@@ -143,21 +141,22 @@ def restore(state: TorchState, portable: PortableState, placement: Placement) ->
     # AdamW keeps its step count on the CPU, the fused kernel on the parameters' device.
     step_device = placement.device if state.optimizer.defaults.get("fused") else "cpu"
     for name, parameter in named.items():
+        layout = sharding.layout(name, expected[name], placement.topology.mesh)
         if isinstance(parameter, DTensor):  # FSDP2 keeps its own storage for the shard: copy into it
-            parameter.data.copy_(_upload_like(placement, portable.params[name], parameter.data))
+            parameter.data.copy_(_upload_like(placement, portable.params[name], parameter.data, layout))
         else:
-            parameter.data = _like(placement.upload(portable.params[name]), parameter.data)
+            parameter.data = _upload_like(placement, portable.params[name], parameter.data, layout)
         if name not in trained:
             continue
         if sgd:  # a zero buffer makes the first update's buffer the gradient itself, as torch's first step does
             state.optimizer.state[parameter] = {
-                "momentum_buffer": _upload_like(placement, portable.exp_avg[name], parameter.data)}
+                "momentum_buffer": _upload_like(placement, portable.exp_avg[name], parameter.data, layout)}
             continue
         state.optimizer.state[parameter] = {
             "step": torch.tensor(float(portable.step), dtype=torch.float32, device=step_device),
-            # The moments in the parameter's memory format: the fused update takes tensors of one layout.
-            "exp_avg": _upload_like(placement, portable.exp_avg[name], parameter.data),
-            "exp_avg_sq": _upload_like(placement, portable.exp_avg_sq[name], parameter.data),
+            # The moments in the parameter's memory format and layout: the fused update takes tensors of one layout.
+            "exp_avg": _upload_like(placement, portable.exp_avg[name], parameter.data, layout),
+            "exp_avg_sq": _upload_like(placement, portable.exp_avg_sq[name], parameter.data, layout),
         }
     buffers = _buffers(state)
     check_names({name: tuple(b.shape) for name, b in buffers.items()}, portable.buffers,

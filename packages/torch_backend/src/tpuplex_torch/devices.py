@@ -25,12 +25,14 @@ import abc
 import atexit
 import contextlib
 import datetime
+import math
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from torch.distributed.tensor import DTensor
 
 import torch
 from tpuplex import hardware as core_devices
@@ -117,9 +119,16 @@ class Placement(abc.ABC):
         so the average is the gradient of the global mean loss; 1 where the step sums them itself."""
         return self.row_processes if self.shards_parameters else 1
 
-    def upload(self, array: np.ndarray) -> torch.Tensor:
-        """A float32 host array as a state tensor (parameter or moment) on `device`, whole on every replica."""
+    def upload(self, array: np.ndarray, layout: sharding.Layout | None = None) -> torch.Tensor:
+        """A float32 host array as a state tensor (parameter or moment) on `device`, whole on every replica; under
+        torch_xla SPMD laid out over the mesh as `layout` says (the core's, for a parameter and its moments).
+        FSDP2's shards are DTensors, made from a block of the array (`tpuplex_torch.checkpoint`)."""
         return torch.from_numpy(np.array(array, dtype=np.float32)).to(self.device)
+
+    def held_bytes(self, tensor: torch.Tensor) -> int:
+        """Bytes of `tensor` this process's most loaded device holds (an FSDP2 DTensor: its local shard)."""
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return local.numel() * local.element_size()
 
     @abc.abstractmethod
     def put(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -297,6 +306,10 @@ class EagerPlacement(Placement):
             self._profiler = None
 
 
+BATCH_AXES = ("data", "fsdp")
+"""The mesh axes a batch's rows are split over (torch_xla's mesh; FSDP2's processes each take their rows)."""
+
+
 def mesh_of(runtime: RuntimeConfig, devices: int) -> sharding.Mesh:
     """The mesh `runtime.mesh` asks for over `devices`; `tensor` above 1 is refused (torch splits no weight
     Megatron's way yet)."""
@@ -356,32 +369,36 @@ class XlaPlacement(Placement):
                 f"runtime.cpu_devices = {replicas} does not fit the {devices} XLA CPU devices this process already "
                 f"runs: use a divisor of {devices}, or start a fresh process")
         layout_mesh = mesh_of(runtime, replicas)
-        if layout_mesh.shards_parameters:
-            raise TpuplexError(f"runtime.mesh = {runtime.mesh} shards parameters, which the torch backend does not "
-                               "do under torch_xla yet (eager mode shards with FSDP2): use --backend jax, or a mesh "
-                               "of data alone")
-        self.mesh = spmd.Mesh(np.arange(devices), (replicas, devices // replicas), ("data", "copy"))
+        self.mesh = spmd.Mesh(np.arange(devices), (*layout_mesh.shape[:2], devices // replicas),
+                              ("data", "fsdp", "copy"))
         self.device = torch_xla.device()
         self.replicas_in_view = replicas
         device_type = xr.device_type() or os.environ["PJRT_DEVICE"]
         self.topology = Topology(
             kind=_XLA_KIND.get(device_type, "cpu"), device_count=replicas, host_count=xr.process_count(),
             process_index=xr.process_index(), source=f"torch_xla PJRT {device_type}",
-            detail=f"torch_xla SPMD, mesh data={replicas} x copy={devices // replicas}; {why}", mesh=layout_mesh)
+            detail=f"torch_xla SPMD, mesh {layout_mesh.report()} x copy={devices // replicas}; {why}",
+            mesh=layout_mesh)
 
-    def upload(self, array: np.ndarray) -> torch.Tensor:
-        # Marked replicated now, as the step's outputs will be: an unmarked input would make the first step's
-        # program differ from every later one and compile twice.
+    def upload(self, array: np.ndarray, layout: sharding.Layout | None = None) -> torch.Tensor:
+        # Marked now (replicated unless the layout splits it), as the step's outputs will be: an unmarked input
+        # would make the first step's program differ from every later one and compile twice.
         tensor = super().upload(array)
-        self._spmd.mark_sharding(tensor, self.mesh, (None,) * tensor.dim())
+        self._spmd.mark_sharding(tensor, self.mesh, tuple(layout) if layout else (None,) * tensor.dim())
         return tensor
+
+    def held_bytes(self, tensor: torch.Tensor) -> int:
+        # The block the first local device holds, from the tensor's sharding alone (nothing copied off the device).
+        _, index = self._xla._XLAC._get_local_shard_replica_and_indices([tensor])[0][0]
+        shape = tensor.shape if index is Ellipsis else [part.stop - part.start for part in index]
+        return math.prod(shape) * tensor.element_size()
 
     def put(self, batch: Batch) -> dict[str, torch.Tensor]:
         check_divisible(batch_rows(batch), self.replicas_in_view)
         placed = {}
         for name, tensor in host_tensors(batch).items():
             placed[name] = tensor.to(self.device)
-            self._spmd.mark_sharding(placed[name], self.mesh, ("data",) + (None,) * (tensor.dim() - 1))
+            self._spmd.mark_sharding(placed[name], self.mesh, (BATCH_AXES,) + (None,) * (tensor.dim() - 1))
         return placed
 
     def sync(self) -> None:
