@@ -410,3 +410,25 @@ def test_every_example_trains_once_per_epoch_in_either_order(tmp_path, model_dir
 def test_a_split_smaller_than_one_batch_trains(tmp_path, model_dir) -> None:
     trainer, backend, result = fit(tmp_path, model_dir, train=split(7, seed=1))
     assert trainer.steps_per_epoch == 1 and len(backend.steps) == 2 and np.all(np.isfinite(result.losses))
+
+
+def test_a_train_record_rates_its_steps_over_their_own_time_when_an_evaluation_falls_inside(monkeypatch) -> None:
+    """Four steps of 10 examples, 1 s each, with a 100 s evaluation after the second: 10 examples/s, where timing
+    the window from the evaluation's end would count 40 examples over 2 s."""
+    from types import SimpleNamespace
+
+    from tpuplex.engine import trainer as trainer_module
+
+    clock = iter([0.0, 1.0, 2.0, 102.0, 103.0, 104.0])  # start, step 1, step 2, evaluation ends, steps 3 and 4
+    monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: next(clock))
+    records = []
+    trainer = SimpleNamespace(config=SimpleNamespace(runtime=SimpleNamespace(log_every=4),
+                                                     train=SimpleNamespace(global_batch=10)),
+                              learning_rate=lambda step: 1e-3, peak=SimpleNamespace(flops_per_s=0.0))
+    log = trainer_module._LossLog(trainer, SimpleNamespace(record=lambda kind, step, **fields: records.append(fields)))
+    log.add(1, 1.0, 0, None)
+    log.add(2, 1.0, 0, None)
+    log.leave_out_pause()
+    log.add(3, 1.0, 0, None)
+    log.add(4, 1.0, 0, None)
+    assert [record["examples_per_s"] for record in records] == [10.0]

@@ -397,7 +397,8 @@ class _Cadence:
 
 
 class _LossLog:
-    """The "train" records: the mean loss, learning rate and examples/s of each `log_every` steps."""
+    """The "train" records: the mean loss, learning rate and examples/s of each `log_every` steps (over the time
+    those steps took: an evaluation or a checkpoint inside the window is left out of it, not the steps before)."""
 
     def __init__(self, trainer: Trainer, reporter: Reporter):
         self.trainer, self.reporter = trainer, reporter
@@ -405,24 +406,28 @@ class _LossLog:
         self._losses: list[float] = []
         self._examples = 0
         self._flops: float | None = 0.0
-        self.restart_clock()
+        self._seconds = 0.0
+        self.leave_out_pause()
 
     def add(self, step: int, loss: float, epoch: int, step_flops: float | None) -> None:
+        now = time.perf_counter()
+        self._seconds += now - self._since
+        self._since = now
         self._losses.append(loss)
         self._examples += self.trainer.config.train.global_batch
         self._flops = _add_flops(self._flops, step_flops)
         if step % self.every == 0:
-            elapsed = time.perf_counter() - self._started
+            seconds = self._seconds
             self.reporter.record("train", step, epoch=epoch, loss=float(np.mean(self._losses)),
                                  learning_rate=self.trainer.learning_rate(step),
-                                 examples_per_s=round(self._examples / elapsed, 2) if elapsed > 0 else 0.0,
-                                 **flops.rates(self._flops, elapsed, self.trainer.peak.flops_per_s))
-            self._losses, self._examples, self._flops = [], 0, 0.0
-            self.restart_clock()
+                                 examples_per_s=round(self._examples / seconds, 2) if seconds > 0 else 0.0,
+                                 **flops.rates(self._flops, seconds, self.trainer.peak.flops_per_s))
+            self._losses, self._examples, self._flops, self._seconds = [], 0, 0.0, 0.0
 
-    def restart_clock(self) -> None:
-        """Start timing the window afresh (evaluation and checkpoint time is not training throughput)."""
-        self._started = time.perf_counter()
+    def leave_out_pause(self) -> None:
+        """The time since the last step was not training (evaluation, a checkpoint): count the next step's from
+        now."""
+        self._since = time.perf_counter()
 
 
 class _Profiler:
@@ -590,7 +595,7 @@ class _Run:
             self.reporter.record("eval", self.at.step, split=split, **metrics)
             self.reporter.say(f"step {self.at.step} {split}: {headline(metrics)}")
         self.last_eval_step = self.at.step
-        self.log.restart_clock()
+        self.log.leave_out_pause()
 
     def save(self) -> None:
         """Checkpoint the current state, refusing a state whose parameters are no longer finite. Every process writes
@@ -614,7 +619,7 @@ class _Run:
         path = trainer.checkpoint_root / checkpoint.step_dir_name(at.step)
         self.reporter.record("checkpoint", at.step, path=str(path))
         self.last_checkpoint_step = at.step
-        self.log.restart_clock()
+        self.log.leave_out_pause()
 
 
 class _Lookahead:
