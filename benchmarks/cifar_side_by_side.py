@@ -356,6 +356,7 @@ def main() -> None:
                         help="the usual script's convolutions: its framework's default initialisation, or HF's "
                              "ResNet's (Kaiming-normal over fan_out, what tpuplex draws)")
     args = parser.parse_args()
+    args.out = args.out.resolve()  # tpuplex runs from the example's folder
     args.out.mkdir(parents=True, exist_ok=True)
     train, test = listing("train", args.train_per_class, args.out), listing("test", args.test_per_class, args.out)
     from tpuplex.data import images
