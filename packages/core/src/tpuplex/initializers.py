@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from tpuplex.slices import Index, bounds
+from tpuplex.slices import BlockReader, Index, bounds
 
 _PHILOX_OUTPUTS = 4
 """64-bit outputs per Philox4x64 counter value: element i is output i % 4 of counter i // 4."""
@@ -31,7 +31,7 @@ _READ_PAST = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
-class Drawn:
+class Drawn(BlockReader):
     """A parameter of `shape` drawn from N(0, scale^2) (`distribution` "normal", values outside +-`clip` set to
     it when given) or U(-scale, scale) ("uniform"), float32, read a block at a time (`tpuplex.slices.SliceReader`).
     `key`: the generator's 128-bit key (`key_of`)."""
@@ -43,14 +43,6 @@ class Drawn:
     clip: float | None = None
     dtype: ClassVar[np.dtype] = np.dtype(np.float32)
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
     def __getitem__(self, index: Index) -> np.ndarray:
         wanted = bounds(index, self.shape)
         block = np.empty([stop - start for start, stop in wanted], np.float32)
@@ -60,10 +52,6 @@ class Drawn:
             for row, start in enumerate(_run_starts(wanted, self.shape, run)):
                 self._fill(block.reshape(-1, run)[row], stream, int(start))
         return block
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        whole = self[()]
-        return whole if dtype is None else whole.astype(dtype, copy=False)
 
     def _fill(self, out: np.ndarray, stream: _Stream, offset: int) -> None:
         """Write the values of elements offset .. offset + len(out) - 1 (flat, C order) into `out`, a piece at a

@@ -24,6 +24,8 @@ from tpuplex.errors import ConfigError
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
 """The mesh's axes, outermost first: devices that share a `data` index are neighbours (a host's chips on a pod)."""
+BATCH_AXES: tuple[str, ...] = ("data", "fsdp")
+"""The axes a batch's rows are split over (`Mesh.batch_shards` of them)."""
 
 MIN_SHARDED_ELEMENTS = 2**14
 """A parameter with fewer elements (biases, norms, a small head) stays whole on every device: splitting 64 KiB

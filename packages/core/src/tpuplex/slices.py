@@ -10,6 +10,7 @@ places a restored state by asking each reader for the blocks its devices hold.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Protocol
 
 import numpy as np
@@ -28,6 +29,24 @@ class SliceReader(Protocol):
     def dtype(self) -> np.dtype: ...
 
     def __getitem__(self, index: Index) -> np.ndarray: ...
+
+
+class BlockReader:
+    """What tpuplex's own readers share (a `View`, `Zeros`, a checkpoint's `StoredArray`, a drawn parameter, a
+    merged LoRA weight): `np.asarray(reader)` is the whole (the block `()`), and `ndim` and `size` follow from
+    `shape`. A subclass gives `shape`, `dtype` and `__getitem__`."""
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        whole = self[()]
+        return whole if dtype is None else whole.astype(dtype, copy=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +90,7 @@ def bounds(index: Index, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Zeros:
+class Zeros(BlockReader):
     """Zeros of `shape` (Adam's moments before the first step), made a block at a time."""
 
     shape: tuple[int, ...]
@@ -80,12 +99,9 @@ class Zeros:
     def __getitem__(self, index: Index) -> np.ndarray:
         return np.zeros([stop - start for start, stop in bounds(index, self.shape)], self.dtype)
 
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        return np.zeros(self.shape, dtype or self.dtype)
-
 
 @dataclasses.dataclass(frozen=True)
-class View:
+class View(BlockReader):
     """`source` transposed by `axes` (None: as it is) and read as `cast` (None: its own dtype), block by block."""
 
     source: SliceReader
@@ -101,10 +117,6 @@ class View:
         shape = tuple(self.source.shape)
         return shape if self.axes is None else tuple(shape[a] for a in self.axes)
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
     def __getitem__(self, index: Index) -> np.ndarray:
         wanted = bounds(index, self.shape)
         if self.axes is None:
@@ -115,7 +127,3 @@ class View:
                 in_source[axis] = slice(*wanted[position])
             block = np.transpose(self.source[tuple(in_source)], self.axes)
         return np.asarray(block, dtype=self.dtype, order="C")  # ascontiguousarray would make a 0-d block [1]
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        whole = self[()]
-        return whole if dtype is None else whole.astype(dtype, copy=False)

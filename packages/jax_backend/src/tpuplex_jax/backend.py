@@ -17,6 +17,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 import jax
+from tpuplex import sharding
 from tpuplex.config import RuntimeConfig
 from tpuplex.data.batching import check_micro_batches
 from tpuplex.errors import TpuplexError
@@ -71,7 +72,7 @@ class JaxBackend(BackendBase):
         self.mesh, self._topology = select_devices(runtime)
         self.devices = list(self.mesh.devices.flat)
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
-        self._rows = NamedSharding(self.mesh, PartitionSpec(step.BATCH_AXES))
+        self._rows = NamedSharding(self.mesh, PartitionSpec(sharding.BATCH_AXES))
         self._compiles = step.CompileCounter()
         self._programs: _Programs | None = None
 

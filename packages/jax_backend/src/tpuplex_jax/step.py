@@ -1,9 +1,9 @@
 """Compiled train and predict steps: functions of the global batch, laid out over the device mesh by GSPMD.
 
-Each step is one `jax.jit` program. Its rows arrive split over the mesh's batch axes (`BATCH_AXES`), its state laid
-out as `tpuplex.sharding` decides (parameters and both Adam moments split over `fsdp` and `tensor`, the rest
-replicated), and XLA inserts the collectives: pure data parallelism all-reduces the gradients, fsdp gathers each
-weight where it is used and reduce-scatters its gradient. The train step follows `tpuplex.protocol` exactly:
+Each step is one `jax.jit` program. Its rows arrive split over the mesh's batch axes (`tpuplex.sharding.BATCH_AXES`),
+its state laid out as `tpuplex.sharding` decides (parameters and both Adam moments split over `fsdp` and `tensor`,
+the rest replicated), and XLA inserts the collectives: pure data parallelism all-reduces the gradients, fsdp gathers
+each weight where it is used and reduce-scatters its gradient. The train step follows `tpuplex.protocol` exactly:
 - the global batch's rows split into `grad_accum` micro-batches, each taking its share of every batch shard's rows
   (so a micro-batch stays spread over the devices); a `lax.scan` when there are several;
 - the loss is the weighted mean over the global batch, sum(weight * loss) / max(sum(weight), 1), differentiated
@@ -33,8 +33,6 @@ from tpuplex.layers.jax import Naming
 from tpuplex.protocol import OptimizerSpec, decays
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
-BATCH_AXES = ("data", "fsdp")
-"""The mesh axes a batch's rows are split over (`tpuplex.sharding`)."""
 
 
 class TrainState(NamedTuple):

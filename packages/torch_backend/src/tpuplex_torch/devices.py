@@ -306,10 +306,6 @@ class EagerPlacement(Placement):
             self._profiler = None
 
 
-BATCH_AXES = ("data", "fsdp")
-"""The mesh axes a batch's rows are split over (torch_xla's mesh; FSDP2's processes each take their rows)."""
-
-
 def mesh_of(runtime: RuntimeConfig, devices: int) -> sharding.Mesh:
     """The mesh `runtime.mesh` asks for over `devices`; `tensor` above 1 is refused (torch splits no weight
     Megatron's way yet)."""
@@ -398,7 +394,7 @@ class XlaPlacement(Placement):
         placed = {}
         for name, tensor in host_tensors(batch).items():
             placed[name] = tensor.to(self.device)
-            self._spmd.mark_sharding(placed[name], self.mesh, (BATCH_AXES,) + (None,) * (tensor.dim() - 1))
+            self._spmd.mark_sharding(placed[name], self.mesh, (sharding.BATCH_AXES,) + (None,) * (tensor.dim() - 1))
         return placed
 
     def sync(self) -> None:

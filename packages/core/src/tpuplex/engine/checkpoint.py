@@ -41,7 +41,7 @@ from safetensors.numpy import save_file
 from tpuplex.errors import CheckpointError
 from tpuplex.hosts import Hosts
 from tpuplex.protocol import PortableState
-from tpuplex.slices import Index, Slice, as_slices, bounds
+from tpuplex.slices import BlockReader, Index, Slice, as_slices, bounds
 from tpuplex.text_files import as_umask_allows
 
 _STEP_DIR = re.compile(r"step-(\d{8})")
@@ -245,17 +245,13 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.in
            "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 
-class StoredArray:
+class StoredArray(BlockReader):
     """An array of a checkpoint, stored as slices in its files: `self[index]` reads the parts of the slices that
     overlap the block `index` (each element once), `np.asarray(self)` the whole."""
 
     def __init__(self, name: str, shape: tuple[int, ...], dtype: np.dtype,
                  parts: list[tuple[Any, str, tuple[int, ...], tuple[int, ...]]]):
         self.name, self.shape, self.dtype, self._parts = name, shape, dtype, parts
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
 
     def __getitem__(self, index: Index) -> np.ndarray:
         wanted = bounds(index, self.shape)
@@ -271,10 +267,6 @@ class StoredArray:
                                                     for (low, high), s in zip(overlap, start, strict=True))]
             block[tuple(slice(low - a, high - a) for (low, high), (a, _) in zip(overlap, wanted, strict=True))] = piece
         return block
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        whole = self[()]
-        return whole if dtype is None else whole.astype(dtype, copy=False)
 
 
 def _stored(folder: Path, paths: list[Path]) -> dict[str, StoredArray]:

@@ -29,7 +29,7 @@ import numpy as np
 from tpuplex import initializers
 from tpuplex.errors import ConfigError
 from tpuplex.models.decoder import DecoderArch, DecoderFamily, canonical_shapes
-from tpuplex.slices import Index, SliceReader, bounds
+from tpuplex.slices import BlockReader, Index, SliceReader, bounds
 
 PEFT_TARGETS = {"llama": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
 """PEFT's default target modules by model_type (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`)."""
@@ -154,7 +154,7 @@ class Lora:
 
 
 @dataclasses.dataclass(frozen=True)
-class MergedWeight:
+class MergedWeight(BlockReader):
     """`weight` with its adapter folded in: W + scale * B A ([out, in]; its transpose for an [in, out] `in_out`
     weight), read a block at a time (a `tpuplex.slices.SliceReader`): a block of rows and columns needs only
     those rows of B and columns of A. The product is taken in float64 and the sum rounded once to float32."""
@@ -180,10 +180,6 @@ class MergedWeight:
                               @ np.asarray(self.lora_a[:, slice(*inputs)], np.float64))
         block = np.asarray(self.weight[slice(first, last), slice(low, high)], np.float64)
         return (block + (delta.T if self.in_out else delta)).astype(np.float32)
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        whole = self[()]
-        return whole if dtype is None else whole.astype(dtype, copy=False)
 
 
 def projection_modules(family: DecoderFamily, arch: DecoderArch) -> dict[str, str]:

@@ -77,12 +77,12 @@ def save_weights(arrays: Mapping[str, SliceReader], path: Path, metadata: Mappin
         file.write(encoded)
         for array in arrays.values():
             if not array.shape:
-                file.write(np.ascontiguousarray(np.asarray(array)).tobytes())
+                file.write(np.asarray(array).tobytes())
                 continue
             row_bytes = max(1, math.prod(array.shape[1:]) * np.dtype(array.dtype).itemsize)
             rows = max(1, block_bytes // row_bytes)
             for first in range(0, array.shape[0], rows):
-                file.write(np.ascontiguousarray(array[(slice(first, first + rows),)]).tobytes())
+                file.write(np.ascontiguousarray(array[(slice(first, first + rows),)]).data)  # no copy to bytes
 
 
 def _load_pickled(path: Path) -> dict[str, np.ndarray]:
