@@ -28,10 +28,12 @@ the seconds they took, evaluation excluded). nanoGPT: between consecutive logged
 at the host clock just after its `loss.item()` (a second changed line prints it; the loss read waits for the GPU,
 so each window holds exactly its iterations' work), the first window (compilation) and every window holding an
 evaluation left out; on the GPU it logs every 10th iteration as its config does, because logging every iteration
-would make the host wait for each step. tpuplex: results.json's training examples/s / batch. results.json also
-keeps the median of the per-iteration times nanoGPT prints. And the validation loss at the last iteration
-(nanoGPT: its estimate over `eval_iters` random batches, 200 on the GPU and 20 on the CPU; tpuplex: every
-held-out token once). Then each side's mean and sample std, and the ratio of iterations/s to nanoGPT's.
+would make the host wait for each step. tpuplex: the examples/s of its log.jsonl "train" windows (evaluation
+already left out), the first (compilation) left out likewise. results.json also keeps the median of the
+per-iteration times nanoGPT prints. And the validation loss at the last iteration and the best of the evaluations
+every 250 iterations (the figure nanoGPT's README quotes; nanoGPT: its estimate over `eval_iters` random batches,
+200 on the GPU and 20 on the CPU; tpuplex: every held-out token once). Then each side's mean and sample std, and
+the ratio of iterations/s to nanoGPT's.
 """
 
 from __future__ import annotations
@@ -101,18 +103,19 @@ def run_nanogpt(folder: Path, seed: int, iters: int, recipe: list[str], eval_int
     windows = [(end - start, end_at - start_at) for (start, _, start_at), (end, _, end_at) in zip(logged, logged[1:])
                if start > 0 and end // eval_interval == start // eval_interval]  # no compilation, no evaluation
     times = [ms for step, ms, _ in logged if step > 0 and step % eval_interval]
-    val = re.findall(rf"^step {iters}: train loss [\d.]+, val loss ([\d.]+)", output, re.M)
+    val = {int(step): float(loss) for step, loss
+           in re.findall(r"^step (\d+): train loss [\d.]+, val loss ([\d.]+)", output, re.M)}
     (folder / f"out-{seed}.log").write_text(output)
     return {"iters_per_s": sum(iters for iters, _ in windows) / sum(seconds for _, seconds in windows),
             "median_iters_per_s": 1000.0 / statistics.median(times),
-            "val_loss": float(val[-1]), "wall_s": wall}
+            "val_loss": val[iters], "best_val_loss": min(val.values()), "wall_s": wall}
 
 
-def run_tpuplex(backend: str, python: str, seed: int, iters: int, out: Path, config: Path, text: Path,
-                settings: list[str]) -> dict[str, float]:
+def run_tpuplex(backend: str, python: str, seed: int, iters: int, eval_interval: int, out: Path, config: Path,
+                text: Path, settings: list[str]) -> dict[str, float]:
     folder = out / f"tpuplex-{backend}-{seed}"
     settings = [f"train.seed={seed}", f"train.max_steps={iters}", f"runtime.output_dir={json.dumps(str(folder))}",
-                f"runtime.eval_every={iters}", f"data.train_file={json.dumps(str(text))}", *settings]
+                f"runtime.eval_every={eval_interval}", f"data.train_file={json.dumps(str(text))}", *settings]
     command = [python, "-m", "tpuplex", "train", str(config), "--backend", backend,
                *(part for setting in settings for part in ("--set", setting))]
     started = time.perf_counter()
@@ -120,8 +123,13 @@ def run_tpuplex(backend: str, python: str, seed: int, iters: int, out: Path, con
     wall = time.perf_counter() - started
     results = json.loads((folder / "results.json").read_text())
     batch = results["config"]["train"]["global_batch"]
-    return {"iters_per_s": results["train"]["examples_per_s"] / batch,
-            "val_loss": results["metrics"]["validation"]["loss"], "wall_s": wall}
+    records = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+    windows = [(r["step"], r["examples_per_s"]) for r in records if r["event"] == "train"]
+    steady = [(step - before, rate) for (before, _), (step, rate) in zip(windows, windows[1:])]  # no compilation
+    evals = [r["loss"] for r in records if r["event"] == "eval" and r["split"] == "validation"]
+    return {"iters_per_s": (sum(steps for steps, _ in steady) / sum(steps * batch / rate for steps, rate in steady)
+                            if steady else results["train"]["examples_per_s"] / batch),
+            "val_loss": results["metrics"]["validation"]["loss"], "best_val_loss": min(evals), "wall_s": wall}
 
 
 def summary(rows: list[dict[str, float]], key: str) -> str:
@@ -160,17 +168,19 @@ def main() -> None:
     for seed in args.seeds:  # alternating: each seed runs every side before the next seed
         for side in results:
             row = (run_nanogpt(folder, seed, args.iters, recipe, eval_interval) if side == "nanogpt"
-                   else run_tpuplex(side, pythons[side], seed, args.iters, args.out, config, args.text,
-                                    settings(side)))
+                   else run_tpuplex(side, pythons[side], seed, args.iters, eval_interval, args.out, config,
+                                    args.text, settings(side)))
             results[side].append({"seed": seed, **row})
-            print(f"seed {seed} {side:8s} {row['iters_per_s']:.2f} it/s, val loss {row['val_loss']:.4f}, "
-                  f"wall {row['wall_s']:.0f} s", flush=True)
+            print(f"seed {seed} {side:8s} {row['iters_per_s']:.2f} it/s, val loss {row['val_loss']:.4f} (best "
+                  f"{row['best_val_loss']:.4f}), wall {row['wall_s']:.0f} s", flush=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     reference = statistics.mean(row["iters_per_s"] for row in results["nanogpt"])
-    print(f"\n{'side':8s}  {'iterations/s':>18s}  {'vs nanoGPT':>10s}  {'val loss at ' + str(args.iters):>20s}")
+    print(f"\n{'side':8s}  {'iterations/s':>18s}  {'vs nanoGPT':>10s}  {'val loss at ' + str(args.iters):>20s}  "
+          f"{'best val loss':>20s}")
     for side, rows in results.items():
         ratio = statistics.mean(row["iters_per_s"] for row in rows) / reference
-        print(f"{side:8s}  {summary(rows, 'iters_per_s'):>18s}  {ratio:>9.2f}x  {summary(rows, 'val_loss'):>20s}")
+        print(f"{side:8s}  {summary(rows, 'iters_per_s'):>18s}  {ratio:>9.2f}x  {summary(rows, 'val_loss'):>20s}  "
+              f"{summary(rows, 'best_val_loss'):>20s}")
 
 
 if __name__ == "__main__":
