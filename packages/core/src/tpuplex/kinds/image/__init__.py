@@ -67,4 +67,4 @@ def initial_image_state(checkpoint_dir: Path, hf_config: Mapping[str, Any], num_
                 f"the weights in {checkpoint_dir}")
     check_names(buffer_shapes, {name: array for name, array in loaded.items() if name in buffer_shapes},
                 f"the batch-norm statistics in {checkpoint_dir}")
-    return params | loaded_params, buffers | {name: loaded[name].astype(buffers[name].dtype) for name in buffers}
+    return params | loaded_params, buffers | {name: np.asarray(loaded[name], buffers[name].dtype) for name in buffers}

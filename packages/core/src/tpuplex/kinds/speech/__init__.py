@@ -35,7 +35,7 @@ class SpeechFamilies(ModelKind):
             return initial_params(self.arch, head.mel_bins, head.vocab_size, seed), {}
         loaded = load_weights(folder)
         check_names(shapes, loaded, f"the weights in {folder}")
-        return {name: np.asarray(loaded[name], np.float32) for name in shapes}, {}
+        return {name: loaded[name] for name in shapes}, {}
 
     def forward_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
         rows, frames, mel = np.shape(batch["features"])
