@@ -5,6 +5,7 @@ greedy CTC decoding, and one clear line for each kind of bad audio."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from tpuplex.tasks import get, options
 from tpuplex.tasks.speech_recognition.data import Vocabulary, spec_augment
 
 RATE = 8000
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TASK = get("speech_recognition")
 
 
@@ -155,3 +157,23 @@ def test_a_held_out_transcript_outside_the_vocabulary_is_named(tmp_path) -> None
                                  "cache_dir": str(tmp_path / "cache")}})
     with pytest.raises(TpuplexError, match=r"b.wav \(data.eval_files\[0\]\) has '!', characters the training"):
         TASK.prepare(config, options(TASK, config.task.options), None)
+
+
+def test_tpuplex_prepare_of_a_config_prepares_what_its_runs_read(tmp_path, capsys) -> None:
+    from tpuplex.commands import cli
+    from tpuplex.data import shards
+
+    recordings = {f"u{i}.wav": (tone(0.3 + 0.1 * i, 200 + 100 * i), text)
+                  for i, text in enumerate(["one two", "three", "four five", "seven"])}
+    manifest = write_data(tmp_path / "audio", recordings)
+    config = tmp_path / "speech.toml"
+    config.write_text(f'[task]\nname = "speech_recognition"\nsample_rate = {RATE}\nmel_bins = 16\n'
+                      f'[model]\ncheckpoint = "{EXAMPLES / "speech" / "conformer-s"}"\n'
+                      f'[data]\ntrain_file = "{manifest}"\ncache_dir = "{tmp_path / "cache"}"\n')
+    assert cli.main(["prepare", str(config), "--set", "train.seed=1"]) == 0
+    printed = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
+    assert printed["characters"] == " efhinorstuvw" and shards.is_prepared(Path(printed["prepared"]))
+    assert prepare(tmp_path, manifest, validation_fraction=0.1).train.shards.location == printed["prepared"]
+    assert cli.main(["prepare", str(config), "--out", str(tmp_path / "out")]) == 2
+    assert "takes its settings from the config, not --out" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -3,6 +3,7 @@
     tpuplex train CONFIG --backend NAME [--set section.field=value ...] [--data-dir DIR]
     tpuplex prepare IMAGES --out DIR [--image-size H W] [--shard-size N]
     tpuplex prepare "TEXT_GLOB" --out DIR --tokenizer CHECKPOINT --max-length L [--task T] [--workers N]
+    tpuplex prepare CONFIG.toml [--set section.field=value ...] [--data-dir DIR]
     tpuplex launch --processes N [--cpu-devices K] -- train CONFIG --backend NAME ...
     tpuplex eval RUN_OR_CHECKPOINT --backend NAME [--split SPLIT] [--data-dir DIR] [--out FILE]
     tpuplex predict RUN_OR_CHECKPOINT --backend NAME [--split test] [--data-dir DIR] [--out DIR]
@@ -96,15 +97,22 @@ def _parser() -> argparse.ArgumentParser:
     train.set_defaults(command=_train)
 
     prepare = commands.add_parser("prepare", help="write images or a text corpus once into shards a run reads",
-                                  description="Images: decode, convert to RGB and resize every image once. Text "
+                                  description="A config (.toml): prepare what its runs read first (audio features, "
+                                  "images, tokenized text) into its data.cache_dir, as its first run would, so that "
+                                  "every run of it starts at once. Images: decode, convert to RGB and resize every "
+                                  "image once. Text "
                                   "(with --tokenizer): tokenize a corpus of any size in worker processes and pack it "
                                   "into rows of --max-length for masked-LM pre-training (or --task causal_lm); an "
                                   "interrupted prepare "
                                   "continues where it stopped. Both write prepared shards plus a manifest (see "
                                   "tpuplex.data.shards); point data.train_file or data.eval_files at the folder.")
-    prepare.add_argument("source", help="images: a class-per-folder tree or a .csv/.jsonl of (path, label); text: "
-                                        "a glob of .txt/.jsonl files, a file or a folder (local or an fsspec URL)")
-    prepare.add_argument("--out", type=Path, required=True, help="the folder to create")
+    prepare.add_argument("source", help="a config's TOML file; images: a class-per-folder tree or a .csv/.jsonl of "
+                                        "(path, label); text: a glob of .txt/.jsonl files, a file or a folder (local "
+                                        "or an fsspec URL)")
+    prepare.add_argument("--out", type=Path, help="images, text: the folder to create")
+    prepare.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                         help="a config: override a field, as for tpuplex train")
+    prepare.add_argument("--data-dir", help="a config: sets data.data_dir, as for tpuplex train")
     prepare.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"),
                          help="resize every image to H x W (default: keep their size, which must then be one)")
     prepare.add_argument("--shard-size", type=int, default=None,
@@ -200,6 +208,11 @@ def _prepare(args: argparse.Namespace) -> int:
     from tpuplex.commands.run import check_writable_folder
 
     started = time.perf_counter()
+    if args.source.endswith(".toml"):
+        return _prepare_config(args)
+    if args.out is None:
+        raise TpuplexError(f"tpuplex prepare {args.source} needs --out DIR: the folder to write the prepared shards "
+                           "to (or give a config's .toml to prepare what its runs read)")
     if args.shard_size is not None and args.shard_size < 1:
         raise TpuplexError(f"--shard-size {args.shard_size}: use 1 or more rows per shard (or leave it out for the "
                            "default)")
@@ -234,6 +247,23 @@ def _prepare(args: argparse.Namespace) -> int:
     height, width, _ = prepared.image_shape
     print(f"prepared {len(prepared)} images of {len(prepared.classes)} classes at {height}x{width} in "
           f"{len(prepared.manifest['shards'])} shard(s), {len(prepared) / seconds:.0f} images/s: {args.out}")
+    return 0
+
+
+def _prepare_config(args: argparse.Namespace) -> int:
+    from tpuplex.commands.run import prepare_data
+    from tpuplex.config import Config
+
+    ignored = [flag for flag, value in (("--out", args.out), ("--image-size", args.image_size),
+                                        ("--shard-size", args.shard_size), ("--tokenizer", args.tokenizer))
+               if value is not None]
+    if ignored:
+        raise TpuplexError(f"tpuplex prepare {args.source} takes its settings from the config, not {ignored[0]}: "
+                           "change the config (or --set section.field=value) instead")
+    path = Path(args.source)
+    data = prepare_data(Config.load(path, data_dir=args.data_dir, overrides=args.overrides), path)
+    for what, value in data.report().items():
+        print(f"{what}: {value}")
     return 0
 
 

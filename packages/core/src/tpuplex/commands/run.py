@@ -72,14 +72,7 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None, 
     Creates no output directory: bad input leaves nothing behind (only the tokenization cache may be written).
     """
     started = time.perf_counter()
-    if config_path is not None:
-        add_search_path(Path(config_path).resolve().parent)
-    task = tasks.get(config.task.name)
-    options = tasks.options(task, config.task.options)
-    if not model_only:  # a run's own config was checked when it trained; its data may be gone since
-        task.check(config, options)
-    kind = kinds.resolve(config, task)
-    kind.check(config, task)
+    task, options, kind = checked_task(config, config_path, check_data=not model_only)
     output_dir = output_directory(config, backend_name)
     check_run_folder(output_dir)
     discovered = hardware.discover(config.runtime.device)
@@ -100,6 +93,29 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None, 
         state = backend.init(model, optimizer_spec(config))
     return Experiment(config, task, data, backend_name, backend, topology, discovered, trainer, state, output_dir,
                       started, kind.checkpoint_dir)
+
+
+def checked_task(config: Config, config_path: Path | None, check_data: bool = True) -> tuple[Any, Any, Any]:
+    """(task, its options, model kind) of `config`, checked against each other (and the data when `check_data`:
+    a trained run's data may be gone since)."""
+    if config_path is not None:
+        add_search_path(Path(config_path).resolve().parent)
+    task = tasks.get(config.task.name)
+    options = tasks.options(task, config.task.options)
+    if check_data:
+        task.check(config, options)
+    kind = kinds.resolve(config, task)
+    kind.check(config, task)
+    return task, options, kind
+
+
+def prepare_data(config: Config, config_path: Path | None = None) -> Any:
+    """What a run of `config` reads first, prepared into `data.cache_dir` as its first run would prepare it (audio
+    features, images, tokenized text): the task's data, with no backend, model or run folder."""
+    task, options, kind = checked_task(config, config_path)
+    data = task.prepare(config, options, kind.checkpoint_dir)
+    kind.check_data(data)
+    return data
 
 
 def train(config: Config, backend_name: str, config_path: Path | None = None) -> dict[str, Any]:
