@@ -113,15 +113,19 @@ def test_a_collective_that_fails_on_a_lost_peer_is_host_lost() -> None:
         raise ValueError("a shape mismatch in the model")
 
 
-def test_a_stalled_process_exits_with_one_line_after_the_timeout() -> None:
-    stalled = ("import time; from tpuplex.hosts import Watchdog\n"
-               "with Watchdog(1.0, 1, 2).watch('the checkpoint of step 8'):\n    time.sleep(60)\n")
+@pytest.mark.parametrize(("watchdog", "setting"), [
+    ("Watchdog(1.0, 1, 2, start_timeout=600.0); watchdog.started()", "runtime.host_timeout"),
+    ("Watchdog(600.0, 1, 2, start_timeout=1.0)", "runtime.start_timeout"),  # before the first step is done
+])
+def test_a_stalled_process_exits_with_one_line_after_the_timeout(watchdog, setting) -> None:
+    stalled = (f"import time; from tpuplex.hosts import Watchdog\nwatchdog = {watchdog}\n"
+               "with watchdog.watch('the checkpoint of step 8'):\n    time.sleep(60)\n")
     done = subprocess.run([sys.executable, "-c", stalled], capture_output=True, text=True, timeout=300)
     assert done.returncode == HOST_LOST_EXIT
     assert done.stderr.strip() == (
-        "tpuplex: error: process 1 of 2 stopped during the checkpoint of step 8: no progress for 1 s "
-        "(runtime.host_timeout); another process has died or never arrived (see its output). Start every process "
-        "again with the same command to resume from the last checkpoint")  # the watchdog, not the sleep, ended it
+        f"tpuplex: error: process 1 of 2 stopped during the checkpoint of step 8: no progress for 1 s ({setting}); "
+        "another process has died or never arrived (see its output). Start every process again with the same "
+        "command to resume from the last checkpoint")  # the watchdog, not the sleep, ended it
 
 
 def test_the_watchdog_is_off_for_one_process() -> None:

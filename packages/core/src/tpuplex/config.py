@@ -137,7 +137,10 @@ class RuntimeConfig:
     compiled by torch.compile, one program per batch shape) or xla."""
     host_timeout: float = 600.0
     """Multi-process runs: seconds a process waits for the others (in a step, evaluation or checkpoint barrier)
-    before it stops with one line and exit status 69 (`tpuplex.hosts`); must cover the first step's compile."""
+    once its first step is done, before it stops with one line and exit status 69 (`tpuplex.hosts`)."""
+    start_timeout: float = 600.0
+    """Multi-process runs: the same, until this process's first step is done: joining the others, building the
+    model and the first step's compilation, which take each process its own time (more on a loaded machine)."""
     prefetch: int = 2
     """Training batches prepared ahead of the step in a background thread (read, gathered, augmented); 0 prepares
     each in the training loop."""
@@ -150,6 +153,13 @@ class RuntimeConfig:
     mesh: dict[str, int] = dataclasses.field(default_factory=dict)
     """The device mesh (`tpuplex.sharding`, docs/sharding.md): sizes of the axes `data`, `fsdp` and `tensor`, e.g.
     {data = -1, fsdp = 4} (one -1 fills with the devices left). Empty: data parallelism over every device."""
+
+    @property
+    def collective_timeout(self) -> float:
+        """Seconds a framework's collective may wait (set once, when its process group starts, so it covers the
+        first step's wait on a peer still compiling too); after the first step the watchdog ends a wait at
+        host_timeout."""
+        return max(self.host_timeout, self.start_timeout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +213,7 @@ _UNSET = object()  # a task option has no default in Config(): any value given c
 OUTPUT_FIELDS = (("data", "cache_dir"), ("runtime", "output_dir"), ("runtime", "eval_every"),
                  ("runtime", "checkpoint_every"), ("runtime", "keep_checkpoints"), ("runtime", "log_every"),
                  ("runtime", "profile_steps"), ("runtime", "on_preempt"), ("runtime", "host_timeout"),
-                 ("runtime", "prefetch"), ("runtime", "peak_tflops"), ("runtime", "mesh"))
+                 ("runtime", "start_timeout"), ("runtime", "prefetch"), ("runtime", "peak_tflops"), ("runtime", "mesh"))
 """Fields that change where results go, when they are written, how long processes wait for each other, how far
 ahead batches are prepared or how the state is laid out over the devices (a checkpoint resumes on any mesh), never
 the parameters or metrics computed (beyond the order of float sums)."""
@@ -219,7 +229,8 @@ _CHOICES = {
 }
 _POSITIVE = {("data", "max_length"), ("train", "global_batch"), ("train", "grad_accum"),
              ("train", "steps_per_execution"), ("train", "learning_rate"), ("runtime", "keep_checkpoints"),
-             ("runtime", "log_every"), ("runtime", "host_timeout"), ("data", "bucket_multiple")}
+             ("runtime", "log_every"), ("runtime", "host_timeout"), ("runtime", "start_timeout"),
+             ("data", "bucket_multiple")}
 _NON_NEGATIVE = {("train", "weight_decay"), ("train", "min_learning_rate"), ("train", "epochs"), ("train", "max_steps"),
                  ("train", "eval_batch"), ("train", "clip_norm"), ("train", "adam_epsilon"), ("runtime", "eval_every"),
                  ("data", "bucket_count"), ("runtime", "checkpoint_every"), ("runtime", "cpu_devices"),

@@ -13,8 +13,9 @@ the framework's collectives). What only the core can check goes through the back
 
 A process that dies or never arrives leaves the others blocked inside a collective, where no exception reaches
 Python (jax waits forever on CPU). `Watchdog` ends such a process after `runtime.host_timeout` seconds without
-progress, with one line on stderr and exit status `HOST_LOST_EXIT`; a collective that fails by itself (gloo sees
-the peer's socket close) raises `HostLost` with the same line.
+progress (`runtime.start_timeout` until its first step is done: start-up and the first compilation take each
+process its own time), with one line on stderr and exit status `HOST_LOST_EXIT`; a collective that fails by itself
+(gloo sees the peer's socket close) raises `HostLost` with the same line.
 """
 
 from __future__ import annotations
@@ -80,17 +81,21 @@ def lost_message(what: str, process_index: int, process_count: int, cause: str) 
 
 
 class Watchdog:
-    """Ends this process when a watched section makes no progress for `timeout` seconds (see the module doc).
+    """Ends this process when a watched section makes no progress for `timeout` seconds, or `start_timeout`
+    before `started()` is called (see the module doc).
 
     `watch(what)` arms it for one section; sections nest (the innermost names the wait). Disabled (every `watch`
     a no-op) when `enabled` is False, as in single-process runs, where a long first compile is no fault.
     """
 
-    def __init__(self, timeout: float, process_index: int = 0, process_count: int = 1, enabled: bool = True):
+    def __init__(self, timeout: float, process_index: int = 0, process_count: int = 1, enabled: bool = True,
+                 start_timeout: float | None = None):
         self.timeout = timeout
+        self.start_timeout = timeout if start_timeout is None else start_timeout
         self.process_index, self.process_count = process_index, process_count
         self.enabled = enabled
-        self._sections: list[tuple[str, float]] = []
+        self.starting = True
+        self._sections: list[tuple[str, float, str]] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -99,8 +104,10 @@ class Watchdog:
         if not self.enabled:
             yield
             return
+        limit, setting = ((self.start_timeout, "runtime.start_timeout") if self.starting
+                          else (self.timeout, "runtime.host_timeout"))
         with self._lock:
-            self._sections.append((what, time.monotonic() + self.timeout))
+            self._sections.append((what, time.monotonic() + limit, f"no progress for {limit:g} s ({setting})"))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="tpuplex-watchdog", daemon=True)
                 self._thread.start()
@@ -117,17 +124,21 @@ class Watchdog:
             with self._lock:
                 self._sections.pop()
 
+    def started(self) -> None:
+        """This process's first step is done: sections armed from now on get `timeout`."""
+        self.starting = False
+
     def _run(self) -> None:
         while True:
             with self._lock:
-                overdue = [(what, deadline) for what, deadline in self._sections if time.monotonic() > deadline]
+                overdue = [(what, cause) for what, deadline, cause in self._sections if time.monotonic() > deadline]
             if overdue:
-                cause = f"no progress for {self.timeout:g} s (runtime.host_timeout)"
-                line = lost_message(overdue[-1][0], self.process_index, self.process_count, cause)
+                what, cause = overdue[-1]
+                line = lost_message(what, self.process_index, self.process_count, cause)
                 sys.stderr.write(f"tpuplex: error: {line}\n")
                 sys.stderr.flush()
                 os._exit(HOST_LOST_EXIT)
-            time.sleep(min(1.0, self.timeout / 10))
+            time.sleep(min(1.0, self.timeout / 10, self.start_timeout / 10))
 
 
 _PEER_ERRORS = ("connection reset", "connection closed", "connection refused", "broken pipe", "unavailable",
@@ -147,11 +158,11 @@ class Hosts:
     ends it. With one process each returns at once without a collective.
     """
 
-    def __init__(self, backend, timeout: float):
+    def __init__(self, backend, timeout: float, start_timeout: float | None = None):
         topology = backend.topology()
         self.count, self.index = topology.host_count, topology.process_index
         self._backend = backend
-        self.watchdog = Watchdog(timeout, self.index, self.count, enabled=self.count > 1)
+        self.watchdog = Watchdog(timeout, self.index, self.count, enabled=self.count > 1, start_timeout=start_timeout)
 
     @classmethod
     def alone(cls) -> Hosts:

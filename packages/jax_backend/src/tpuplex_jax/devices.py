@@ -38,7 +38,7 @@ def select_devices(runtime: RuntimeConfig) -> tuple[jax.sharding.Mesh, Topology]
     on_cpu = runtime.cpu_devices > 0 or requested == "cpu"
     if on_cpu:
         _split_cpu(runtime.cpu_devices)  # before jax.distributed, which fixes each process's devices
-    _initialize_distributed(found, runtime.host_timeout)
+    _initialize_distributed(found, runtime.start_timeout)
     devices = _cpu_devices(runtime.cpu_devices) if on_cpu else _platform_devices(found, explicit=requested != "auto")
     kind = platform_kind(devices[0])
     mesh = sharding.resolve(runtime.mesh, len(devices))

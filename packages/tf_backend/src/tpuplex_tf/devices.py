@@ -100,11 +100,11 @@ def _multi_worker(runtime: RuntimeConfig, found: Topology,
                   tasks: list[tuple[str, int]]) -> tuple[tf.distribute.Strategy, Topology]:
     """MultiWorkerMirroredStrategy over TF_CONFIG's tasks: each process its GPUs, or its one CPU device.
 
-    `runtime.host_timeout` bounds every collective, so a lost worker ends the others with an error."""
+    `runtime.collective_timeout` bounds every collective, so a lost worker ends the others with an error."""
     if runtime.cpu_devices > 1:
         raise TpuplexError(f"runtime.cpu_devices = {runtime.cpu_devices}, but MultiWorkerMirroredStrategy gives "
                            "each worker one CPU device: set runtime.cpu_devices = 0 and start more processes")
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=runtime.host_timeout)
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=runtime.collective_timeout)
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     except (ValueError, RuntimeError) as error:

@@ -195,7 +195,7 @@ class EagerPlacement(Placement):
             raise TpuplexError(f"a GPU was found ({found.source}) but this torch build has no CUDA: install a CUDA "
                                "build of torch, or set runtime.device = \"cpu\"")
         # The process group's timeout bounds how long a collective waits for a lost process.
-        wait = accelerate.utils.InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=runtime.host_timeout))
+        wait = accelerate.utils.InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=runtime.collective_timeout))
         self.accelerator = accelerate.Accelerator(cpu=not use_gpu, kwargs_handlers=[wait])
         self._reduce = accelerate.utils.reduce
         state = self.accelerator.state

@@ -78,7 +78,8 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None, 
     discovered = hardware.discover(config.runtime.device)
     # Joining a multi-process run waits for the others: a process that never arrives must not hang this one.
     processes = hosts.expected_processes()
-    watchdog = hosts.Watchdog(config.runtime.host_timeout, -1, processes, enabled=processes > 1)
+    watchdog = hosts.Watchdog(config.runtime.host_timeout, -1, processes, enabled=processes > 1,
+                              start_timeout=config.runtime.start_timeout)
     with watchdog.watch(f"the start of the {backend_name} backend"):
         backend = registry.create(backend_name, config.runtime)
     topology = backend.topology()

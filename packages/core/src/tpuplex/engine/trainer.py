@@ -183,7 +183,7 @@ class Trainer:
         self.total_steps = train.max_steps or train.epochs * self.steps_per_epoch
         self.warmup = warmup_steps(self.total_steps, train.warmup_ratio)
         self.profile = tuple(runtime.profile_steps)
-        self.hosts = Hosts(backend, runtime.host_timeout)
+        self.hosts = Hosts(backend, runtime.host_timeout, runtime.start_timeout)
         self._processes_agree = False
         self._flops_by_shapes: dict[tuple, float | None] = {}
 
@@ -532,15 +532,18 @@ class _Run:
         first = self.at.step + 1
         rates = [self.trainer.learning_rate(first + i) for i in range(len(group))]
         k = self.trainer.config.train.steps_per_execution
-        with self.trainer.hosts.watchdog.watch(f"step {first}"):
+        watchdog = self.trainer.hosts.watchdog
+        with watchdog.watch(f"step {first}"):
             if k > 1 and len(group) == k:
                 self.state, losses = self.backend.train_steps(self.state, group, rates)
-                return [float(loss) for loss in losses]
-            losses = []
-            for batch, rate in zip(group, rates, strict=True):
-                self.state, loss = self.backend.train_step(self.state, batch, rate)
-                losses.append(float(loss))
-            return losses
+                losses = [float(loss) for loss in losses]
+            else:
+                losses = []
+                for batch, rate in zip(group, rates, strict=True):
+                    self.state, loss = self.backend.train_step(self.state, batch, rate)
+                    losses.append(float(loss))
+        watchdog.started()  # start-up and the first compilation are behind: runtime.host_timeout from here
+        return losses
 
     def _after_steps(self, losses: list[float], step_flops: list[float | None]) -> None:
         """Account for the steps just run: loss check, log records, progress, then the step-cadence events."""
