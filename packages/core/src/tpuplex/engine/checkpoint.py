@@ -40,6 +40,7 @@ from safetensors.numpy import save_file
 
 from tpuplex.errors import CheckpointError
 from tpuplex.hosts import Hosts
+from tpuplex.models.weights import SAFETENSORS_DTYPES
 from tpuplex.protocol import PortableState
 from tpuplex.slices import BlockReader, Index, Slice, as_slices, bounds
 from tpuplex.text_files import as_umask_allows
@@ -241,8 +242,8 @@ def load(path: str | Path, verified: bool = False) -> tuple[PortableState, dict[
     return state, trainer_state
 
 
-_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-           "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_DTYPES = {name: dtype for name, dtype in SAFETENSORS_DTYPES.items() if name != "BF16"}
+"""What a checkpoint's files may hold: tpuplex writes no bfloat16."""
 
 
 class StoredArray(BlockReader):

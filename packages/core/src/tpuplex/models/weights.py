@@ -43,8 +43,8 @@ def load_weights(checkpoint_dir: Path) -> dict[str, SliceReader]:
                           "there (transformers: model.save_pretrained(folder))")
 
 
-_STORED_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
-                  "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
+                      "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 """safetensors' dtype names as the numpy dtype each is mapped as (bfloat16 as its bits, widened when read)."""
 
 
@@ -85,10 +85,10 @@ def stored_tensors(path: Path) -> dict[str, StoredTensor]:
             if name == "__metadata__":
                 continue
             begin, end = entry["data_offsets"]
-            if entry["dtype"] not in _STORED_DTYPES:
+            if entry["dtype"] not in SAFETENSORS_DTYPES:
                 raise CheckpointError(f"{path} stores {name} as {entry['dtype']}, which tpuplex does not read: save "
-                                      f"the model in one of {', '.join(_STORED_DTYPES)}")
-            dtype = np.dtype(_STORED_DTYPES[entry["dtype"]])
+                                      f"the model in one of {', '.join(SAFETENSORS_DTYPES)}")
+            dtype = np.dtype(SAFETENSORS_DTYPES[entry["dtype"]])
             stored = (data[begin:end] if end > begin else np.zeros(0, np.uint8)).view(dtype)
             tensors[name] = StoredTensor(stored.reshape(entry["shape"]), entry["dtype"] == "BF16")
     except (OSError, ValueError, KeyError, TypeError) as error:
@@ -96,7 +96,7 @@ def stored_tensors(path: Path) -> dict[str, StoredTensor]:
     return tensors
 
 
-_SAFETENSORS_DTYPES = {np.dtype(dtype): name for name, dtype in _STORED_DTYPES.items() if name != "BF16"}
+_SAFETENSORS_NAMES = {np.dtype(dtype): name for name, dtype in SAFETENSORS_DTYPES.items() if name != "BF16"}
 """numpy dtypes as the safetensors format names them."""
 BLOCK_BYTES = 64 * 2**20
 """`save_weights` reads and writes an array at most this many bytes at a time (whole rows of dimension 0)."""
@@ -113,7 +113,7 @@ def save_weights(arrays: Mapping[str, SliceReader], path: Path, metadata: Mappin
     for name, array in arrays.items():
         dtype = np.dtype(array.dtype)
         size = math.prod(array.shape) * dtype.itemsize
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(array.shape),
+        header[name] = {"dtype": _SAFETENSORS_NAMES[dtype], "shape": list(array.shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
