@@ -15,7 +15,9 @@ README's CPU recipe:
 on `../shared/text/tinyshakespeare/input.txt` (or `--text`; its prepare.py, given the file, downloads nothing: its
 unused `import requests` is dropped). Two lines of train.py are changed: `torch.manual_seed(1337 + seed_offset)` takes
 the seed from NANOGPT_SEED, and its log line also prints the host clock (below). tpuplex runs
-`examples/shakespeare_char/cpu.toml` (the same recipe) with `--set train.seed=SEED` on each backend.
+`examples/shakespeare_char/cpu.toml` (the same recipe) with `--set train.seed=SEED` on each backend, its model's
+config.json given nanoGPT's vocabulary size (prepare.py's meta.pkl: the text's characters), so that both sides
+train one model on any `--text`.
 
 `--recipe gpu` runs nanoGPT's GPU config as it is (`train.py config/train_shakespeare_char.py`: 6
 layers, 6 heads, 384 wide, context 256, batch 64, dropout 0.2, bf16, 5,000 iterations, on `cuda`) beside
@@ -42,11 +44,13 @@ import argparse
 import itertools
 import json
 import os
+import pickle
 import re
 import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,6 +94,18 @@ def nanogpt_folder(source: Path, work: Path, shakespeare: Path) -> Path:
     (data / "input.txt").write_bytes(shakespeare.read_bytes())
     subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
     return folder
+
+
+def sized_model(config: Path, nanogpt: Path, work: Path) -> Path:
+    """The model folder of tpuplex's `config` in `work/tpuplex-model`, with the vocabulary size of nanoGPT's
+    prepared text (its meta.pkl)."""
+    meta = pickle.loads((nanogpt / "data" / "shakespeare_char" / "meta.pkl").read_bytes())
+    source = config.parent / tomllib.loads(config.read_text())["model"]["checkpoint"] / "config.json"
+    model = work / "tpuplex-model"
+    model.mkdir()
+    sized = {**json.loads(source.read_text()), "vocab_size": meta["vocab_size"]}
+    (model / "config.json").write_text(json.dumps(sized, indent=2) + "\n")
+    return model
 
 
 def run_nanogpt(folder: Path, seed: int, iters: int, recipe: list[str], eval_interval: int) -> dict[str, float]:
@@ -159,12 +175,14 @@ def main() -> None:
     config = CONFIG.with_name("gpu.toml") if gpu else CONFIG
     eval_interval = args.iters if args.quick else 250  # both recipes evaluate every 250 iterations
 
-    def settings(backend: str) -> list[str]:
-        compiled = ['runtime.torch_mode="compile"'] if gpu and backend == "torch" and not args.quick else []
-        return compiled + (QUICK["tpuplex"] if args.quick else [])
-
     args.out.mkdir(parents=True, exist_ok=False)
     folder = nanogpt_folder(args.nanogpt, args.out, args.text)
+    model = sized_model(config, folder, args.out)
+
+    def settings(backend: str) -> list[str]:
+        compiled = ['runtime.torch_mode="compile"'] if gpu and backend == "torch" and not args.quick else []
+        return [f"model.checkpoint={json.dumps(str(model))}", *compiled, *(QUICK["tpuplex"] if args.quick else [])]
+
     results: dict[str, list[dict[str, float]]] = {"nanogpt": [], **{backend: [] for backend in args.backends}}
     for seed in args.seeds:  # alternating: each seed runs every side before the next seed
         for side in results:

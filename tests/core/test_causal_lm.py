@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from tpuplex import models
+from tpuplex import kinds, models
 from tpuplex.commands.generate import bucket, left_padded
 from tpuplex.config import from_dict
 from tpuplex.data.corpus import pack_stream
@@ -16,6 +16,7 @@ from tpuplex.engine.schedule import warmup_cosine_decay
 from tpuplex.errors import TpuplexError
 from tpuplex.models.decoder import initial_params
 from tpuplex.protocol import decays
+from tpuplex.tasks.base import TaskData
 from tpuplex.tasks.causal_lm import TASK, Options
 from tpuplex.tasks.causal_lm.data import (
     Characters,
@@ -210,3 +211,29 @@ def test_a_jsonl_record_without_text_is_refused_naming_its_line(tmp_path, record
     with pytest.raises(TpuplexError, match=message):
         TASK.check(config, options)
         TASK.prepare(config, options, tmp_path)
+
+
+def test_a_from_scratch_config_without_vocab_size_takes_the_tokenizers(tmp_path, minilm_dir):
+    """nanoGPT sizes its vocabulary from the text (meta.pkl): a config.json that leaves vocab_size out gets the
+    run's characters and end-of-text, or the checkpoint tokenizer's size; a task whose data has no tokenizer size
+    is told to set it."""
+    model = tmp_path / "gpt"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": 16, "n_embd": 8,
+                                                   "n_layer": 1, "n_head": 2}))
+    (tmp_path / "input.txt").write_text("to be, or not to be\n" * 20)
+    for tokenizer, size in (("characters", len(set("to be, or not to be\n")) + 1), ("checkpoint", 30522)):
+        config = from_dict({"task": {"name": "causal_lm", "tokenizer": tokenizer},
+                            "model": {"checkpoint": str(model)},
+                            "data": {"train_file": str(tmp_path / "input.txt"), "max_length": 8,
+                                     "cache_dir": str(tmp_path / "cache")}})
+        kind = kinds.resolve(config, TASK)
+        assert kind.arch.vocab_size == 0
+        options = Options(tokenizer=tokenizer)
+        kind.check_data(TASK.prepare(config, options, minilm_dir))
+        assert kind.arch.vocab_size == kind.hf_config["vocab_size"] == size
+        assert kind.spec(config, TASK, TASK.model_data(config, options, minilm_dir)).params[
+            "transformer.wte.weight"].shape == (size, 8)
+    with pytest.raises(TpuplexError, match=r"gpt/config.json has no vocab_size and the run's tokenizer gives it "
+                                           r"none: set vocab_size there"):
+        kinds.resolve(config, TASK).check_data(TaskData())

@@ -1,9 +1,12 @@
 """A run folder stands alone: copied to a new place, with the text it trained on and the config.json folder it
 started from deleted, `tpuplex generate` gives the same text as from the original folder (the vocabulary comes
-from run.json, the model's config.json from the folder's `model/` copy), and an HF export reads it too."""
+from run.json, the model's config.json from the folder's `model/` copy), and an HF export reads it too. The
+config.json leaves `vocab_size` out, as nanoGPT sizes its vocabulary from the text: the run takes the characters
+and end-of-text, and the export's config.json says so."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -14,8 +17,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_a_run_folder_copied_alone_generates_the_same_text(tmp_path, shared_text, capsys) -> None:
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text((shared_text / "tinyshakespeare" / "input.txt").read_text()[:20_000])
+    corpus_text = (shared_text / "tinyshakespeare" / "input.txt").read_text()[:20_000]
+    corpus.write_text(corpus_text)
     model = shutil.copytree(REPO / "examples" / "shakespeare_char" / "gpt-cpu", tmp_path / "gpt-cpu")
+    unsized = json.loads((model / "config.json").read_text())
+    del unsized["vocab_size"]
+    (model / "config.json").write_text(json.dumps(unsized))
     run = tmp_path / "run"
     config = tmp_path / "char.toml"
     config.write_text(f'[task]\nname = "causal_lm"\ntokenizer = "characters"\n[model]\ncheckpoint = "{model}"\n'
@@ -37,4 +44,5 @@ def test_a_run_folder_copied_alone_generates_the_same_text(tmp_path, shared_text
     assert len(set(original.removeprefix("ROMEO:"))) > 3  # sampled characters, not a run of one
     continued = api.Run.open(alone).generate("ROMEO:", tokens=40, temperature=1.0, seed=7)
     assert ("ROMEO:" + continued).rstrip("\n") == original
-    assert (api.Run.open(alone).export("hf") / "config.json").is_file()
+    exported = json.loads((api.Run.open(alone).export("hf") / "config.json").read_text())
+    assert exported["vocab_size"] == len(set(corpus_text)) + 1

@@ -80,6 +80,9 @@ class Trained:
     def read(cls, found: run_folder.Found) -> Trained:
         task = tasks.get(found.config.task.name)
         kind = kinds.resolve(found.config, task)
+        rebuilt = task.model_data(found.config, tasks.options(task, found.config.task.options), kind.checkpoint_dir)
+        if rebuilt is not None:
+            kind.check_data(rebuilt)  # sizes what the model's config.json left to the run's tokenizer
         state, info = checkpoint.load(found.checkpoint, verified=True)
         return cls(found, task, kind, kind.lora(found.config), state, info)
 

@@ -50,6 +50,7 @@ class DecoderArch:
 
     family: str
     vocab_size: int
+    """0 where config.json leaves it to the run's tokenizer (`tpuplex.kinds.decoder`)."""
     hidden_size: int
     num_layers: int
     num_heads: int

@@ -22,7 +22,7 @@ def read(config: ConfigReader) -> DecoderArch:
     residual = config.get("resid_pdrop", float, 0.1)
     bias = config.get("bias", bool, True)
     return DecoderArch(
-        family="gpt2", vocab_size=config.positive("vocab_size"), hidden_size=hidden,
+        family="gpt2", vocab_size=config.positive("vocab_size", None) or 0, hidden_size=hidden,
         num_layers=config.positive("n_layer"), num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
         intermediate_size=config.positive("n_inner", None) or 4 * hidden,
         max_positions=config.positive("n_positions"), rope_theta=0.0, rms_norm=False, norm_bias=bias,

@@ -27,7 +27,7 @@ def read(config: ConfigReader) -> DecoderArch:
     hidden, heads = config.positive("hidden_size"), config.positive("num_attention_heads")
     head_dim = config.get("head_dim", int, None) or hidden // heads
     return DecoderArch(
-        family="llama", vocab_size=config.positive("vocab_size"), hidden_size=hidden,
+        family="llama", vocab_size=config.positive("vocab_size", None) or 0, hidden_size=hidden,
         num_layers=config.positive("num_hidden_layers"), num_heads=heads,
         num_kv_heads=config.get("num_key_value_heads", int, None) or heads, head_dim=head_dim,
         intermediate_size=config.positive("intermediate_size"),

@@ -100,6 +100,11 @@ class TaskData:
         use them, whatever the files hold by then."""
         return {}
 
+    def vocabulary_size(self) -> int | None:
+        """The ids the run's tokenizer gives (a from-scratch model's `vocab_size` where its config.json leaves it
+        out); None where the task has no tokenizer of its own."""
+        return None
+
     def report(self) -> dict[str, Any]:
         """What results.json says about the data beyond its splits' sizes (e.g. words cut at max_length)."""
         return {}

@@ -12,6 +12,7 @@ same seed gives the same tokens on every backend.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -41,7 +42,17 @@ class Decoders(ModelKind):
                                f"{self.arch.max_length}")
 
     def check_data(self, data: Any) -> None:
-        """Token ids beyond the embedding table would index out of range deep inside a framework."""
+        """A config.json without `vocab_size` takes the size of the run's tokenizer (`TaskData.vocabulary_size`:
+        a character vocabulary's characters and end-of-text, nanoGPT's `meta.pkl`), here and in `hf_config`, so
+        an export's config.json has it. Token ids beyond the embedding table would index out of range deep
+        inside a framework."""
+        if not self.arch.vocab_size:
+            size = data.vocabulary_size()
+            if not size:
+                raise TpuplexError(f"{self.checkpoint_dir / 'config.json'} has no vocab_size and the run's "
+                                   "tokenizer gives it none: set vocab_size there")
+            self.arch = dataclasses.replace(self.arch, vocab_size=size)
+            self.hf_config = {**self.hf_config, "vocab_size": size}
         for split, encoded in data.splits().items():
             if encoded.max_token_id >= self.arch.vocab_size:
                 raise TpuplexError(f"the tokenizer gives token id {encoded.max_token_id} on {split}, but the model "

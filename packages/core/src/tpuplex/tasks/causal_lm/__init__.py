@@ -104,6 +104,9 @@ class CausalLMData(TaskData):
         metrics = token_metrics(outputs, weight)
         return {**metrics, "answer_accuracy": chat.answer_accuracy(outputs, weight)} if self.answers else metrics
 
+    def vocabulary_size(self) -> int:
+        return self.vocabulary.size
+
     def pinned_options(self) -> dict[str, Any]:
         return {"characters": self.vocabulary.characters} if isinstance(self.vocabulary, Characters) else {}
 

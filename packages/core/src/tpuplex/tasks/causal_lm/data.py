@@ -87,6 +87,12 @@ class Characters:
     def end_of_text(self) -> int:
         return len(self.characters)
 
+    @property
+    def size(self) -> int:
+        """The ids it gives: the characters and end-of-text (nanoGPT's vocabulary has no end-of-text id: it
+        trains on one document)."""
+        return len(self.characters) + 1
+
     def encode(self, text: str, what: str) -> np.ndarray:
         """int32 ids of `text`; one clear error naming a character the vocabulary lacks."""
         codes = np.frombuffer(text.encode("utf-32-le"), np.uint32)
@@ -117,6 +123,10 @@ class CheckpointTokenizer:
         found = (self.tokenizer.token_to_id(token) for token in [*([named] if isinstance(named, str) else []),
                                                                  *END_OF_TEXT])
         self.end_of_text = next((token for token in found if token is not None), None)
+
+    @property
+    def size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, what: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
