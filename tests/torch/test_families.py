@@ -37,13 +37,23 @@ def test_pytorch_model_bin_reads_without_torch_as_safetensors_does(family_dir, t
 
 
 def test_pytorch_model_bin_with_bfloat16_and_views(tmp_path):
+    """Tensors come out as views of their storages, mapped from the archive, not read: a block of rows reads its
+    own rows, a transposed or sliced view its own elements."""
     weight = torch.randn(4, 6)
-    state = {"a": weight.to(torch.bfloat16), "b": weight.t(), "c": weight[1:3], "n": torch.arange(5)}
+    state = {"a": weight.to(torch.bfloat16), "b": weight.t(), "c": weight[1:3], "n": torch.arange(5),
+             "h": weight.half(), "s": torch.tensor(2.5)}
     torch.save(state, tmp_path / "pytorch_model.bin")
     loaded = load_weights(tmp_path)
     for name, tensor in state.items():
         expected = tensor.float().numpy() if tensor.is_floating_point() else tensor.numpy()
         np.testing.assert_array_equal(loaded[name], expected)
+        assert loaded[name].dtype == expected.dtype
+        block = (slice(1, 2),) if tensor.dim() else ()
+        np.testing.assert_array_equal(loaded[name][block], expected[block])
+        base = loaded[name].stored
+        while not isinstance(base, np.memmap) and base is not None:
+            base = base.base
+        assert isinstance(base, np.memmap), name
 
 
 def test_pytorch_model_bin_that_runs_code_is_refused(tmp_path):

@@ -17,6 +17,7 @@ import pickle
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,14 +32,13 @@ _STORAGE_DTYPES = {"FloatStorage": np.float32, "DoubleStorage": np.float64, "Hal
 
 
 def load_weights(checkpoint_dir: Path) -> dict[str, SliceReader]:
-    """Every tensor of the folder's weights file, float tensors read as float32 (bfloat16 and float16 widened
-    exactly): `StoredTensor`s of model.safetensors, whole arrays of pytorch_model.bin."""
+    """Every tensor of the folder's weights file as a `StoredTensor` (mapped, read a block at a time), float
+    tensors read as float32 (bfloat16 and float16 widened exactly): model.safetensors, else pytorch_model.bin."""
     folder = Path(checkpoint_dir)
     if (folder / SAFETENSORS).is_file():
         return stored_tensors(folder / SAFETENSORS)
     if (folder / PICKLE).is_file():
-        return {name: array.astype(np.float32) if np.issubdtype(array.dtype, np.floating) else array
-                for name, array in _load_pickled(folder / PICKLE).items()}
+        return _load_pickled(folder / PICKLE)
     raise CheckpointError(f"model checkpoint {folder} has neither {SAFETENSORS} nor {PICKLE}: save the model "
                           "there (transformers: model.save_pretrained(folder))")
 
@@ -50,10 +50,10 @@ SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "
 
 @dataclasses.dataclass(frozen=True)
 class StoredTensor(BlockReader):
-    """One tensor of a safetensors file, mapped, not read: a block reads only its own pages. Floats come out as
+    """One tensor of a weights file, mapped, not read: a block reads only its own pages. Floats come out as
     float32; bfloat16 is float32's upper half, so it widens exactly by a shift."""
 
-    stored: np.ndarray  # the tensor as the file stores it: a view of the file's memory map
+    stored: np.ndarray  # the tensor as the file stores it: a view of the file's memory map (strided for a torch view)
     bfloat16: bool
 
     @property
@@ -131,7 +131,10 @@ def save_weights(arrays: Mapping[str, SliceReader], path: Path, metadata: Mappin
                 file.write(np.ascontiguousarray(array[(slice(first, first + rows),)]).data)  # no copy to bytes
 
 
-def _load_pickled(path: Path) -> dict[str, np.ndarray]:
+def _load_pickled(path: Path) -> dict[str, StoredTensor]:
+    """The tensors of a torch.save zip archive, through a weights-only unpickler (no torch), each a view of its
+    storage's entry in the archive, mapped where the entry is stored uncompressed (torch.save stores every one
+    so)."""
     try:
         with zipfile.ZipFile(path) as archive:
             pickled = next((name for name in archive.namelist() if name.endswith("/data.pkl")), None)
@@ -140,20 +143,25 @@ def _load_pickled(path: Path) -> dict[str, np.ndarray]:
                                       "model.save_pretrained(folder, safe_serialization=True)")
             root = pickled.removesuffix("data.pkl")
             with archive.open(pickled) as file:
-                state = _WeightsUnpickler(file, archive, root).load()
+                state = _WeightsUnpickler(file, path, archive, root).load()
     except zipfile.BadZipFile as error:
         raise _unreadable(path, error) from None
-    except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError) as error:
+    except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError, OSError) as error:
         raise _unreadable(path, error) from None
-    if not isinstance(state, dict) or not all(isinstance(v, np.ndarray) for v in state.values()):
+    if not isinstance(state, dict) or not all(isinstance(v, StoredTensor) for v in state.values()):
         raise _unreadable(path, "it does not hold a state dict of tensors")
     return dict(state)
 
 
+class _Storage(NamedTuple):
+    data: np.ndarray  # flat, as stored (bfloat16 as its bits)
+    bfloat16: bool
+
+
 class _WeightsUnpickler(pickle.Unpickler):
-    def __init__(self, file, archive: zipfile.ZipFile, root: str):
+    def __init__(self, file, path: Path, archive: zipfile.ZipFile, root: str):
         super().__init__(file)
-        self.archive, self.root = archive, root
+        self.path, self.archive, self.root = path, archive, root
 
     def find_class(self, module: str, name: str):
         if (module, name) == ("collections", "OrderedDict"):
@@ -168,15 +176,36 @@ class _WeightsUnpickler(pickle.Unpickler):
         kind, storage_type, key, _location, _numel = pid
         if kind != "storage" or storage_type not in _STORAGE_DTYPES:
             raise pickle.UnpicklingError(f"unknown storage {storage_type!r}")
-        data = np.frombuffer(self.archive.read(f"{self.root}data/{key}"), _STORAGE_DTYPES[storage_type])
-        if storage_type == "BFloat16Storage":  # bfloat16 is float32's upper half: widen exactly
-            data = (data.astype(np.uint32) << 16).view(np.float32)
-        return data
+        dtype = np.dtype(_STORAGE_DTYPES[storage_type])
+        info = self.archive.getinfo(f"{self.root}data/{key}")
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size < dtype.itemsize:
+            data = np.frombuffer(self.archive.read(info), dtype)
+        else:
+            data = np.memmap(self.path, dtype, mode="r", offset=_data_offset(self.path, info),
+                             shape=(info.file_size // dtype.itemsize,))
+        return _Storage(data, storage_type == "BFloat16Storage")
 
 
-def _rebuild_tensor(storage: np.ndarray, offset: int, size, stride, *_ignored) -> np.ndarray:
-    strides = [step * storage.itemsize for step in stride]
-    return np.lib.stride_tricks.as_strided(storage[offset:], tuple(size), strides).copy()
+def _data_offset(path: Path, info: zipfile.ZipInfo) -> int:
+    """Where an uncompressed entry's bytes start in the archive: after its local header (30 bytes, then its
+    name and extra field, whose lengths the header's last four bytes give)."""
+    with open(path, "rb") as file:
+        file.seek(info.header_offset)
+        local = file.read(30)
+    if local[:4] != b"PK\x03\x04":
+        raise ValueError(f"no local header for {info.filename}")
+    return info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+
+
+def _rebuild_tensor(storage: _Storage, offset: int, size, stride, *_ignored) -> StoredTensor:
+    """torch's tensor of `size` and `stride` (in elements) from `offset` of its storage, as a view of it."""
+    size, stride = tuple(size), tuple(stride)
+    last = offset + sum((length - 1) * step for length, step in zip(size, stride, strict=True))
+    if any(step < 0 for step in stride) or (all(size) and not 0 <= offset <= last < len(storage.data)):
+        raise pickle.UnpicklingError("a tensor reaches past its storage")
+    strides = [step * storage.data.itemsize for step in stride]
+    view = np.lib.stride_tricks.as_strided(storage.data[offset:], size, strides, writeable=False)
+    return StoredTensor(view, storage.bfloat16)
 
 
 def _unreadable(path: Path, error) -> CheckpointError:
