@@ -54,7 +54,14 @@ from tpuplex.tasks.base import (
 )
 from tpuplex.tasks.causal_lm import chat
 from tpuplex.tasks.causal_lm import data as text
-from tpuplex.tasks.causal_lm.data import Characters, CheckpointTokenizer, CorpusEncoder, NextTokenRows, Vocabulary
+from tpuplex.tasks.causal_lm.data import (
+    Characters,
+    CheckpointTokenizer,
+    CorpusEncoder,
+    NextTokenRows,
+    Vocabulary,
+    WindowSlots,
+)
 
 TOKENIZERS = ("characters", "checkpoint")
 SAMPLINGS = ("epochs", "random_windows")
@@ -78,7 +85,7 @@ class Options:
 @dataclasses.dataclass
 class CausalLMData(TaskData):
     name: str
-    train: NextTokenRows | None
+    train: NextTokenRows | WindowSlots | None
     eval: dict[str, NextTokenRows]
     vocabulary: Vocabulary
     windows: NextTokenRows | None = None
@@ -192,8 +199,9 @@ class CausalLM(Task):
             evaluation["validation"] = NextTokenRows(train.source, cut).check(what)
             train = NextTokenRows(train.source, 0, cut)
         train.check(f"data.train_file {data.train_file}")
-        windows = train if options.sampling == "random_windows" else None
-        return CausalLMData(data.dataset, train, evaluation, vocabulary, windows, config.train.seed)
+        if options.sampling == "random_windows":
+            return CausalLMData(data.dataset, WindowSlots(train), evaluation, vocabulary, train, config.train.seed)
+        return CausalLMData(data.dataset, train, evaluation, vocabulary, None, config.train.seed)
 
     def model_data(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData | None:
         """Generation reads no text: the vocabulary is the run's pinned characters or the checkpoint's tokenizer."""
