@@ -21,6 +21,7 @@ from tpuplex.tasks.causal_lm import TASK, Options
 from tpuplex.tasks.causal_lm.data import (
     Characters,
     NextTokenRows,
+    WindowSlots,
     next_token_rows,
     random_windows,
     stream,
@@ -237,3 +238,21 @@ def test_a_from_scratch_config_without_vocab_size_takes_the_tokenizers(tmp_path,
     with pytest.raises(TpuplexError, match=r"gpt/config.json has no vocab_size and the run's tokenizer gives it "
                                            r"none: set vocab_size there"):
         kinds.resolve(config, TASK).check_data(TaskData())
+
+
+def test_random_window_steps_read_no_rows(tmp_path):
+    """Under random-window sampling the Batcher's rows only count the epoch's steps: none is read (the step's
+    tokens are the windows `random_windows` draws); sizes and fingerprint are the stream's."""
+    (tmp_path / "input.txt").write_text("to be, or not to be\n" * 20)
+    config = from_dict({"task": {"name": "causal_lm", "tokenizer": "characters", "sampling": "random_windows"},
+                        "data": {"train_file": str(tmp_path / "input.txt"), "max_length": 8,
+                                 "cache_dir": str(tmp_path / "cache")}})
+    data = TASK.prepare(config, Options(tokenizer="characters", sampling="random_windows"), tmp_path)
+    slots, stream = data.train, data.windows
+    assert isinstance(slots, WindowSlots) and not isinstance(stream, WindowSlots)
+    assert (len(slots), slots.fingerprint(), slots.token_count) == (len(stream), stream.fingerprint(),
+                                                                    stream.token_count)
+    rows = slots.rows(np.arange(3), 9)
+    assert not rows["input_ids"].any() and rows["attention_mask"].all()
+    batch = data.train_batch({**rows, "weight": np.ones(3, np.float32)}, step=1)
+    assert batch["input_ids"].shape == (3, 8) and batch["input_ids"].any()

@@ -85,7 +85,7 @@ class Options:
 @dataclasses.dataclass
 class CausalLMData(TaskData):
     name: str
-    train: NextTokenRows | WindowSlots | None
+    train: NextTokenRows | None
     eval: dict[str, NextTokenRows]
     vocabulary: Vocabulary
     windows: NextTokenRows | None = None
@@ -200,7 +200,8 @@ class CausalLM(Task):
             train = NextTokenRows(train.source, 0, cut)
         train.check(f"data.train_file {data.train_file}")
         if options.sampling == "random_windows":
-            return CausalLMData(data.dataset, WindowSlots(train), evaluation, vocabulary, train, config.train.seed)
+            slots = WindowSlots(train.source, train.first, train.stop)
+            return CausalLMData(data.dataset, slots, evaluation, vocabulary, train, config.train.seed)
         return CausalLMData(data.dataset, train, evaluation, vocabulary, None, config.train.seed)
 
     def model_data(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData | None:
