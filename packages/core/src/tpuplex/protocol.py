@@ -242,7 +242,9 @@ class Backend(Protocol):
 
     def state_from_arrays(self, state: Any, arrays: PortableState) -> Any:
         """A state equal to `arrays` (each a `tpuplex.slices.SliceReader`: read only the blocks this process's
-        devices hold); raises TpuplexError naming missing/unexpected/mis-shaped parameters."""
+        devices hold); raises TpuplexError naming missing/unexpected/mis-shaped parameters. `state` is spent, as a
+        donated buffer is: a backend may write the restored values into it or free it first (so a restore never
+        holds two states); use the one returned."""
 
     def compile_count(self) -> int:
         """Programs the framework has compiled (or traced) so far, for the recompilation guard."""

@@ -141,7 +141,11 @@ class JaxBackend(BackendBase):
 
     def state_from_arrays(self, state: step.TrainState, arrays: PortableState) -> step.TrainState:
         programs = self._require_init()
-        return self._place(checkpoint.from_portable(arrays, state, programs))
+        restored = checkpoint.from_portable(arrays, state, programs)  # host views; `state` gave only the structure
+        for leaf in jax.tree.leaves(state):  # freed before the restored state is placed: never both on the devices
+            if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+                leaf.delete()
+        return self._place(restored)
 
     def generate(self, state: step.TrainState, prompts: Prompts) -> np.ndarray:
         programs = self._require_init()
