@@ -7,16 +7,20 @@
 - dropout after the attention output, none after the feed-forward block.
 """
 
+from tpuplex.errors import TpuplexError
 from tpuplex.models.architecture import Architecture
-from tpuplex.models.family import ConfigReader, Family
+from tpuplex.models.family import MAX_LAYERS, ConfigReader, Family
 
 _LAYER = "albert.encoder.albert_layer_groups.{group}.albert_layers.{inner}"
 
 
 def _read(config: ConfigReader) -> Architecture:
     config.absolute_positions()
-    layers, groups = config.positive("num_hidden_layers"), config.positive("num_hidden_groups", 1)
-    inner = config.positive("inner_group_num", 1)
+    layers, groups = config.layers("num_hidden_layers"), config.layers("num_hidden_groups", 1)
+    inner = config.layers("inner_group_num", 1)
+    if layers * inner > MAX_LAYERS:
+        raise TpuplexError(f"num_hidden_layers x inner_group_num = {layers * inner} in {config.path} is more layers "
+                           f"than tpuplex builds (at most {MAX_LAYERS:,}): fix the checkpoint's config.json")
     schedule = tuple(int(i / (layers / groups)) * inner + j for i in range(layers) for j in range(inner))
     hidden_dropout = config.get("hidden_dropout_prob", float, 0.0)
     return Architecture(

@@ -100,9 +100,14 @@ class SpeechFamily:
 def read(hf_config: Mapping[str, Any], path: Path | str = "config.json") -> ConformerArch:
     config = ConfigReader(hf_config, path)
     defaults = ConformerArch()
-    arch = ConformerArch(**{field.name: config.get(field.name, type(getattr(defaults, field.name)),
-                                                   getattr(defaults, field.name))
-                            for field in dataclasses.fields(ConformerArch)})
+
+    def value(name: str) -> Any:
+        default = getattr(defaults, name)
+        if type(default) is not int:
+            return config.get(name, type(default), default)
+        return config.layers(name, default) if name == "num_layers" else config.positive(name, default)
+
+    arch = ConformerArch(**{field.name: value(field.name) for field in dataclasses.fields(ConformerArch)})
     if arch.hidden_size % arch.num_heads:
         raise TpuplexError(f"{path}: hidden_size {arch.hidden_size} does not divide into {arch.num_heads} heads")
     if arch.conv_kernel % 2 == 0:

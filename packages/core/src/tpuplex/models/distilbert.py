@@ -22,7 +22,7 @@ def _read(config: ConfigReader) -> Architecture:
         num_heads=config.positive("n_heads"), intermediate_size=config.positive("hidden_dim"),
         max_positions=config.positive("max_position_embeddings"), type_vocab_size=0, token_types=False,
         position_offset=0, layer_norm_eps=1e-12, hidden_act=config.activation("activation", "gelu"),
-        embedding_projection=False, block_schedule=tuple(range(config.positive("n_layers"))), blocks_per_group=1,
+        embedding_projection=False, block_schedule=tuple(range(config.layers("n_layers"))), blocks_per_group=1,
         embedding_dropout=dropout,
         attention_dropout=config.get("attention_dropout", float, 0.1), attention_output_dropout=0.0,
         ffn_output_dropout=dropout,

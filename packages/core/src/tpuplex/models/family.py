@@ -17,6 +17,8 @@ from tpuplex.errors import TpuplexError
 from tpuplex.models.architecture import ACTIVATIONS, Architecture, canonical_shapes
 
 _REQUIRED = object()
+MAX_LAYERS = 10_000
+"""The most layers a config.json may ask for: 100x the deepest published models, far past anything one builds."""
 _DROPOUT = re.compile(r"dropout|pdrop")
 """config.json keys that hold a dropout rate (`hidden_dropout_prob`, GPT-2's `resid_pdrop`, ...)."""
 
@@ -42,6 +44,8 @@ class ConfigReader:
             if kind is float and _DROPOUT.search(key) and not 0 <= value <= 1:
                 raise TpuplexError(f"{key} = {value!r} in {self.path} is a dropout rate, which must be in [0, 1]: fix "
                                    "the checkpoint's config.json")
+            if kind is float and value < 0:  # every rate, epsilon, scale and theta a family reads
+                raise TpuplexError(f"{key} = {value!r} in {self.path} is negative: fix the checkpoint's config.json")
             return kind(value)
         raise TpuplexError(f"{key} = {value!r} in {self.path} is not a{'n' if kind is int else ''} "
                            f"{kind.__name__}: fix the checkpoint's config.json")
@@ -58,6 +62,15 @@ class ConfigReader:
         value = self.get(key, int, default)
         if value is not None and value <= 0:
             raise TpuplexError(f"{key} = {value} in {self.path} must be positive: fix the checkpoint's config.json")
+        return value
+
+    def layers(self, key: str, default: Any = _REQUIRED) -> int:
+        """A count of layers (or of layer groups): positive and at most MAX_LAYERS, since every layer is built and
+        applied one by one."""
+        value = self.positive(key, default)
+        if value > MAX_LAYERS:
+            raise TpuplexError(f"{key} = {value} in {self.path} is more layers than tpuplex builds (at most "
+                               f"{MAX_LAYERS:,}): fix the checkpoint's config.json")
         return value
 
     def absolute_positions(self) -> None:
@@ -148,7 +161,7 @@ def read_bert_style(config: ConfigReader, family: str, *, token_types: bool = Tr
         type_vocab_size=config.positive("type_vocab_size", 2), token_types=token_types,
         position_offset=position_offset, layer_norm_eps=config.get("layer_norm_eps", float, 1e-12),
         hidden_act=config.activation("hidden_act", "gelu"), embedding_projection=embedding_size != hidden,
-        block_schedule=tuple(range(config.positive("num_hidden_layers"))), blocks_per_group=1,
+        block_schedule=tuple(range(config.layers("num_hidden_layers"))), blocks_per_group=1,
         embedding_dropout=hidden_dropout,
         attention_dropout=config.get("attention_probs_dropout_prob", float, 0.1),
         attention_output_dropout=hidden_dropout, ffn_output_dropout=hidden_dropout,

@@ -23,7 +23,7 @@ def read(config: ConfigReader) -> DecoderArch:
     bias = config.get("bias", bool, True)
     return DecoderArch(
         family="gpt2", vocab_size=config.positive("vocab_size", None) or 0, hidden_size=hidden,
-        num_layers=config.positive("n_layer"), num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
+        num_layers=config.layers("n_layer"), num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
         intermediate_size=config.positive("n_inner", None) or 4 * hidden,
         max_positions=config.positive("n_positions"), rope_theta=0.0, rms_norm=False, norm_bias=bias,
         norm_eps=config.get("layer_norm_epsilon", float, 1e-5),

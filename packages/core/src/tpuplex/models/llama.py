@@ -25,11 +25,11 @@ def read(config: ConfigReader) -> DecoderArch:
     if config.get("pretraining_tp", int, 1) != 1:
         raise TpuplexError(f"pretraining_tp in {config.path} must be 1: tpuplex computes the projections whole")
     hidden, heads = config.positive("hidden_size"), config.positive("num_attention_heads")
-    head_dim = config.get("head_dim", int, None) or hidden // heads
+    head_dim = config.positive("head_dim", None) or hidden // heads
     return DecoderArch(
         family="llama", vocab_size=config.positive("vocab_size", None) or 0, hidden_size=hidden,
-        num_layers=config.positive("num_hidden_layers"), num_heads=heads,
-        num_kv_heads=config.get("num_key_value_heads", int, None) or heads, head_dim=head_dim,
+        num_layers=config.layers("num_hidden_layers"), num_heads=heads,
+        num_kv_heads=config.positive("num_key_value_heads", None) or heads, head_dim=head_dim,
         intermediate_size=config.positive("intermediate_size"),
         max_positions=config.positive("max_position_embeddings"), rope_theta=rope_theta(config), rms_norm=True,
         norm_bias=False,

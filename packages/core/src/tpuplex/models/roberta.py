@@ -4,12 +4,22 @@
 - one token type (type_vocab_size 1): segment ids are not fed.
 """
 
-from tpuplex.models.family import Family, bert_style_modules, read_bert_style
+from tpuplex.errors import TpuplexError
+from tpuplex.models.family import ConfigReader, Family, bert_style_modules, read_bert_style
+
+
+def position_offset(config: ConfigReader) -> int:
+    """The first real token's position id: pad_token_id + 1, inside the position table."""
+    pad, positions = config.get("pad_token_id", int, 1), config.positive("max_position_embeddings")
+    if not 0 <= pad < positions - 1:
+        raise TpuplexError(f"pad_token_id = {pad} in {config.path} leaves no position for a token (RoBERTa counts "
+                           f"positions from pad_token_id + 1 up to max_position_embeddings = {positions}): fix the "
+                           "checkpoint's config.json")
+    return pad + 1
 
 ROBERTA = Family(
     model_types=("roberta", "xlm-roberta"),
     prefix="roberta",
     modules=bert_style_modules("roberta"),
-    read=lambda config: read_bert_style(config, "roberta", token_types=False,
-                                        position_offset=config.get("pad_token_id", int, 1) + 1),
+    read=lambda config: read_bert_style(config, "roberta", token_types=False, position_offset=position_offset(config)),
 )

@@ -114,7 +114,7 @@ def read(config: ConfigReader) -> ViT:
         raise TpuplexError(f"{config.path}: hidden size {hidden} is not divisible by {heads} attention heads: fix "
                            "the checkpoint's config.json")
     return ViT(image_size=image_size, patch_size=patch_size, num_channels=config.positive("num_channels", 3),
-               hidden_size=hidden, num_layers=config.positive("num_hidden_layers", 12), num_heads=heads,
+               hidden_size=hidden, num_layers=config.layers("num_hidden_layers", 12), num_heads=heads,
                intermediate_size=config.positive("intermediate_size", 3072),
                hidden_act=config.activation("hidden_act", "gelu"),
                layer_norm_eps=config.get("layer_norm_eps", float, 1e-12), qkv_bias=config.get("qkv_bias", bool, True),
