@@ -44,8 +44,8 @@ class Decoders(ModelKind):
     def check_data(self, data: Any) -> None:
         """A config.json without `vocab_size` takes the size of the run's tokenizer (`TaskData.vocabulary_size`:
         a character vocabulary's characters, as nanoGPT's meta.pkl counts them, and end-of-text), here and in
-        `hf_config`, so an export's config.json has it. Token ids beyond the embedding table would index out of range deep
-        inside a framework."""
+        `hf_config`, so an export's config.json has it. Token ids beyond the embedding table would index out of
+        range deep inside a framework."""
         if not self.arch.vocab_size:
             size = data.vocabulary_size()
             if not size:
