@@ -142,8 +142,9 @@ def _load_pickled(path: Path) -> dict[str, StoredTensor]:
                 raise CheckpointError(f"{path} has no data.pkl: it is not a torch.save zip archive; re-save it with "
                                       "model.save_pretrained(folder, safe_serialization=True)")
             root = pickled.removesuffix("data.pkl")
+            mapped = np.memmap(path, np.uint8, mode="r")
             with archive.open(pickled) as file:
-                state = _WeightsUnpickler(file, path, archive, root).load()
+                state = _WeightsUnpickler(file, mapped, archive, root).load()
     except zipfile.BadZipFile as error:
         raise _unreadable(path, error) from None
     except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError, OSError) as error:
@@ -159,9 +160,9 @@ class _Storage(NamedTuple):
 
 
 class _WeightsUnpickler(pickle.Unpickler):
-    def __init__(self, file, path: Path, archive: zipfile.ZipFile, root: str):
+    def __init__(self, file, mapped: np.ndarray, archive: zipfile.ZipFile, root: str):
         super().__init__(file)
-        self.path, self.archive, self.root = path, archive, root
+        self.mapped, self.archive, self.root = mapped, archive, root  # mapped: the whole archive's bytes
 
     def find_class(self, module: str, name: str):
         if (module, name) == ("collections", "OrderedDict"):
@@ -178,20 +179,18 @@ class _WeightsUnpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"unknown storage {storage_type!r}")
         dtype = np.dtype(_STORAGE_DTYPES[storage_type])
         info = self.archive.getinfo(f"{self.root}data/{key}")
-        if info.compress_type != zipfile.ZIP_STORED or info.file_size < dtype.itemsize:
+        if info.compress_type == zipfile.ZIP_STORED:
+            start = _data_offset(self.mapped, info)
+            data = self.mapped[start : start + info.file_size].view(dtype)
+        else:  # an archive zipped again: the entry is read whole
             data = np.frombuffer(self.archive.read(info), dtype)
-        else:
-            data = np.memmap(self.path, dtype, mode="r", offset=_data_offset(self.path, info),
-                             shape=(info.file_size // dtype.itemsize,))
         return _Storage(data, storage_type == "BFloat16Storage")
 
 
-def _data_offset(path: Path, info: zipfile.ZipInfo) -> int:
-    """Where an uncompressed entry's bytes start in the archive: after its local header (30 bytes, then its
-    name and extra field, whose lengths the header's last four bytes give)."""
-    with open(path, "rb") as file:
-        file.seek(info.header_offset)
-        local = file.read(30)
+def _data_offset(mapped: np.ndarray, info: zipfile.ZipInfo) -> int:
+    """Where an uncompressed entry's bytes start in the archive `mapped`: after its local header (30 bytes, then
+    its name and extra field, whose lengths the header's last four bytes give)."""
+    local = bytes(mapped[info.header_offset : info.header_offset + 30])
     if local[:4] != b"PK\x03\x04":
         raise ValueError(f"no local header for {info.filename}")
     return info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
