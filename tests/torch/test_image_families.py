@@ -118,14 +118,15 @@ def test_an_hf_checkpoint_folder_starts_from_its_weights(tmp_path):
 
 
 def test_a_fused_update_restores_and_trains_channels_last_kernels(tmp_path, monkeypatch):
-    """On a GPU AdamW is fused, and its kernel takes every tensor of a parameter in one layout (CUDA refuses
-    others): restored moments have their parameter's strides (channels-last convolution kernels). torch's CPU fused
-    kernel does not check the layout, so the strides are checked here, and the losses against the foreach update,
-    through a resume."""
+    """AdamW is fused, and its kernel takes every tensor of a parameter in one layout (CUDA refuses others):
+    restored moments have their parameter's strides (channels-last convolution kernels). torch's CPU fused kernel
+    does not check the layout, so the strides are checked here, and the losses against the foreach update (what
+    XLA runs), through a resume."""
     spec = image_family_spec(checks.write_config(tmp_path / "resnet", checks.TRAINING["resnet-cifar"]),
                              checks.NUM_LABELS, dropout=False)
+    monkeypatch.setattr(step, "fused_update", lambda model: False)
     foreach, _ = checks.train(TorchBackend(RuntimeConfig(device="cpu")), spec, steps=4, resume_at=2)
-    monkeypatch.setattr(step, "fused_update", lambda model: True)
+    monkeypatch.undo()
     backend = TorchBackend(RuntimeConfig(device="cpu"))
     fused, _ = checks.train(backend, spec, steps=4, resume_at=2)
     np.testing.assert_allclose(fused, foreach, rtol=1e-5)
