@@ -43,3 +43,15 @@ def test_a_path_on_the_command_line_stays_relative_to_where_the_command_runs(tmp
     assert loaded.data.train_file == str(tmp_path / "configs" / "data" / "train.csv")
     assert loaded.data.test_file == "elsewhere.csv"  # not beside the config: relative to the working directory
     assert loaded.data.eval_files == ("data/dev.csv",)
+
+
+def test_a_config_path_found_only_in_the_working_directory_is_read_with_a_note(tmp_path, monkeypatch,
+                                                                                capsys) -> None:
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "run.toml").write_text('[data]\ntrain_file = "train.csv"\ntest_file = "test.csv"\n')
+    (tmp_path / "train.csv").write_text("label,text\n1,a\n")
+    monkeypatch.chdir(tmp_path)
+    loaded = config.load(Path("configs/run.toml"))
+    assert loaded.data.train_file == "train.csv"
+    assert capsys.readouterr().err == (f"tpuplex: note: data.train_file = 'train.csv' is not in {tmp_path / 'configs'};"
+                                       f" read from the working directory: {tmp_path / 'train.csv'}\n")

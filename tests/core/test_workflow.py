@@ -238,6 +238,12 @@ def test_a_report_folder_a_report_wrote_may_be_written_again(trained, tmp_path) 
     assert sorted(child.name for child in (tmp_path / "report").iterdir()) == ["report.md", "report.png"]
 
 
+def test_bf16_on_the_numpy_backend_is_one_warning_line(write_config, capsys) -> None:
+    config = write_config(train__bf16=True, train__max_steps=2)
+    assert cli.main(["train", str(config), "--backend", "numpy"]) == 0
+    assert capsys.readouterr().err.count("tpuplex: warning: train.bf16 = true computes in bfloat16") == 1
+
+
 def test_outputs_take_the_permissions_the_umask_gives(write_config, with_test_file, tmp_path) -> None:
     """run.json, results.json, checkpoints, predictions and exports are written through hidden staging names, which
     `tempfile` makes private; they end with the mode any file the user creates gets (here umask 022)."""

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import sys
 import tomllib
 import typing
 from collections.abc import Mapping, Sequence
@@ -306,21 +307,26 @@ def rebased_inputs(raw: dict[str, Any], folder: Path,
         for name in names:
             value = values.get(name)
             if isinstance(value, str):
-                rebased[section][name] = rebase_path(value, folder)
+                rebased[section][name] = rebase_path(value, folder, f"{section}.{name}")
             elif isinstance(value, list):
-                rebased[section][name] = [rebase_path(item, folder) if isinstance(item, str) else item
-                                          for item in value]
+                rebased[section][name] = [rebase_path(item, folder, f"{section}.{name}") if isinstance(item, str)
+                                          else item for item in value]
     return rebased
 
 
-def rebase_path(value: str, folder: Path) -> str:
+def rebase_path(value: str, folder: Path, field: str) -> str:
     """A relative path (or `folder:split`) made absolute under `folder` when it exists there; anything else (an
-    absolute path, a URL, `minilm`, a hub id, a path that is not there) as it is."""
+    absolute path, a URL, `minilm`, a hub id, a path that is not there) as it is. One that is not under `folder`
+    but is in the working directory is read from there, with a note naming the field, so a path that meant the
+    config's neighbour is not taken from elsewhere without a word."""
     if not value or Path(value).is_absolute() or "://" in value:
         return value
     path_part = value.rsplit(":", 1)[0] if ":" in value else value
     if (folder / path_part).exists() or (folder / value).exists():
         return str((folder / value).resolve()) if ":" not in value else str(folder.resolve() / value)
+    if Path(path_part).exists() and folder.resolve() != Path.cwd().resolve():
+        print(f"tpuplex: note: {field} = {value!r} is not in {folder.resolve()}; read from the working directory: "
+              f"{Path(path_part).resolve()}", file=sys.stderr)
     return value
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -68,6 +69,9 @@ class NumpyBackend(BackendBase):
         if model.kind.name != "text":
             raise TpuplexError(f"the numpy backend (a linear probe for tests) trains text encoders only, not the "
                                f"{model.kind.name!r} kind of model: use --backend jax, torch or tf")
+        if optimizer.bf16:
+            print("tpuplex: warning: train.bf16 = true computes in bfloat16 on the jax, torch and tf backends; the "
+                  "numpy backend computes in float64 and ignores it", file=sys.stderr)
         hidden = int(model.hf_config["hidden_size"])
         needed = {EMBEDDINGS: (int(model.hf_config["vocab_size"]), hidden),
                   "classifier.weight": (model.num_labels, hidden), "classifier.bias": (model.num_labels,)}
