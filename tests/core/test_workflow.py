@@ -256,10 +256,14 @@ def test_outputs_take_the_permissions_the_umask_gives(write_config, with_test_fi
         assert cli.main(["export", str(run), "--format", "hf"]) == 0
     finally:
         os.umask(previous)
-    files = [run / "run.json", run / "results.json", *(run / "predictions").rglob("*.tsv")]
-    folders = [run / "checkpoints" / "step-00000006", run / "export" / "step-00000006-hf"]
-    assert {oct(path.stat().st_mode & 0o777) for path in files} == {"0o644"}
-    assert {oct(path.stat().st_mode & 0o777) for path in folders} == {"0o755"}
+    files = [path for path in run.rglob("*") if path.is_file()]
+    folders = [run, *(path for path in run.rglob("*") if path.is_dir())]
+    assert {run / "run.json", run / "results.json", run / "checkpoints" / "step-00000006" / "model.safetensors",
+            run / "export" / "step-00000006-hf" / "model.safetensors"} <= set(files)
+    assert {str(path.relative_to(run)): oct(path.stat().st_mode & 0o777) for path in files
+            if path.stat().st_mode & 0o777 != 0o644} == {}
+    assert {str(path.relative_to(run)): oct(path.stat().st_mode & 0o777) for path in folders
+            if path.stat().st_mode & 0o777 != 0o755} == {}
 
 
 @pytest.mark.parametrize("theirs", [{"run.json": '{"notes": "mine"}', "results.json": '{"accuracy": 0.9}'},

@@ -153,6 +153,7 @@ def _save_slices(named: Mapping[str, Sequence[Slice]], path: Path) -> None:
             tensors[key] = data
             placed[key] = {"name": name, "start": list(piece.start), "shape": list(piece.shape)}
     save_file(tensors, path, metadata={SLICES_METADATA: json.dumps(placed)} if placed else None)
+    as_umask_allows(path)  # safetensors creates its files private (0600)
 
 
 def verify(path: str | Path) -> str | None:
