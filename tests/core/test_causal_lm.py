@@ -88,6 +88,14 @@ def test_the_last_tenth_is_held_out_and_the_vocabulary_pinned(tmp_path):
     held_out = data.eval["validation"]
     assert held_out.token_count == 100 and data.train.token_count == 900
 
+def test_a_run_without_its_pinned_characters_is_refused_not_rebuilt_from_the_text(tmp_path):
+    (tmp_path / "input.txt").write_text("hello world\n" * 50)
+    config = from_dict({"task": {"name": "causal_lm", "tokenizer": "characters"},
+                        "data": {"train_file": str(tmp_path / "input.txt"), "max_length": 8}})
+    with pytest.raises(TpuplexError, match="holds no character vocabulary .* restore run.json from the run"):
+        TASK.model_data(config, Options(tokenizer="characters"), None)
+    assert TASK.model_data(config, Options(tokenizer="characters", characters="\n dehlorw"), None).vocabulary.size == 10
+
 
 @pytest.mark.parametrize("documents", [1, 3])
 def test_a_streamed_text_file_gives_the_bytes_of_a_table_read_in_memory(tmp_path, documents):
@@ -231,9 +239,10 @@ def test_a_from_scratch_config_without_vocab_size_takes_the_tokenizers(tmp_path,
         kind = kinds.resolve(config, TASK)
         assert kind.arch.vocab_size == 0
         options = Options(tokenizer=tokenizer)
-        kind.check_data(TASK.prepare(config, options, minilm_dir))
+        data = TASK.prepare(config, options, minilm_dir)
+        kind.check_data(data)
         assert kind.arch.vocab_size == kind.hf_config["vocab_size"] == size
-        assert kind.spec(config, TASK, TASK.model_data(config, options, minilm_dir)).params[
+        assert kind.spec(config, TASK, data).params[
             "transformer.wte.weight"].shape == (size, 8)
     with pytest.raises(TpuplexError, match=r"gpt/config.json has no vocab_size and the run's tokenizer gives it "
                                            r"none: set vocab_size there"):

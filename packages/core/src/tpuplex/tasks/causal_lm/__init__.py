@@ -207,7 +207,9 @@ class CausalLM(Task):
     def model_data(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData | None:
         """Generation reads no text: the vocabulary is the run's pinned characters or the checkpoint's tokenizer."""
         if options.tokenizer == "characters" and not options.characters:
-            return None
+            raise TpuplexError("the run's run.json holds no character vocabulary (task_options.characters, which "
+                               "tpuplex train writes), and a trained run never rebuilds it from the text: restore "
+                               "run.json from the run")
         vocabulary = (Characters(options.characters) if options.tokenizer == "characters"
                       else CheckpointTokenizer(tokenizer_dir))
         return CausalLMData(config.data.dataset, None, {}, vocabulary, seed=config.train.seed)
