@@ -10,7 +10,7 @@ mlm: BERT-base (bert-base-uncased's config.json, drawn from scratch; its uncased
 tokenizer files) pre-trained on tiny Shakespeare packed into rows of `--length` tokens, batch 32, AdamW 1e-4,
 bf16 compute with float32 weights, dropout 0.1 (attention probabilities: `--attention-dropout`, 0 by default as
 MosaicBERT trains, so every side may run a fused attention kernel), 15% masking, four sides in turn:
-  tpuplex-torch   `tpuplex train` (torch_mode = "compile", bf16, steps_per_execution = log_every)
+  tpuplex-torch   `tpuplex train` (torch_mode `--torch-mode`, bf16, steps_per_execution = log_every)
   tpuplex-jax     the same config on the jax backend
   hf-trainer      transformers' Trainer as run_mlm.py drives it (`bf16=True`, `torch_compile=True`, fused AdamW,
                   DataCollatorForLanguageModeling): BertForMaskedLM, logits at every position
@@ -20,7 +20,7 @@ Steady state only: each side's figure is the rate after its first `--warmup` ste
 second of training. MFU: each side's model FLOPs (`tpuplex.flops`; the HF and Flax heads run at every position,
 tpuplex's at the masked ones) over the chip's dense bf16 peak.
 
-cifar: `examples/cifar10/resnet20.toml` (15 epochs, batch 128) on torch and jax with bf16, torch_mode = "compile"
+cifar: `examples/cifar10/resnet20.toml` (15 epochs, batch 128) on torch and jax with bf16, torch_mode `--torch-mode`
 and steps_per_execution, the JPEG folders under `--data` prepared once first (not timed): wall seconds of the whole
 `tpuplex train`, training images/s, MFU, test accuracy per epoch.
 
@@ -180,7 +180,7 @@ bf16 = true
 steps_per_execution = {args.warmup}
 [runtime]
 device = "{'gpu' if args.device == 'cuda' else 'cpu'}"
-torch_mode = "compile"
+torch_mode = "{args.torch_mode}"
 output_dir = "{run}"
 log_every = {args.warmup}
 eval_every = {args.steps}
@@ -331,7 +331,7 @@ def flax_loop(checkpoint: Path, args, work: Path) -> dict:
 
 
 def cifar(backend: str, args, work: Path, prepared: Path) -> dict:
-    """`examples/cifar10/resnet20.toml` with bf16, torch.compile and steps_per_execution on `prepared` data."""
+    """`examples/cifar10/resnet20.toml` with bf16, `--torch-mode` and steps_per_execution on `prepared` data."""
     run = work / f"cifar-{backend}"
     config = work / f"cifar-{backend}.toml"
     text = (REPO / "examples" / "cifar10" / "resnet20.toml").read_text()
@@ -340,7 +340,8 @@ def cifar(backend: str, args, work: Path, prepared: Path) -> dict:
     config.write_text(text)
     started = time.perf_counter()
     results = train(config, backend, f'data.train_file="{prepared / "train"}"',
-                    f'data.eval_files=["{prepared / "test"}"]', "train.bf16=true", 'runtime.torch_mode="compile"',
+                    f'data.eval_files=["{prepared / "test"}"]', "train.bf16=true",
+                    f'runtime.torch_mode="{args.torch_mode}"',
                     f"train.steps_per_execution={args.group}", f"train.epochs={args.epochs}",
                     f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"', "runtime.prefetch=4",
                     f"runtime.profile_steps={[args.group * 4 + 1, args.group * 4 + 3] if args.profile else []}")
@@ -375,6 +376,8 @@ def main() -> None:
                         "(prepared here first), or with the folders `tpuplex prepare` made of them")
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--group", type=int, default=50, help="cifar: train.steps_per_execution")
+    parser.add_argument("--torch-mode", choices=["compile", "cuda_graphs"], default="compile",
+                        help="the tpuplex torch side's runtime.torch_mode")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=False)
     args.text = args.text.resolve()

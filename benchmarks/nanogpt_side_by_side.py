@@ -21,7 +21,8 @@ train one model on any `--text`.
 
 `--recipe gpu` runs nanoGPT's GPU config as it is (`train.py config/train_shakespeare_char.py`: 6
 layers, 6 heads, 384 wide, context 256, batch 64, dropout 0.2, bf16, 5,000 iterations, on `cuda`) beside
-`examples/shakespeare_char/gpu.toml` (the same recipe; the torch side compiled: `runtime.torch_mode = "compile"`).
+`examples/shakespeare_char/gpu.toml` (the same recipe; the torch side compiled: `runtime.torch_mode` "compile", or
+"cuda_graphs" with `--torch-mode`).
 `--quick` shrinks either recipe to `--iters` steps of a batch of 8 rows of 64 on the CPU, uncompiled: a dry run of
 this script on a machine without the GPU.
 
@@ -136,7 +137,9 @@ def run_tpuplex(backend: str, python: str, seed: int, iters: int, eval_interval:
     command = [python, "-m", "tpuplex", "train", str(config), "--backend", backend,
                *(part for setting in settings for part in ("--set", setting))]
     started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, text=True)
+    finished = subprocess.run(command, capture_output=True, text=True)
+    if finished.returncode != 0:
+        sys.exit(f"tpuplex {backend} exited with {finished.returncode}:\n{finished.stderr[-4000:]}")
     wall = time.perf_counter() - started
     results = json.loads((folder / "results.json").read_text())
     batch = results["config"]["train"]["global_batch"]
@@ -165,6 +168,8 @@ def main() -> None:
     parser.add_argument("--recipe", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--iters", type=int, help="default: the recipe's (2,000 on the CPU, 5,000 on the GPU)")
     parser.add_argument("--quick", action="store_true", help="a dry run on the CPU: small batches, --iters steps")
+    parser.add_argument("--torch-mode", choices=["compile", "cuda_graphs"], default="compile",
+                        help="the GPU recipe's runtime.torch_mode on tpuplex torch")
     parser.add_argument("--text", type=Path, default=INPUT, help="tiny Shakespeare's input.txt")
     parser.add_argument("--out", type=Path, required=True, help="a new folder for the runs and results.json")
     args = parser.parse_args()
@@ -180,7 +185,7 @@ def main() -> None:
     model = sized_model(config, folder, args.out)
 
     def settings(backend: str) -> list[str]:
-        compiled = ['runtime.torch_mode="compile"'] if gpu and backend == "torch" and not args.quick else []
+        compiled = [f'runtime.torch_mode="{args.torch_mode}"'] if gpu and backend == "torch" and not args.quick else []
         return [f"model.checkpoint={json.dumps(str(model))}", *compiled, *(QUICK["tpuplex"] if args.quick else [])]
 
     results: dict[str, list[dict[str, float]]] = {"nanogpt": [], **{backend: [] for backend in args.backends}}
@@ -190,9 +195,9 @@ def main() -> None:
                    else run_tpuplex(side, pythons[side], seed, args.iters, eval_interval, args.out, config,
                                     args.text, settings(side)))
             results[side].append({"seed": seed, **row})
+            (args.out / "results.json").write_text(json.dumps(results, indent=2))  # each side's row as it comes
             print(f"seed {seed} {side:8s} {row['iters_per_s']:.2f} it/s, val loss {row['val_loss']:.4f} (best "
                   f"{row['best_val_loss']:.4f}), wall {row['wall_s']:.0f} s", flush=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
     reference = statistics.mean(row["iters_per_s"] for row in results["nanogpt"])
     print(f"\n{'side':8s}  {'iterations/s':>18s}  {'vs nanoGPT':>10s}  {'val loss at ' + str(args.iters):>20s}  "
           f"{'best val loss':>20s}")

@@ -8,7 +8,10 @@
 #      examples/shakespeare_char/gpu.toml on tpuplex torch, one seed (benchmarks/nanogpt_side_by_side.py --recipe gpu)
 #   4. if time is left, tpuplex jax at attention dropout 0.1 (the unfused path: what the fused kernel bought)
 # STEPS names the steps to run, in order (default: all of them, in the order above); a step the budget cannot
-# start any more is recorded as skipped.
+# start any more is recorded as skipped. TORCH_MODE is the tpuplex torch sides' runtime.torch_mode (default
+# cuda_graphs; a torch side that fails under it leaves the later ones "compile", so one failure costs one step).
+# NANOGPT_ITERS shortens the nanoGPT recipe on both of its sides (default 5,000); CIFAR_SIDES picks cifar's sides
+# (default: tpuplex-torch tpuplex-jax).
 # Writes to $OUT: results.jsonl (one line per side), profiles.txt (each tpuplex side's device time by op), mlm's raw
 # traces (trace-*.json.gz), env.txt, log.txt (nanoGPT's own log appended).
 #
@@ -23,8 +26,11 @@ CARRY=${CARRY:-.gpu}
 DEVICE=${DEVICE:-cuda}
 BUDGET=${BUDGET:-530}
 PYTHON=${PYTHON:-python3}
+TORCH_MODE=${TORCH_MODE:-cuda_graphs}
+NANOGPT_ITERS=${NANOGPT_ITERS:-5000}
 WORK=$(mktemp -d)
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TF_CPP_MIN_LOG_LEVEL=2
+# perf_hints: torch.compile says in the log when (and why) it runs a program without its CUDA graph
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TF_CPP_MIN_LOG_LEVEL=2 TORCH_LOGS=${TORCH_LOGS:-perf_hints}
 mkdir -p "$OUT"
 if [ "$DEVICE" = cuda ]; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$CARRY"/whl/*.whl || exit 1
@@ -32,7 +38,7 @@ if [ "$DEVICE" = cuda ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$OUT/env.txt"
     SIZE=(--length 512 --steps 40 --warmup 10)
     EPOCHS=(--epochs 15 --group 23)
-    RECIPE=(--recipe gpu)
+    RECIPE=(--recipe gpu --iters "$NANOGPT_ITERS")
 else  # the dry run: a 2-layer BERT, a few steps, one epoch of whatever CIFAR-shaped folders $CARRY holds
     SIZE=(--device cpu --quick --length 64 --steps 6 --warmup 2)
     EPOCHS=(--device cpu --epochs 1 --group 2)
@@ -55,6 +61,10 @@ side() {  # side NAME CAP SCRIPT ARGS...: one benchmark call of at most CAP seco
     timeout --kill-after=10 $((cap < left ? cap : left)) "$PYTHON" "$@" --out "$WORK/$name" >> "$OUT/log.txt" 2>&1
     local status=$?
     [ "$status" -eq 0 ] || echo "{\"side\": \"$name\", \"exit\": $status}" >> "$OUT/results.jsonl"
+    if [[ " $* " == *" --torch-mode cuda_graphs "* ]] && { [ "$status" -ne 0 ] || grep -qs '"error"' "$WORK/$name/results.jsonl"; }; then
+        echo "== $name failed under cuda_graphs: the later torch sides run as \"compile\"" >> "$OUT/log.txt"
+        TORCH_MODE=compile
+    fi
     cat "$WORK/$name/results.jsonl" >> "$OUT/results.jsonl" 2>/dev/null
     for profile in "$WORK/$name"/profile-*.txt; do
         [ -f "$profile" ] && { echo "== $(basename "$profile")"; cat "$profile"; } >> "$OUT/profiles.txt"
@@ -74,11 +84,12 @@ for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trai
     case $step in
         mlm-tpuplex-jax) side "$step" 120 "${MLM[@]}" --sides tpuplex-jax --profile ;;
         mlm-flax-loop) side "$step" 90 "${MLM[@]}" --sides flax-loop ;;
-        mlm-tpuplex-torch) side "$step" 150 "${MLM[@]}" --sides tpuplex-torch --profile ;;
+        mlm-tpuplex-torch) side "$step" 150 "${MLM[@]}" --sides tpuplex-torch --profile --torch-mode "$TORCH_MODE" ;;
         mlm-hf-trainer) side "$step" 150 "${MLM[@]}" --sides hf-trainer ;;
-        cifar) side "$step" 240 "$SIDES" cifar "${EPOCHS[@]}" --data "$CIFAR" --profile ;;
+        cifar) side "$step" 240 "$SIDES" cifar "${EPOCHS[@]}" --data "$CIFAR" --profile --torch-mode "$TORCH_MODE" \
+            ${CIFAR_SIDES:+--sides $CIFAR_SIDES} ;;
         nanogpt)  # its results.json becomes one line per side; nanoGPT's own log goes to log.txt
-            side "$step" 330 benchmarks/nanogpt_side_by_side.py "${RECIPE[@]}" --nanogpt "$CARRY/nanogpt" \
+            side "$step" 330 benchmarks/nanogpt_side_by_side.py "${RECIPE[@]}" --nanogpt "$CARRY/nanogpt" --torch-mode "$TORCH_MODE" \
                 --seeds 1337 --backends torch --text "$CARRY/tinyshakespeare.txt"
             "$PYTHON" -c 'import json, sys; [print(json.dumps({"side": f"nanogpt-{side}", **row}))
                 for side, rows in json.load(open(sys.argv[1])).items() for row in rows]' \

@@ -31,7 +31,6 @@ from round_robin import print_medians, time_in_turn  # benchmarks/investigations
 import torch
 from tpuplex import config as config_lib
 from tpuplex.commands import run
-from tpuplex.tasks.torch import token_losses
 from tpuplex_torch.step import _clip_by_global_norm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,8 +75,7 @@ def tpuplex_sides(text: Path, vocab: int, work: Path, tag: str) -> dict[str, Cal
         model_.zero_grad(set_to_none=True)
         inputs = placement.put(batches[i % 4])
         model_.train()
-        logits = state.train_forward(model_, inputs)
-        ((token_losses(logits, inputs["labels"]) * inputs["weight"]).sum() / inputs["weight"].sum()).backward()
+        (state.train_loss(model_, inputs) / inputs["weight"].sum()).backward()
 
     forward_backward(0)
 

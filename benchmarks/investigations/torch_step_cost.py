@@ -34,7 +34,6 @@ from round_robin import (  # benchmarks/investigations/ is on sys.path when this
 import torch
 from tpuplex import config as config_lib
 from tpuplex import params
-from tpuplex.tasks.sequence_classification.torch import unit_losses
 from tpuplex_torch.step import _clip_by_global_norm
 
 LEARNING_RATE = 1e-5
@@ -57,8 +56,7 @@ def tpuplex_sides(data_dir: str, dropout: bool) -> tuple[dict[str, Callable[[int
         inputs = placement.put(batches[i % 4])
         model.train()
         total_weight = inputs["weight"].sum().clamp(min=1.0)
-        logits = state.train_forward(model, inputs)
-        ((unit_losses(logits, inputs) * inputs["weight"]).sum() / total_weight).backward()
+        (state.train_loss(model, inputs) / total_weight).backward()
 
     forward_backward(0)
 

@@ -37,6 +37,20 @@ def test_compiled_training_matches_eager_and_compiles_once_per_shape(tmp_path):
     assert "torch eager + torch.compile; runtime.torch_mode = compile" in compiled.topology().report()
 
 
+def test_cuda_graphs_on_the_cpu_warns_once_and_trains_as_compile(tmp_path, capsys):
+    spec, batches = task_runs("sequence_classification", tmp_path)
+    rates = learning_rates(len(batches))
+    _, compiled_losses = run(backend("compile"), spec, batches, rates, OptimizerSpec(seed=3))
+    capsys.readouterr()
+    graphs = backend("cuda_graphs")
+    assert capsys.readouterr().err == ('tpuplex: warning: runtime.torch_mode = "cuda_graphs" replays CUDA graphs on '
+                                       'a GPU; on the cpu it runs as "compile"\n')
+    assert not graphs.placement.replays_graphs
+    assert "torch eager + torch.compile; runtime.torch_mode = cuda_graphs" in graphs.topology().report()
+    _, losses = run(graphs, spec, batches, rates, OptimizerSpec(seed=3))
+    assert losses == compiled_losses
+
+
 def task_runs(task: str, folder) -> tuple:
     """A small model of each task's kind and 6 of its training batches of one shape (dropout off)."""
     if task == "sequence_classification":

@@ -73,6 +73,17 @@ def test_gradient_accumulation_equals_the_whole_batch(tmp_path):
     assert_params_close(torch_backend.state_to_arrays(whole), torch_backend.state_to_arrays(split), atol=1e-6)
 
 
+def test_gradient_accumulation_with_gradients_copied_out_of_graph_memory_equals_the_whole_batch(tmp_path):
+    """Under CUDA graphs the first micro-batch's gradients are copied out of the graph's output memory and the
+    others add into the copies; the arithmetic is the same as without the copy (the replay itself needs a GPU)."""
+    spec = tiny_spec(tmp_path)
+    batches, rates = train_batches(8, 3), learning_rates(3)
+    whole, _ = run(torch_backend := backend(), spec, batches, rates)
+    torch_backend.placement.replays_graphs = True
+    split, _ = run(torch_backend, spec, batches, rates, OptimizerSpec(grad_accum=4))
+    assert_params_close(torch_backend.state_to_arrays(whole), torch_backend.state_to_arrays(split), atol=1e-6)
+
+
 def test_evaluation_of_a_ragged_split_counts_every_example_once(tmp_path):
     spec, data = tiny_spec(tmp_path), encoded(23, seed=5)
     torch_backend = backend()

@@ -134,8 +134,9 @@ class RuntimeConfig:
     profile_steps: tuple[int, ...] = ()
     """[first, last] optimizer steps to trace with the framework's profiler; empty: no trace."""
     torch_mode: str = "auto"
-    """PyTorch only: auto (XLA on TPU, else eager), eager, compile (eager with the training forward and backward
-    compiled by torch.compile, one program per batch shape) or xla."""
+    """PyTorch only: auto (XLA on TPU, else eager), eager, compile (eager with the training forward, loss and
+    backward compiled by torch.compile, one program per batch shape), cuda_graphs (compile, each program replayed on
+    a GPU as one CUDA graph: torch.compile's mode "reduce-overhead"; on a CPU the same as compile) or xla."""
     host_timeout: float = 600.0
     """Multi-process runs: seconds a process waits for the others (in a step, evaluation or checkpoint barrier)
     once its first step is done, before it stops with one line and exit status 69 (`tpuplex.hosts`)."""
@@ -222,7 +223,7 @@ the parameters or metrics computed (beyond the order of float sums)."""
 
 _CHOICES = {
     ("runtime", "device"): ("auto", "tpu", "gpu", "cpu"),
-    ("runtime", "torch_mode"): ("auto", "eager", "compile", "xla"),
+    ("runtime", "torch_mode"): ("auto", "eager", "compile", "cuda_graphs", "xla"),
     ("runtime", "on_preempt"): ("checkpoint", "exit"),
     ("model", "batch_norm"): ("cross_replica", "per_replica"),
     ("train", "schedule"): ("linear", "cosine"),

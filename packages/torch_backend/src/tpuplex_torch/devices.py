@@ -7,8 +7,10 @@
   when the runtime already runs more, for N replicas over them.
 - eager: everything else, through accelerate: the CPU, one GPU, or several GPUs (or CPU processes) with one
   process each under `accelerate launch` / torchrun, every process holding its share of the global batch's rows.
-  `runtime.torch_mode = "compile"` is eager mode with the training forward (and so its backward) compiled by
-  torch.compile: one program per batch shape, dropout drawn from torch's own generator as in eager mode.
+  `runtime.torch_mode = "compile"` is eager mode with the training forward and loss (and so their backward)
+  compiled by torch.compile: one program per batch shape, dropout drawn from torch's own generator as in eager
+  mode. `"cuda_graphs"` compiles the same and, on a GPU, replays each program as one CUDA graph (torch.compile's
+  mode "reduce-overhead"), so a step costs the host a few launches instead of hundreds.
 
 A mesh (`runtime.mesh`, `tpuplex.sharding`) with `fsdp` above 1 shards parameters and Adam's moments with FSDP2
 (`fully_shard` on each block and the root over a (data, fsdp) `DeviceMesh`; data above 1 too is HSDP) in eager
@@ -46,7 +48,7 @@ from tpuplex.layers.torch import layers
 from tpuplex.protocol import TARGETS, Batch, batch_rows, device_dtype
 
 if TYPE_CHECKING:
-    from tpuplex.kinds.torch import Forward
+    from tpuplex_torch.step import WeightedLoss
 
 XLA_INSTALL = "pip install tpuplex-torch[xla]"
 _PJRT_DEVICE = {"tpu": "TPU", "gpu": "CUDA", "cpu": "CPU"}
@@ -159,9 +161,18 @@ class Placement(abc.ABC):
         """bfloat16 autocast on this device when `bf16`, else a no-op context."""
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
 
-    def compiled(self, forward: Forward) -> Forward:
-        """`forward` as the train step calls it: unchanged unless the mode compiles it."""
-        return forward
+    def compiled(self, loss: WeightedLoss) -> WeightedLoss:
+        """`loss` as the train step calls it: unchanged unless the mode compiles it."""
+        return loss
+
+    replays_graphs = False
+    """Whether the compiled training loss and its backward replay as CUDA graphs, whose outputs (a micro-batch's
+    gradients too) live in memory the next replay writes over."""
+
+    def begin_step(self) -> None:
+        """Mark the start of an optimizer step (CUDA graphs free the previous step's outputs here)."""
+        if self.replays_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
 
     def compile_count(self) -> int:
         """Programs compiled so far: eager runs kernels as they come and compiles none."""
@@ -178,7 +189,8 @@ class Placement(abc.ABC):
 
 class EagerPlacement(Placement):
     """Eager PyTorch through accelerate: CPU or GPU, one process per device; with `runtime.torch_mode =
-    "compile"`, the training forward compiled by torch.compile."""
+    "compile"`, the training forward and loss compiled by torch.compile; with "cuda_graphs" on a GPU, replayed as
+    CUDA graphs too."""
 
     mode = "eager"
 
@@ -216,14 +228,24 @@ class EagerPlacement(Placement):
             self.device.type, (mesh.data, mesh.fsdp), mesh_dim_names=("data", "fsdp"))
             if mesh.shards_parameters else None)
         fsdp = f" + FSDP2 ({'HSDP' if mesh.data > 1 else 'fully sharded'})" if self.device_mesh else ""
+        self._compiles = runtime.torch_mode in ("compile", "cuda_graphs")
+        self.replays_graphs = runtime.torch_mode == "cuda_graphs" and self.device.type == "cuda"
+        if runtime.torch_mode == "cuda_graphs" and self.device.type != "cuda":
+            print(f'tpuplex: warning: runtime.torch_mode = "cuda_graphs" replays CUDA graphs on a GPU; on the '
+                  f'{self.device.type} it runs as "compile"', file=sys.stderr)
+        if self.replays_graphs and self.device_mesh is not None:
+            raise TpuplexError(f'runtime.torch_mode = "cuda_graphs" with runtime.mesh = {runtime.mesh}: a CUDA graph '
+                               "cannot hold FSDP2's gathers, which run between the compiled pieces; set "
+                               'runtime.torch_mode = "compile" for a sharded mesh')
+        compiled = {"compile": " + torch.compile", "cuda_graphs": " + torch.compile"
+                    + (" + CUDA graphs" if self.replays_graphs else "")}.get(runtime.torch_mode, "")
         self.topology = Topology(
             kind="gpu" if self.device.type == "cuda" else "cpu", device_count=self.row_processes,
             host_count=self.row_processes, process_index=state.process_index,
             source=f"accelerate ({state.distributed_type.value})",
-            detail=f"torch eager{' + torch.compile' if runtime.torch_mode == 'compile' else ''}{fsdp}; {why}",
+            detail=f"torch eager{compiled}{fsdp}; {why}",
             chip=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "", mesh=mesh)
         self._profiler: torch.profiler.profile | None = None
-        self._compiles = runtime.torch_mode == "compile"
         self._graphs_before = _compiled_graphs() if self._compiles else 0
 
     def shard(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -279,9 +301,9 @@ class EagerPlacement(Placement):
     def gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if self.row_processes == 1 else self.accelerator.gather(tensor)
 
-    def compiled(self, forward: Forward) -> Forward:
+    def compiled(self, loss: WeightedLoss) -> WeightedLoss:
         if not self._compiles:
-            return forward
+            return loss
         import torch._dynamo.config
         import torch._inductor.config
 
@@ -292,7 +314,8 @@ class EagerPlacement(Placement):
         # eagerly; failing says so instead.
         torch._dynamo.config.recompile_limit = 64
         torch._dynamo.config.fail_on_recompile_limit_hit = True
-        return torch.compile(forward, dynamic=False)
+        return torch.compile(loss, dynamic=False, mode="reduce-overhead" if self.replays_graphs else None)
+
 
     def compile_count(self) -> int:
         return _compiled_graphs() - self._graphs_before if self._compiles else 0

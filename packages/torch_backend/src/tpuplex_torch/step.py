@@ -11,7 +11,8 @@ On XLA the whole step is one lazy graph per batch shape, cut by `torch_xla.sync(
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 
 import numpy as np
 from torch.distributed.tensor import DTensor
@@ -28,18 +29,35 @@ from tpuplex_torch.devices import Placement
 @dataclasses.dataclass
 class TorchState:
     """The training state, updated in place. forward: how to call the model (`tpuplex.kinds.torch.Built`);
-    train_forward: the same, as the train step calls it (compiled under torch_mode = "compile"); task: the task's
-    torch module (`tpuplex.tasks.torch.TaskModule`: `unit_losses`, `predict_outputs`); buffer_names: the model's
-    buffers that checkpoints carry (a user model's batch-norm statistics); step: optimizer updates applied so far."""
+    train_loss: a micro-batch's weighted loss sum as the train step calls it (`weighted_loss`; compiled under
+    torch_mode "compile" and "cuda_graphs"); task: the task's torch module (`tpuplex.tasks.torch.TaskModule`:
+    `unit_losses`, `predict_outputs`); buffer_names: the model's buffers that checkpoints carry (a user model's
+    batch-norm statistics); step: optimizer updates applied so far."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     spec: OptimizerSpec
     forward: Forward
-    train_forward: Forward
+    train_loss: WeightedLoss
     task: TaskModule
     buffer_names: tuple[str, ...] = ()
     step: int = 0
+
+
+WeightedLoss = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+"""(model, micro-batch) -> sum over the rows (or tokens) of weight * loss, a float32 scalar."""
+
+
+def weighted_loss(forward: Forward, task: TaskModule, autocast: Callable[[], AbstractContextManager]) -> WeightedLoss:
+    """The train step's loss as one function, so that a compiled step holds the loss with the forward (and a CUDA
+    graph replays both): the forward under `autocast`, the task's per-row losses in float32 outside it."""
+
+    def weighted_loss_sum(model: torch.nn.Module, micro: dict[str, torch.Tensor]) -> torch.Tensor:
+        with autocast():
+            logits = forward(model, micro)
+        return (task.unit_losses(logits, micro) * micro["weight"]).sum()
+
+    return weighted_loss_sum
 
 
 def make_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.Optimizer:
@@ -85,16 +103,21 @@ def train_step(state: TorchState, placement: Placement, batch: Batch, learning_r
     """One AdamW update on the global `batch`; returns the batch's weighted mean loss, a scalar on the device."""
     model, spec = state.model, state.spec
     inputs = placement.put(batch)
+    placement.begin_step()
     placement.seed(dropout_seed(spec.seed, state.step))
     if not model.training:  # after predict: `train()` visits every module, 0.1 ms a step for a small GPT
         model.train()
     total_weight = placement.reduce_sum(inputs["weight"].sum()).clamp(min=1.0)
     loss = torch.zeros((), device=placement.device)
-    for micro in micro_batches(inputs, placement.replicas_in_view, spec.grad_accum):
-        with placement.autocast(spec.bf16):
-            logits = state.train_forward(model, micro)
-        micro_loss = (state.task.unit_losses(logits, micro) * micro["weight"]).sum() / total_weight
+    for index, micro in enumerate(micro_batches(inputs, placement.replicas_in_view, spec.grad_accum)):
+        micro_loss = state.train_loss(model, micro) / total_weight
         (micro_loss * placement.gradient_scale).backward()
+        if index == 0 and spec.grad_accum > 1 and placement.replays_graphs:
+            # The first backward's gradients are the graph's outputs, which the next replay writes over: copied
+            # out, the later micro-batches add into them in place.
+            for parameter in model.parameters():
+                if parameter.grad is not None:
+                    parameter.grad = parameter.grad.clone()
         loss = loss + micro_loss.detach()
     parameters = [p for p in model.parameters() if p.grad is not None]
     if placement.row_processes > 1 and not placement.shards_parameters:  # FSDP2 has reduced them in the backward
