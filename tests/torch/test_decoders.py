@@ -15,6 +15,7 @@ from decoder_checks import (  # noqa: F401  (collected here)
     test_generation_matches_transformers,
     test_logits_match_transformers,
     test_lora_training_follows_torch,
+    test_smollm2_converted_weights_are_transformers_gguf_load,
     test_smollm2_from_its_gguf_matches_transformers_gguf_load,
     test_smollm2_tokenizer_matches_transformers_gguf_load,
     test_training_follows_torch,
