@@ -376,7 +376,7 @@ def main() -> None:
                         "(prepared here first), or with the folders `tpuplex prepare` made of them")
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--group", type=int, default=50, help="cifar: train.steps_per_execution")
-    parser.add_argument("--torch-mode", choices=["compile", "cuda_graphs"], default="compile",
+    parser.add_argument("--torch-mode", choices=["compile", "cuda_graphs"], default="cuda_graphs",
                         help="the tpuplex torch side's runtime.torch_mode")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=False)

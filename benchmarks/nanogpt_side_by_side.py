@@ -21,8 +21,8 @@ train one model on any `--text`.
 
 `--recipe gpu` runs nanoGPT's GPU config as it is (`train.py config/train_shakespeare_char.py`: 6
 layers, 6 heads, 384 wide, context 256, batch 64, dropout 0.2, bf16, 5,000 iterations, on `cuda`) beside
-`examples/shakespeare_char/gpu.toml` (the same recipe; the torch side compiled: `runtime.torch_mode` "compile", or
-"cuda_graphs" with `--torch-mode`).
+`examples/shakespeare_char/gpu.toml` (the same recipe; the torch side compiled and replayed as CUDA graphs:
+`runtime.torch_mode = "cuda_graphs"`, or `--torch-mode compile` without the graphs).
 `--quick` shrinks either recipe to `--iters` steps of a batch of 8 rows of 64 on the CPU, uncompiled: a dry run of
 this script on a machine without the GPU.
 
@@ -168,7 +168,7 @@ def main() -> None:
     parser.add_argument("--recipe", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--iters", type=int, help="default: the recipe's (2,000 on the CPU, 5,000 on the GPU)")
     parser.add_argument("--quick", action="store_true", help="a dry run on the CPU: small batches, --iters steps")
-    parser.add_argument("--torch-mode", choices=["compile", "cuda_graphs"], default="compile",
+    parser.add_argument("--torch-mode", choices=["compile", "cuda_graphs"], default="cuda_graphs",
                         help="the GPU recipe's runtime.torch_mode on tpuplex torch")
     parser.add_argument("--text", type=Path, default=INPUT, help="tiny Shakespeare's input.txt")
     parser.add_argument("--out", type=Path, required=True, help="a new folder for the runs and results.json")

@@ -12,8 +12,8 @@
 # cuda_graphs; a torch side that fails under it leaves the later ones "compile", so one failure costs one step).
 # NANOGPT_ITERS shortens the nanoGPT recipe on both of its sides (default 5,000); CIFAR_SIDES picks cifar's sides
 # (default: tpuplex-torch tpuplex-jax).
-# Writes to $OUT: results.jsonl (one line per side), profiles.txt (each tpuplex side's device time by op), mlm's raw
-# traces (trace-*.json.gz), env.txt, log.txt (nanoGPT's own log appended).
+# Writes to $OUT: results.jsonl (one line per side), profiles.txt (each tpuplex side's device time by op), the raw
+# traces of profiled steps (trace-*.json.gz), env.txt, log.txt (nanoGPT's own log appended).
 #
 #     NANOGPT=/path/to/nanoGPT bash benchmarks/gpu/prepare.sh     # here, first: builds .gpu/
 #     OUT=... bash benchmarks/gpu/run.sh                    # on the device, .gpu carried
@@ -69,9 +69,10 @@ side() {  # side NAME CAP SCRIPT ARGS...: one benchmark call of at most CAP seco
     for profile in "$WORK/$name"/profile-*.txt; do
         [ -f "$profile" ] && { echo "== $(basename "$profile")"; cat "$profile"; } >> "$OUT/profiles.txt"
     done
-    local trace  # mlm's raw traces beside their summaries, gzipped, to be read again here
+    local trace  # the profiled sides' raw traces (the first of each step's) beside their summaries, gzipped, to be
+    # read again here: the host's time as well as the device's (cifar waits on its host)
     trace=$(find "$WORK/$name" \( -name '*.pt.trace.json' -o -name '*.trace.json.gz' \) | head -1)
-    if [ -n "$trace" ] && [ "${name#mlm}" != "$name" ]; then
+    if [ -n "$trace" ]; then
         case "$trace" in *.gz) cp "$trace" "$OUT/trace-$name.json.gz" ;; *) gzip -c "$trace" > "$OUT/trace-$name.json.gz" ;; esac
     fi
 }
