@@ -72,7 +72,7 @@ def test_every_example_config_loads(name: str) -> None:
         ("train.bf16=yes", "train.bf16 = 'yes' is not allowed: use true or false"),
         ("data.buckets=[32, 'a']", "data.buckets"),
         ("runtime.device=npu", "runtime.device = 'npu' is not allowed: use one of auto, tpu, gpu, cpu"),
-        ("runtime.torch_mode=graph", "use one of auto, eager, compile, xla"),
+        ("runtime.torch_mode=graph", "use one of auto, eager, compile, cuda_graphs, xla"),
         ("runtime.profile_steps=[5, 2]", "use [first, last] steps, first <= last"),
         ("runtime.cpu_devices=-1", "runtime.cpu_devices = -1 is not allowed"),
         ("train.nonsense=1", "unknown config field train.nonsense"),
