@@ -29,8 +29,8 @@ PYTHON=${PYTHON:-python3}
 TORCH_MODE=${TORCH_MODE:-cuda_graphs}
 NANOGPT_ITERS=${NANOGPT_ITERS:-5000}
 WORK=$(mktemp -d)
-# perf_hints: torch.compile says in the log when (and why) it runs a program without its CUDA graph
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TF_CPP_MIN_LOG_LEVEL=2 TORCH_LOGS=${TORCH_LOGS:-perf_hints}
+# perf_hints: Inductor's fallback kernels; cudagraphs: why torch.compile runs a program without its CUDA graph
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TF_CPP_MIN_LOG_LEVEL=2 TORCH_LOGS=${TORCH_LOGS:-perf_hints,cudagraphs}
 mkdir -p "$OUT"
 if [ "$DEVICE" = cuda ]; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$CARRY"/whl/*.whl || exit 1

@@ -84,6 +84,24 @@ def test_gradient_accumulation_with_gradients_copied_out_of_graph_memory_equals_
     assert_params_close(torch_backend.state_to_arrays(whole), torch_backend.state_to_arrays(split), atol=1e-6)
 
 
+def test_a_program_run_without_its_cuda_graph_is_said_once(tmp_path, capsys):
+    """torch.compile falls back from a CUDA graph silently (it counts the fallback; TORCH_LOGS=cudagraphs says
+    why): under torch_mode "cuda_graphs" the next step says so, once. Counted here as torch.compile counts it."""
+    from torch._dynamo.utils import counters
+
+    torch_backend = backend()
+    torch_backend.placement.replays_graphs = True
+    state = torch_backend.init(tiny_spec(tmp_path), OptimizerSpec())
+    batches, rates = train_batches(8, 3), learning_rates(3)
+    torch_backend.train_steps(state, batches[:1], rates[:1])
+    assert capsys.readouterr().err == ""
+    counters["inductor"]["cudagraph_skips"] += 1
+    torch_backend.train_steps(state, batches[1:], rates[1:])
+    assert capsys.readouterr().err == (
+        'tpuplex: warning: runtime.torch_mode = "cuda_graphs", but torch.compile runs 1 of this run\'s compiled '
+        'programs without a CUDA graph (as "compile"); TORCH_LOGS=cudagraphs says why\n')
+
+
 def test_evaluation_of_a_ragged_split_counts_every_example_once(tmp_path):
     spec, data = tiny_spec(tmp_path), encoded(23, seed=5)
     torch_backend = backend()

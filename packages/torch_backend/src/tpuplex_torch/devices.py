@@ -171,8 +171,7 @@ class Placement(abc.ABC):
 
     def begin_step(self) -> None:
         """Mark the start of an optimizer step (CUDA graphs free the previous step's outputs here)."""
-        if self.replays_graphs:
-            torch.compiler.cudagraph_mark_step_begin()
+        return None
 
     def compile_count(self) -> int:
         """Programs compiled so far: eager runs kernels as they come and compiles none."""
@@ -247,6 +246,7 @@ class EagerPlacement(Placement):
             chip=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "", mesh=mesh)
         self._profiler: torch.profiler.profile | None = None
         self._graphs_before = _compiled_graphs() if self._compiles else 0
+        self._graphs_skipped_before: int | None = _graphs_skipped()
 
     def shard(self, module: torch.nn.Module) -> torch.nn.Module:
         """FSDP2 over the (data, fsdp) mesh: `fully_shard` on every layer (`tpuplex.layers.torch.layers`: so one
@@ -301,6 +301,18 @@ class EagerPlacement(Placement):
     def gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if self.row_processes == 1 else self.accelerator.gather(tensor)
 
+    def begin_step(self) -> None:
+        """Also says once if torch.compile ran one of the run's programs without its CUDA graph, which it
+        otherwise does silently (an operation a graph cannot hold, say)."""
+        if not self.replays_graphs:
+            return
+        torch.compiler.cudagraph_mark_step_begin()
+        if self._graphs_skipped_before is not None and (skipped := _graphs_skipped() - self._graphs_skipped_before):
+            print(f'tpuplex: warning: runtime.torch_mode = "cuda_graphs", but torch.compile runs {skipped} of this '
+                  'run\'s compiled programs without a CUDA graph (as "compile"); TORCH_LOGS=cudagraphs says why',
+                  file=sys.stderr)
+            self._graphs_skipped_before = None  # said once
+
     def compiled(self, loss: WeightedLoss) -> WeightedLoss:
         if not self._compiles:
             return loss
@@ -343,6 +355,14 @@ def mesh_of(runtime: RuntimeConfig, devices: int) -> sharding.Mesh:
                            "not split (it shards over fsdp): train a tensor axis with --backend jax, or move those "
                            "devices to fsdp")
     return mesh
+
+
+def _graphs_skipped() -> int:
+    """Compiled programs torch.compile has run without their CUDA graph in this process (it logs why only under
+    TORCH_LOGS=cudagraphs)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
 
 
 def _compiled_graphs() -> int:
