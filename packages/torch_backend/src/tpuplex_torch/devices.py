@@ -303,14 +303,16 @@ class EagerPlacement(Placement):
 
     def begin_step(self) -> None:
         """Also says once if torch.compile ran one of the run's programs without its CUDA graph, which it
-        otherwise does silently (an operation a graph cannot hold, say)."""
+        otherwise does silently, from torch's own count (`_graphs_skipped`). That count misses the pieces a
+        partitioned graph runs eagerly between its graphs (an operation a graph cannot hold, say): a hint, not a
+        proof; the profile's `cudaGraphLaunch` calls are."""
         if not self.replays_graphs:
             return
         torch.compiler.cudagraph_mark_step_begin()
         if self._graphs_skipped_before is not None and (skipped := _graphs_skipped() - self._graphs_skipped_before):
-            print(f'tpuplex: warning: runtime.torch_mode = "cuda_graphs", but torch.compile runs {skipped} of this '
-                  'run\'s compiled programs without a CUDA graph (as "compile"); TORCH_LOGS=cudagraphs says why',
-                  file=sys.stderr)
+            print(f'tpuplex: warning: runtime.torch_mode = "cuda_graphs", but torch.compile runs at least {skipped} '
+                  'of this run\'s compiled programs without a CUDA graph (as "compile"); TORCH_LOGS=cudagraphs says '
+                  'why', file=sys.stderr)
             self._graphs_skipped_before = None  # said once
 
     def compiled(self, loss: WeightedLoss) -> WeightedLoss:
