@@ -236,8 +236,7 @@ class EagerPlacement(Placement):
             raise TpuplexError(f'runtime.torch_mode = "cuda_graphs" with runtime.mesh = {runtime.mesh}: a CUDA graph '
                                "cannot hold FSDP2's gathers, which run between the compiled pieces; set "
                                'runtime.torch_mode = "compile" for a sharded mesh')
-        compiled = {"compile": " + torch.compile", "cuda_graphs": " + torch.compile"
-                    + (" + CUDA graphs" if self.replays_graphs else "")}.get(runtime.torch_mode, "")
+        compiled = (" + torch.compile" if self._compiles else "") + (" + CUDA graphs" if self.replays_graphs else "")
         self.topology = Topology(
             kind="gpu" if self.device.type == "cuda" else "cpu", device_count=self.row_processes,
             host_count=self.row_processes, process_index=state.process_index,
@@ -246,7 +245,10 @@ class EagerPlacement(Placement):
             chip=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "", mesh=mesh)
         self._profiler: torch.profiler.profile | None = None
         self._graphs_before = _compiled_graphs() if self._compiles else 0
-        self._graphs_skipped_before: int | None = _graphs_skipped()
+        # torch.compile's count of graphs skipped, read at the first step (`begin_step`): reading it imports
+        # torch._dynamo (about 1 s), which a run without graphs never needs
+        self._graphs_skipped_before: int | None = None
+        self._graphs_skipped_said = False
 
     def shard(self, module: torch.nn.Module) -> torch.nn.Module:
         """FSDP2 over the (data, fsdp) mesh: `fully_shard` on every layer (`tpuplex.layers.torch.layers`: so one
@@ -309,11 +311,15 @@ class EagerPlacement(Placement):
         if not self.replays_graphs:
             return
         torch.compiler.cudagraph_mark_step_begin()
-        if self._graphs_skipped_before is not None and (skipped := _graphs_skipped() - self._graphs_skipped_before):
+        if self._graphs_skipped_said:
+            return
+        if self._graphs_skipped_before is None:  # the first step: nothing of this run is compiled yet
+            self._graphs_skipped_before = _graphs_skipped()
+        elif skipped := _graphs_skipped() - self._graphs_skipped_before:
             print(f'tpuplex: warning: runtime.torch_mode = "cuda_graphs", but torch.compile runs at least {skipped} '
                   'of this run\'s compiled programs without a CUDA graph (as "compile"); TORCH_LOGS=cudagraphs says '
                   'why', file=sys.stderr)
-            self._graphs_skipped_before = None  # said once
+            self._graphs_skipped_said = True
 
     def compiled(self, loss: WeightedLoss) -> WeightedLoss:
         if not self._compiles:
@@ -329,7 +335,6 @@ class EagerPlacement(Placement):
         torch._dynamo.config.recompile_limit = 64
         torch._dynamo.config.fail_on_recompile_limit_hit = True
         return torch.compile(loss, dynamic=False, mode="reduce-overhead" if self.replays_graphs else None)
-
 
     def compile_count(self) -> int:
         return _compiled_graphs() - self._graphs_before if self._compiles else 0
