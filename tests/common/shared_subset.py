@@ -25,7 +25,7 @@ def _write_subset(real: Path, copy: Path) -> None:
     if real.is_file():
         copy.parent.mkdir(parents=True, exist_ok=True)
         lines = PLAIN_TEXT_LINES if real.suffix == ".txt" else TEXT_LINES
-        text = _first_lines(real.read_text(encoding="utf-8-sig"), lines)
+        text = _first_lines(real.read_text(encoding="utf-8-sig"), lines, sentences=real.suffix != ".tsv")
         copy.write_text(_absolute_paths(text, real.parent) if text.startswith("path\t") else text, encoding="utf-8")
         return
     for child in sorted(real.iterdir()):
@@ -47,9 +47,10 @@ def _absolute_paths(text: str, folder: Path) -> str:
                             for row in rows)
 
 
-def _first_lines(text: str, count: int) -> str:
+def _first_lines(text: str, count: int, sentences: bool) -> str:
+    """The first `count` lines; with `sentences` (CoNLL, plain text), up to the next blank line after them."""
     lines = text.splitlines(keepends=True)
     end = min(count, len(lines))
-    while end < len(lines) and lines[end - 1].strip():  # CoNLL: end on a sentence's blank line
+    while sentences and end < len(lines) and lines[end - 1].strip():
         end += 1
     return "".join(lines[:end])
