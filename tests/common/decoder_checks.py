@@ -162,7 +162,31 @@ def smollm2(tmp_path_factory) -> ModelSpec:
     into a cache of this module's own)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(gguf.CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
-        folder = resolve_checkpoint("smollm2")
+        return pretrained_spec(resolve_checkpoint("smollm2"))
+
+
+SMOLLM2_LAYERS = 30
+SMOLLM2_DEPTHS = (pytest.param(2, id="first-2-layers"),
+                  pytest.param(SMOLLM2_LAYERS, id="all-30-layers", marks=pytest.mark.long))
+"""The fast tier reads SmolLM2 cut to its first 2 decoder layers (the same GGUF weights, tokenizer and code path,
+a fifteenth of the build and compile: tf's build and XLA compile of 30 layers took 98 s of its session); the long
+tier the whole model, whose greedy answer to the chat prompt must also end its turn."""
+
+
+def first_layers(spec: ModelSpec, layers: int, folder: Path) -> ModelSpec:
+    """`spec`'s pretrained decoder cut to its first `layers` layers: a folder beside it whose config.json says so,
+    the weights and tokenizer linked (tpuplex, like transformers, reads only the layers the config names)."""
+    if layers == spec.arch.num_layers:
+        return spec
+    for file in spec.checkpoint_dir.iterdir():
+        if file.name != "config.json":
+            (folder / file.name).symlink_to(file)
+    (folder / "config.json").write_text(json.dumps({**spec.hf_config, "num_hidden_layers": layers}))
+    return pretrained_spec(folder)
+
+
+def pretrained_spec(folder: Path) -> ModelSpec:
+    """The causal-LM spec of the pretrained decoder in `folder` (its config.json and weights)."""
     config = json.loads((folder / "config.json").read_text())
     family, arch = models.architecture_of(config)
     kind = Decoders(folder, config, family, arch)
@@ -202,34 +226,36 @@ def test_smollm2_converted_weights_are_transformers_gguf_load(smollm2) -> None:
         assert torch.equal(converted[name], tensor), name
 
 
-def test_smollm2_from_its_gguf_matches_transformers_gguf_load(backend, smollm2, shared_text) -> None:
+@pytest.mark.parametrize("layers", SMOLLM2_DEPTHS)
+def test_smollm2_from_its_gguf_matches_transformers_gguf_load(backend, smollm2, layers, shared_text,
+                                                              tmp_path) -> None:
     """Tiny Shakespeare through SmolLM2: the backend's per-token losses equal the cross-entropy of transformers'
     logits within 1e-4, the predicted tokens the same; and greedy decoding after a chat prompt gives transformers'
     `generate` tokens (so the same on every backend). transformers reads the converted folder, whose weights are
-    its own GGUF load's bit for bit (`test_smollm2_converted_weights_are_transformers_gguf_load`).
-
-    In the fast tier although it takes about a minute on tf (two workers): it is the one check of a real pretrained
-    model on each backend, and most of its time is the backend's build of the 135M model and its 40 decoding
-    steps, which no smaller model stands in for."""
-    rows = np.array(shakespeare_ids(smollm2, shared_text)[1][:8 * 17], np.int32).reshape(8, 17)
+    its own GGUF load's bit for bit (`test_smollm2_converted_weights_are_transformers_gguf_load`), cut to the same
+    layers (SMOLLM2_DEPTHS)."""
+    spec = first_layers(smollm2, layers, tmp_path)
+    rows = np.array(shakespeare_ids(spec, shared_text)[1][:8 * 17], np.int32).reshape(8, 17)
     batch = {"input_ids": rows[:, :-1], "labels": rows[:, 1:], "weight": np.ones((8, 16), np.float32)}
-    reference = transformers.AutoModelForCausalLM.from_pretrained(smollm2.checkpoint_dir, dtype=torch.float32).eval()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(spec.checkpoint_dir, dtype=torch.float32).eval()
+    assert reference.config.num_hidden_layers == layers
     with torch.no_grad():
         logits = reference(input_ids=torch.from_numpy(batch["input_ids"]).long()).logits
     losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.from_numpy(batch["labels"]).long()
                                                .flatten(), reduction="none").reshape(batch["labels"].shape)
-    state = backend.init(smollm2, OptimizerSpec())
+    state = backend.init(spec, OptimizerSpec())
     outputs = backend.predict(state, batch)
     np.testing.assert_allclose(outputs[..., 0], losses.numpy(), atol=1e-4, rtol=0)
     np.testing.assert_array_equal(outputs[..., 1], (logits.argmax(-1).numpy() == batch["labels"]).astype(np.float32))
     # Greedy decoding after the chat prompt, with the key/value cache: transformers' tokens, up to its end of turn.
     from tokenizers import Tokenizer
 
-    question = chat.user_turn(smollm2.checkpoint_dir)("What is the capital of France?")
-    prompt = Tokenizer.from_file(str(smollm2.checkpoint_dir / "tokenizer.json")).encode(question).ids
+    question = chat.user_turn(spec.checkpoint_dir)("What is the capital of France?")
+    prompt = Tokenizer.from_file(str(spec.checkpoint_dir / "tokenizer.json")).encode(question).ids
     with torch.no_grad():
         expected = reference.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt):]
     ids = np.array([prompt], np.int32)
     generated = backend.generate(state, Prompts(ids, np.ones_like(ids), 40, 0.0, 0, np.zeros((1, 40), np.float32)))
     np.testing.assert_array_equal(generated[0, : len(expected)], expected.numpy())
-    assert 2 < len(expected) < 40  # it answered and ended its turn
+    if layers == SMOLLM2_LAYERS:
+        assert 2 < len(expected) < 40  # the whole model answered and ended its turn
