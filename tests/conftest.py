@@ -27,6 +27,11 @@ LONG = "long"
 """The marker of a claim's full-scale form (10-kill campaigns, 50-step parity, every example on all of its data);
 the fast tier checks the same claim at a reduced scale. docs/testing.md lists both forms of each claim."""
 
+STARTED_FIRST = "started_first"
+"""The marker (`pytestmark`) of a test file that takes over a minute of one worker: xdist hands out whole files in
+collection order (noxfile: `--no-loadscope-reorder`), so these go first and the two workers finish together,
+instead of one waiting alone for the last heavy file (its own default puts files with many tests first)."""
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--tier", choices=("fast", "long", "all"), default="fast",
@@ -36,18 +41,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{LONG}: a claim's full-scale form, run by `nox -s tests-long` (--tier=long)")
+    config.addinivalue_line("markers", f"{STARTED_FIRST}: a heavy test file, handed to a worker before the others")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tier = config.getoption("--tier")
-    if tier == "all":
-        return
-    keep, drop = [], []
-    for item in items:
-        (keep if (item.get_closest_marker(LONG) is not None) == (tier == LONG) else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    if tier != "all":
+        keep, drop = [], []
+        for item in items:
+            (keep if (item.get_closest_marker(LONG) is not None) == (tier == LONG) else drop).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+    items.sort(key=lambda item: item.get_closest_marker(STARTED_FIRST) is None)  # stable: files stay whole
 
 
 @pytest.fixture(scope="session")

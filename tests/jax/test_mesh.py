@@ -25,6 +25,8 @@ from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.causal_lm import TASK as CAUSAL_LM
 from tpuplex.testing.specs import image_family_spec
 
+pytestmark = pytest.mark.started_first
+
 VOCAB, ROWS, LENGTH = 512, 16, 16
 LLAMA = {"model_type": "llama", "vocab_size": VOCAB, "max_position_embeddings": 64, "hidden_size": 128,
          "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from multihost_checks import MultiProcessSuite
 
+pytestmark = pytest.mark.started_first
+
 
 class TestJaxProcesses(MultiProcessSuite):
     # JAX on CPU notices the loss only by the watchdog's runtime.host_timeout (lost_timeout), so the check takes

@@ -7,6 +7,8 @@ from speech_checks import (  # noqa: F401  (collected here)
     test_the_torch_checkpoint_transcribes_alike,
 )
 
+pytestmark = pytest.mark.started_first
+
 
 @pytest.fixture(scope="module")
 def backend_name() -> str:

@@ -15,6 +15,8 @@ from fresh_process import LOGIT_TOLERANCE, METRIC_TOLERANCE, run_python, tpuplex
 
 from tpuplex.tasks.causal_lm.data import Characters
 
+pytestmark = pytest.mark.started_first
+
 PROMPT = "ROMEO:"
 TOKENS = 40
 

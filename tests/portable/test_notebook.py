@@ -15,6 +15,8 @@ import pytest
 from nbclient import NotebookClient
 from shared_subset import subset_path
 
+pytestmark = pytest.mark.started_first
+
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "examples" / "notebooks" / "quickstart.ipynb"
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.started_first
+
 PARITY = Path(__file__).resolve().parents[2] / "examples" / "glue" / "parity.py"
 
 

@@ -12,6 +12,8 @@ import pytest
 from fresh_process import tpuplex
 from tiny_glue import train_losses, write_tiny_model_reading
 
+pytestmark = pytest.mark.started_first
+
 BACKENDS = ("torch", "jax", "tf")
 SMOOTHING = Path(__file__).parent / "smoothing"
 

@@ -16,6 +16,8 @@ from tiny_glue import write_tiny_model_reading
 from tpuplex.commands import run_folder, workflow
 from tpuplex.tasks.token_classification import data as tagged
 
+pytestmark = pytest.mark.started_first
+
 MAX_LENGTH = 32
 SPLITS = {"emerging.dev": "emerging.dev.conll", "emerging.test": "emerging.test.annotated"}
 

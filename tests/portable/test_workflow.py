@@ -17,6 +17,8 @@ from tiny_glue import write_tiny_model_reading
 from tpuplex.commands import run_folder, workflow
 from tpuplex.tasks.sequence_classification.glue import get_dataset, read_split
 
+pytestmark = pytest.mark.started_first
+
 EXAMPLES = 48  # dev examples whose logits the exported models must reproduce
 
 

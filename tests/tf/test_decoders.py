@@ -13,6 +13,8 @@ from decoder_checks import (  # noqa: F401  (collected here)
 from tpuplex.config import RuntimeConfig
 from tpuplex_tf.backend import TfBackend
 
+pytestmark = pytest.mark.started_first
+
 
 @pytest.fixture(scope="module")
 def backend():

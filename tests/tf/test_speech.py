@@ -17,6 +17,8 @@ from speech_checks import (  # noqa: F401  (collected here)
 from tpuplex.data.audio import LogMel
 from tpuplex.tasks.speech_recognition.tf import log_mel
 
+pytestmark = pytest.mark.started_first
+
 
 @pytest.fixture(scope="module")
 def backend_name() -> str:

@@ -15,6 +15,8 @@ from shared_subset import subset_path
 
 import tpuplex
 
+pytestmark = pytest.mark.started_first
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 CIFAR_TEST = SHARED / "images" / "cifar10" / "test"

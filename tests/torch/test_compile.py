@@ -16,6 +16,8 @@ from helpers import assert_params_close, backend, learning_rates, run, tiny_spec
 from tpuplex.protocol import OptimizerSpec
 from tpuplex.testing.specs import image_family_spec
 
+pytestmark = pytest.mark.started_first
+
 
 def test_compiled_training_matches_eager_and_compiles_once_per_shape(tmp_path):
     spec = tiny_spec(tmp_path, dropout=True)

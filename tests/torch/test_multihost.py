@@ -7,7 +7,10 @@ tests/common/multihost_checks.py. The two start-up faults run here only, the bac
 
 from __future__ import annotations
 
+import pytest
 from multihost_checks import MultiProcessSuite, check_missing_process, check_processes_must_agree
+
+pytestmark = pytest.mark.started_first
 
 
 class TestTorchProcesses(MultiProcessSuite):
