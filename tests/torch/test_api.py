@@ -31,6 +31,9 @@ EXAMPLES = {
     "causal_lm": "examples/shakespeare_char/cpu.toml",
     "speech_recognition": "examples/speech/fsdd.toml",
 }
+SMALL_BATCH = 8
+"""Every run here trains on 8 rows a step, not its example's 12-128: what is compared is the API against the CLI
+for one config, whatever its batch (MiniLM's step on 32 rows of 128 tokens takes about 3 s of the 2-core machine)."""
 EXPORTS = {"image_classification": "torch_export", "speech_recognition": "torch_export"}
 """The format each task's example exports to (the others: an HF folder)."""
 
@@ -94,7 +97,7 @@ def predict_or_generate(run: tpuplex.Run, task: str) -> None:
 def test_the_api_runs_each_task_s_example_as_the_cli_does(task, shared_glue, shared_text, shared_images,
                                                           shared_audio, subset_root, tmp_path) -> None:
     example = EXAMPLES[task]
-    overrides = {"train.max_steps": 2, "data.cache_dir": str(tmp_path / "cache"),
+    overrides = {"train.max_steps": 2, "train.global_batch": SMALL_BATCH, "data.cache_dir": str(tmp_path / "cache"),
                  **data_overrides(example, subset_root)}
     train_with_the_cli(example, tmp_path / "cli", overrides)
     run = tpuplex.train(REPO / example, "torch", overrides={**overrides, "runtime.output_dir": str(tmp_path / "api")})
@@ -117,8 +120,8 @@ def test_two_torch_trainings_in_one_process_match_fresh_processes(shared_images,
                                                                    tmp_path) -> None:
     """ResNet-20 on CIFAR-10 then the character GPT in this process, each against its own fresh `tpuplex train`."""
     for task in ("image_classification", "causal_lm"):
-        overrides = {"train.max_steps": 3, "runtime.log_every": 1, "data.cache_dir": str(tmp_path / "cache"),
-                     **data_overrides(EXAMPLES[task], subset_root)}
+        overrides = {"train.max_steps": 3, "train.global_batch": SMALL_BATCH, "runtime.log_every": 1,
+                     "data.cache_dir": str(tmp_path / "cache"), **data_overrides(EXAMPLES[task], subset_root)}
         train_with_the_cli(EXAMPLES[task], tmp_path / f"{task}-fresh", overrides)
         run = tpuplex.train(REPO / EXAMPLES[task], "torch",
                             overrides={**overrides, "runtime.output_dir": str(tmp_path / task)})
