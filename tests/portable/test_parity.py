@@ -1,9 +1,9 @@
 """`nox -s parity` inside the test suite: MiniLM and a tiny RoBERTa on real MRPC, dropout-off steps on each
 backend, compared by examples/glue/parity.py's own bounds (initial logits 1e-4, every training loss and the dev
 loss 1e-3 relative). The long tier runs `nox -s parity` as it is (50 steps, 8 fitted lengths). The fast tier runs
-10 steps over 2 fitted lengths: a wrong update (bias correction, weight decay, clipping, schedule) moves the loss
-by more than 1e-3 within the first few, and on jax and tf each length is a compiled program, most of this test's
-time. It stays in the fast tier at about 2 minutes: the one end-to-end run of a real checkpoint (MiniLM) through
+10 steps of 8 rows over 2 fitted lengths: a wrong update (bias correction, weight decay, clipping, schedule) moves
+the loss by more than 1e-3 within the first few, whatever the batch, and on jax and tf each length is a compiled
+program. It stays in the fast tier at about 2 minutes: the one end-to-end run of a real checkpoint (MiniLM) through
 the CLI's path on all three backends."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def parity(*args: str) -> subprocess.CompletedProcess:
                           timeout=1200, env={**os.environ, "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
-FAST = ("--set", "train.max_steps=10", "--set", "data.bucket_count=2")
+FAST = ("--set", "train.max_steps=10", "--set", "data.bucket_count=2", "--set", "train.global_batch=8")
 
 
 @pytest.mark.parametrize("settings", [FAST, pytest.param((), marks=pytest.mark.long)], ids=["fast", "as-nox-parity"])

@@ -93,7 +93,7 @@ def predict_or_generate(run: tpuplex.Run, task: str) -> None:
             run.predict(["a [MASK] sentence"])
 
 
-@pytest.mark.parametrize("task", EXAMPLES)  # MRPC and WNUT-17 take 60-80 s: docs/testing.md says why they stay fast
+@pytest.mark.parametrize("task", EXAMPLES)
 def test_the_api_runs_each_task_s_example_as_the_cli_does(task, shared_glue, shared_text, shared_images,
                                                           shared_audio, subset_root, tmp_path) -> None:
     example = EXAMPLES[task]
