@@ -462,6 +462,9 @@ class _Run:
 
     def __init__(self, trainer: Trainer, state: Any, at: _Position, reporter: Reporter, signals: SignalWatch):
         self.trainer = trainer
+        # Known before the first step: a CPU's peak is measured (tpuplex.flops), and once the run computes, its
+        # framework's threads and the input thread take cores from the measurement.
+        self.peak_flops = trainer.peak.flops_per_s
         self.signals = signals
         self.backend = trainer.backend
         self.state = state
@@ -556,7 +559,7 @@ class _Run:
         at.step += len(losses)
         at.position += len(losses)
         self.losses.extend(losses)
-        so_far = self.train_throughput.summary(self.trainer.peak.flops_per_s)
+        so_far = self.train_throughput.summary(self.peak_flops)
         self.reporter.advance(at.step, losses[-1], so_far["examples_per_s"], so_far["mfu"])
         self.profiler.after_step(at.step)
         # The last step always evaluates here, before any save, so its checkpoint holds the final metrics.
