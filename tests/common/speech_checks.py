@@ -14,6 +14,7 @@ import pytest
 from fresh_process import tpuplex
 from safetensors.numpy import save_file
 
+import tpuplex as tpuplex_api
 from tpuplex.data.audio import characters
 from tpuplex.models.conformer import initial_params, read
 from tpuplex.tasks.speech_recognition.data import BLANK
@@ -92,24 +93,24 @@ def test_ctc_training_follows_torch_on_real_recordings(backend_name, speech_run)
 
 
 def test_the_torch_checkpoint_transcribes_alike(backend_name, speech_run) -> None:
-    """A torch checkpoint evaluated and predicted on this backend: torch's loss (1e-5), error rates and
-    transcripts, one line per dev recording. The checkpoint is the model before training (its drawn weights, the
-    blank held back): twenty steps of CTC teach a model to say little ("e" to every recording), where the drawn one
-    says something different to each, which is what a comparison needs.
+    """A torch checkpoint evaluated and predicted on this backend through the CLI, as a user would, against the
+    torch backend through the Python API in this process: torch's loss (1e-5), error rates and transcripts, one line
+    per dev recording. The checkpoint is the model before training (its drawn weights, the blank held back): twenty
+    steps of CTC teach a model to say little ("e" to every recording), where the drawn one says something different
+    to each, which is what a comparison needs.
 
-    In the fast tier although it takes 67 s on jax and 133 s on tf under a loaded machine (2026-11-27): it is the one
-    check that a checkpoint transcribes alike on every backend, and its time is four CLI start-ups (predict and eval
-    on torch and on this backend) on 20 real recordings, which no smaller form stands in for."""
+    In the fast tier: it is the one check that a checkpoint transcribes alike on every backend, and its time is two
+    CLI start-ups (predict and eval) on 20 real recordings, which no smaller form stands in for."""
     run = speech_run["initial"]
-    metrics, transcripts = {}, {}
-    for name in dict.fromkeys(("torch", backend_name)):
-        tpuplex("predict", str(run), "--backend", name, "--split", "dev", "--out", str(run / f"predicted-{name}"))
-        tpuplex("eval", str(run), "--backend", name, "--out", str(run / f"eval-{name}.json"))
-        transcripts[name] = (run / f"predicted-{name}" / "dev.tsv").read_text().splitlines()
-        metrics[name] = json.loads((run / f"eval-{name}.json").read_text())["metrics"]["dev"]
-    assert transcripts[backend_name] == transcripts["torch"]
-    assert len({line.split("\t")[1] for line in transcripts["torch"][1:]}) >= 15  # nearly all different
-    assert transcripts["torch"][0] == "path\ttranscript" and len(transcripts["torch"]) == 21
-    ours, theirs = metrics[backend_name], metrics["torch"]
+    tpuplex("predict", str(run), "--backend", backend_name, "--split", "dev", "--out", str(run / "predicted-cli"))
+    tpuplex("eval", str(run), "--backend", backend_name, "--out", str(run / "eval-cli.json"))
+    transcripts = (run / "predicted-cli" / "dev.tsv").read_text().splitlines()
+    ours = json.loads((run / "eval-cli.json").read_text())["metrics"]["dev"]
+    reference = tpuplex_api.Run.open(run)
+    expected = reference.write_predictions("dev", "torch", out=run / "predicted-api")["dev"].read_text().splitlines()
+    theirs = reference.evaluate("torch", out=run / "eval-api.json")["metrics"]["dev"]
+    assert transcripts == expected
+    assert len({line.split("\t")[1] for line in expected[1:]}) >= 15  # nearly all different
+    assert expected[0] == "path\ttranscript" and len(expected) == 21
     assert (ours["wer"], ours["cer"]) == (theirs["wer"], theirs["cer"])
     assert abs(ours["loss"] - theirs["loss"]) <= 1e-5 * theirs["loss"]
