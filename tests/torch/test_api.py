@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fresh_process import tpuplex as tpuplex_cli
-from shared_subset import subset_path
+from shared_subset import SMALL_BATCH, subset_path
 
 import tpuplex
 
@@ -31,9 +31,6 @@ EXAMPLES = {
     "causal_lm": "examples/shakespeare_char/cpu.toml",
     "speech_recognition": "examples/speech/fsdd.toml",
 }
-SMALL_BATCH = 8
-"""Every run here trains on 8 rows a step, not its example's 12-128: what is compared is the API against the CLI
-for one config, whatever its batch (MiniLM's step on 32 rows of 128 tokens takes about 3 s of the 2-core machine)."""
 EXPORTS = {"image_classification": "torch_export", "speech_recognition": "torch_export"}
 """The format each task's example exports to (the others: an HF folder)."""
 

@@ -1,8 +1,8 @@
 """Every example config runs as its comment documents it, from the repository root, with its --data-dir, a few
 steps through the CLI on torch (each example is one config for every backend), then its whole evaluation. The fast
-tier runs each on a cut of its real data (tests/common/shared_subset.py: the first rows or images of every file);
-the long tier on all of it (CIFAR-10's 60,000 images, SST-2's 67,000 sentences). Configs whose data is not in
-../shared (CoLA, MNLI, QNLI, QQP, STS-B) are loaded and checked only."""
+tier runs each on a cut of its real data (tests/common/shared_subset.py: the first rows or images of every file) at
+8 rows a step; the long tier on all of it (CIFAR-10's 60,000 images, SST-2's 67,000 sentences) at its own batch.
+Configs whose data is not in ../shared (CoLA, MNLI, QNLI, QQP, STS-B) are loaded and checked only."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fresh_process import tpuplex
-from shared_subset import subset_path
+from shared_subset import SMALL_BATCH, subset_path
 
 from tpuplex import config
 
@@ -82,6 +82,8 @@ def test_the_example_trains_as_documented(path, scale, shared_glue, shared_text,
 
     args = ["train", str(path.relative_to(folder)), "--backend", "torch", "--set", "train.max_steps=2",
             "--set", f'runtime.output_dir="{tmp_path / "run"}"', "--set", f'data.cache_dir="{prepared_cache}"']
+    if scale != "all":
+        args += ["--set", f"train.global_batch={SMALL_BATCH}"]
     if loaded.task.name == "sequence_classification":
         # The documented --data-dir, relative to the folder the command runs from.
         args += ["--data-dir", data(str(Path("..") / "shared" / "glue" / GLUE_FOLDERS[loaded.data.dataset]))]
