@@ -1,19 +1,22 @@
 """`nox -s parity` inside the test suite: MiniLM and a tiny RoBERTa on real MRPC, dropout-off steps on each
 backend, compared by examples/glue/parity.py's own bounds (initial logits 1e-4, every training loss and the dev
-loss 1e-3 relative). The long tier runs `nox -s parity` as it is (50 steps, 8 fitted lengths). The fast tier runs
-10 steps of 8 rows over 2 fitted lengths: a wrong update (bias correction, weight decay, clipping, schedule) moves
-the loss by more than 1e-3 within the first few, whatever the batch, and on jax and tf each length is a compiled
-program. It stays in the fast tier at about 2 minutes: the one end-to-end run of a real checkpoint (MiniLM) through
-the CLI's path on all three backends."""
+loss 1e-3 relative). The long tier runs `nox -s parity` as it is (50 steps, 8 fitted lengths, all of MRPC). The
+fast tier runs 10 steps of 8 rows over 2 fitted lengths on MRPC's first 100 training and dev rows
+(tests/common/shared_subset.py): a wrong update (bias correction, weight decay, clipping, schedule) moves the loss
+by more than 1e-3 within the first few, whatever the batch, and on jax and tf each length is a compiled program.
+It stays in the fast tier at over a minute: the one end-to-end run of a real checkpoint (MiniLM) through the CLI's
+path on all three backends."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from shared_subset import subset_path
 
 pytestmark = pytest.mark.started_first
 
@@ -28,8 +31,12 @@ def parity(*args: str) -> subprocess.CompletedProcess:
 FAST = ("--set", "train.max_steps=10", "--set", "data.bucket_count=2", "--set", "train.global_batch=8")
 
 
-@pytest.mark.parametrize("settings", [FAST, pytest.param((), marks=pytest.mark.long)], ids=["fast", "as-nox-parity"])
-def test_the_parity_scenarios_agree_on_every_backend(settings, shared_glue, tmp_path):
+@pytest.mark.parametrize("fast", [True, pytest.param(False, marks=pytest.mark.long)], ids=["fast", "as-nox-parity"])
+def test_the_parity_scenarios_agree_on_every_backend(fast, shared_glue, tmp_path):
+    settings = ()
+    if fast:
+        cut = subset_path(shared_glue.parent, shared_glue / "MRPC", tmp_path / "subset")
+        settings = (*FAST, "--set", f"data.data_dir={json.dumps(str(cut))}")
     runs = [parity("checkpoint", "--out", str(tmp_path))]
     runs += [parity("run", "--backend", backend, "--out", str(tmp_path), *settings)
              for backend in ("torch", "jax", "tf")]
