@@ -11,6 +11,7 @@ import transformers
 from chat_data import conversation, write_jsonl, write_tokenizer
 from decoder_checks import (  # noqa: F401  (collected here)
     CONFIGS,
+    decoder_spec,
     smollm2,
     test_generation_matches_transformers,
     test_logits_match_transformers,
@@ -19,11 +20,13 @@ from decoder_checks import (  # noqa: F401  (collected here)
     test_smollm2_from_its_gguf_matches_transformers_gguf_load,
     test_smollm2_tokenizer_matches_transformers_gguf_load,
     test_training_follows_torch,
+    token_batch,
 )
 from helpers import backend as torch_backend
 from helpers import tiny_spec
 from kill_campaign import run_campaign
 
+import torch
 from tpuplex import models
 from tpuplex.commands import cli
 from tpuplex.data.corpus import prepare_corpus
@@ -61,6 +64,32 @@ def test_a_base_model_gets_its_prefix_and_a_drawn_lm_head(tmp_path):
     assert params.keys() == family.hf_shapes(arch).keys()
     np.testing.assert_array_equal(params["model.norm.weight"], base.state_dict()["norm.weight"].numpy())
     assert np.asarray(params["lm_head.weight"]).std() > 0
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+def test_training_attends_without_a_mask_and_padded_prompts_with_one(backend, tmp_path, monkeypatch, model_type):
+    """A training batch of causal-LM rows has no padding that a real token sees (padding sits after every real
+    token), so each attention call gets no mask and `is_causal`: on a GPU, the flash and cuDNN kernels' unmasked
+    path. Left-padded prompts get the [B, 1, T, S] mask that hides their padding."""
+    calls = []
+    attend = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs["attn_mask"], kwargs["is_causal"]))
+        return attend(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    spec = decoder_spec(tmp_path, model_type)
+    state = backend.init(spec, OptimizerSpec())
+    backend.train_step(state, token_batch(rows=4, length=8), 1e-3)
+    layers = spec.arch.num_layers
+    assert calls == [(None, True)] * layers
+    calls.clear()
+    mask = np.array([[0, 0, 1, 1], [1, 1, 1, 1]], np.int32)
+    backend.generate(state, Prompts(np.where(mask, 5, 0).astype(np.int32), mask, 1, 0.0, 0,
+                                    np.zeros((2, 1), np.float32)))
+    assert len(calls) == layers and all(mask is not None and not causal for mask, causal in calls)
+    assert [tuple(mask.shape) for mask, _ in calls] == [(2, 1, 4, 5)] * layers
 
 
 def test_a_text_encoder_refuses_to_generate(tmp_path):
