@@ -118,7 +118,8 @@ def lora_spec(spec: ModelSpec, **table) -> ModelSpec:
 def test_lora_training_follows_torch(backend, tmp_path: Path, model_type: str) -> None:
     """LoRA (rank 4 on every projection, alpha 8), 20 dropout-off steps: the torch backend's losses to 1e-4
     (relative), the base unchanged to the bit, moments kept for the adapters alone, and the adapters trained.
-    (64 s for Llama on tf with a loaded machine, 2026-11-27: two backends' 20 steps, most of it tf's tracing.)"""
+    (Llama on tf: 64 s over eight replicas with a loaded machine, 2026-11-27, most of it tf's tracing, one thread per
+    replica; 4.9 s alone over the two replicas tests/tf/test_decoders.py now gives it, 2026-11-28.)"""
     spec = lora_spec(decoder_spec(tmp_path, model_type), rank=4, alpha=8,
                      targets=["c_attn", "c_proj", "c_fc"] if model_type == "gpt2" else
                      ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
