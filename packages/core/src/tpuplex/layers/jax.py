@@ -1,5 +1,6 @@
-"""What every Flax (JAX) module of tpuplex shares: activations by HF name, embeddings, attention, and the naming
-between Flax trees and portable names.
+"""What every Flax (JAX) module of tpuplex shares: activations by HF name, embeddings, attention, the naming
+between Flax trees and portable names, and the table of operations the networks written once run on (`JaxOps`,
+`tpuplex.models.ops`).
 
 Modules are named after the core's *canonical* parameter names, so a parameter's tree path spells its canonical
 name (`block.3/query/kernel` is `block.3.query.weight`, transposed: Flax keeps Dense kernels [in, out], torch
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax
+from tpuplex.models.conformer import positions as sinusoidal_positions
 from tpuplex.params import flax_axes, torch_axes, torch_shape
 from tpuplex.slices import Slice, View
 
@@ -34,6 +36,7 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
     "tanh": jnp.tanh,
     "silu": jax.nn.silu,
+    "sigmoid": jax.nn.sigmoid,
 }
 
 
@@ -169,3 +172,108 @@ def to_portable_slices(tree: Any, naming: Naming) -> dict[str, list[Slice]]:
         return held
 
     return {naming.of(path): slices(path, leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+class JaxOps:
+    """`tpuplex.models.ops.Ops` in jax, inside a Flax module's call: dropout from the module's "dropout" generator
+    unless `deterministic`; activations in `dtype` (bfloat16 under train.bf16), each float32 parameter cast to it
+    where it meets one. Attention is XLA's (the scores written out, softmax in float32), or cuDNN's fused kernel
+    on a GPU in bfloat16 without dropout or soft-capping."""
+
+    def __init__(self, module: nn.Module, deterministic: bool, dtype: Any = jnp.float32):
+        self.module, self.deterministic, self.dtype = module, deterministic, dtype
+
+    where = staticmethod(jnp.where)
+    einsum = staticmethod(jnp.einsum)
+    reshape = staticmethod(jnp.reshape)
+    transpose = staticmethod(jnp.transpose)
+    cos = staticmethod(jnp.cos)
+    sin = staticmethod(jnp.sin)
+    tanh = staticmethod(jnp.tanh)
+
+    def linear(self, x, weight, bias, in_out=False):
+        weight = weight.astype(x.dtype)
+        # Contracting W's own input axis: XLA reads [out, in] as it is, with no transposed copy.
+        out = jax.lax.dot_general(x, weight, (((x.ndim - 1,), (0 if in_out else 1,)), ((), ())))
+        return out if bias is None else out + bias.astype(x.dtype)
+
+    def embed(self, table, ids):
+        return jnp.take(table, ids, axis=0).astype(self.dtype)
+
+    def attention(self, query, key, value, mask, scale, softcap, dropout, site):
+        rate = 0.0 if self.deterministic else dropout
+        heads, kv = query.shape[2], key.shape[2]
+        if (mask is None and not rate and not softcap and jax.default_backend() == "gpu"
+                and query.dtype in (jnp.bfloat16, jnp.float16) and query.shape[-1] in CUDNN_HEAD_DIMS):
+            return jax.nn.dot_product_attention(query, key, value, scale=scale, is_causal=True,
+                                                implementation="cudnn")
+        rows, length, _, size = query.shape
+        # Grouped-query attention: query head h reads key/value head h // (heads / kv), as HF's repeat_kv.
+        grouped = query.reshape(rows, length, kv, heads // kv, size)
+        scores = jnp.einsum("btkgd,bskd->bkgts", grouped, key).astype(jnp.float32) * scale
+        if softcap:
+            scores = jnp.tanh(scores / softcap) * softcap
+        if mask is None:
+            mask = (jnp.arange(key.shape[1])[None, :] <= jnp.arange(length)[:, None])[None]
+        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = self.dropout(jax.nn.softmax(scores, axis=-1), rate, site)
+        return jnp.einsum("bkgts,bskd->btkgd", probs.astype(value.dtype), value).reshape(rows, length, heads, size)
+
+    def layer_norm(self, x, weight, bias, eps):
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(axis=-1, keepdims=True)
+        variance = jnp.square(x32 - mean).mean(axis=-1, keepdims=True)
+        out = (x32 - mean) * jax.lax.rsqrt(variance + eps) * weight
+        return (out if bias is None else out + bias).astype(x.dtype)
+
+    def rms_norm(self, x, weight, eps, offset=0.0):
+        x32 = x.astype(jnp.float32)
+        out = x32 * jax.lax.rsqrt(jnp.square(x32).mean(axis=-1, keepdims=True) + eps) * (weight + offset)
+        return out.astype(x.dtype)
+
+    def activation(self, name, x):
+        return ACTIVATIONS[name](x)
+
+    def softmax(self, x):
+        return jax.nn.softmax(x, axis=-1)
+
+    def concat(self, tensors, axis):
+        return jnp.concatenate(tensors, axis=axis)
+
+    def shape(self, x):
+        return x.shape
+
+    def constant(self, array):
+        return jnp.asarray(array)
+
+    def arange(self, count):
+        return jnp.arange(count)
+
+    def float32(self, x):
+        return x.astype(jnp.float32)
+
+    def cast_like(self, x, like):
+        return x.astype(like.dtype)
+
+    def dropout(self, x, rate, site):
+        return nn.Dropout(rate)(x, deterministic=self.deterministic) if rate else x
+
+    def cache_write(self, cache, new, index):
+        return jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype), (0, index, 0, 0))
+
+    def conv2d(self, x, weight, bias, stride):
+        out = jax.lax.conv_general_dilated(x, weight, (stride, stride), "VALID",
+                                           dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        return out + bias[None, :, None, None]
+
+    def depthwise_conv1d(self, x, weight, bias):
+        half = weight.shape[-1] // 2
+        out = jax.lax.conv_general_dilated(x, weight, (1,), [(half, half)], dimension_numbers=("NWC", "OIW", "NWC"),
+                                           feature_group_count=weight.shape[0])
+        return out + bias
+
+    def positions(self, frames, width):
+        return self.constant(sinusoidal_positions(frames, width))
+
+    def frame_mask(self, lengths, frames):
+        return (jnp.arange(frames)[None, :] < lengths[:, None]).astype(jnp.float32)

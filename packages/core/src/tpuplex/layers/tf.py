@@ -1,5 +1,5 @@
-"""What every Keras (TensorFlow) module of tpuplex shares: activations by HF name, stateless dropout, and the
-naming of variables.
+"""What every Keras (TensorFlow) module of tpuplex shares: activations by HF name, stateless dropout, the naming of
+variables, and the table of operations the networks written once run on (`TfOps`, `tpuplex.models.ops`).
 
 Dropout is stateless: every dropout site draws its mask from `tf.random.stateless_uniform` with a seed derived from
 the `seed` argument, so a step is a pure function of (variables, batch, seed). That keeps XLA compilation, replicas
@@ -18,6 +18,8 @@ import keras  # noqa: E402  (the backend must be chosen before Keras is imported
 import tensorflow as tf  # noqa: E402
 
 from tpuplex.errors import TpuplexError  # noqa: E402
+from tpuplex.models.conformer import SERVED_FRAMES  # noqa: E402
+from tpuplex.models.conformer import positions as sinusoidal_positions  # noqa: E402
 
 if keras.backend.backend() != "tensorflow":
     raise TpuplexError(
@@ -36,6 +38,7 @@ ACTIVATIONS = {
     "relu": tf.nn.relu,
     "tanh": tf.math.tanh,
     "silu": tf.nn.silu,
+    "sigmoid": tf.sigmoid,
 }
 
 
@@ -59,3 +62,112 @@ def dense_variables(module: str, layer: keras.layers.Dense) -> Variables:
 
 def norm_variables(module: str, layer: keras.layers.LayerNormalization) -> Variables:
     return {f"{module}.weight": (layer.gamma, False), f"{module}.bias": (layer.beta, False)}
+
+
+class TfOps:
+    """`tpuplex.models.ops.Ops` in TensorFlow: dropout stateless from `seed` (None: none), one mask per site;
+    activations in `dtype` (bfloat16 under train.bf16), each float32 variable cast to it where it meets one.
+    TensorFlow's CPU kernels take images channels-last, so convolutions transpose around the call."""
+
+    def __init__(self, seed: tf.Tensor | None, dtype: tf.DType = tf.float32):
+        self.seed, self.dtype = seed, dtype
+
+    where = staticmethod(tf.where)
+    einsum = staticmethod(tf.einsum)
+    reshape = staticmethod(tf.reshape)
+    transpose = staticmethod(tf.transpose)
+    cos = staticmethod(tf.cos)
+    sin = staticmethod(tf.sin)
+    tanh = staticmethod(tf.tanh)
+
+    def linear(self, x, weight, bias, in_out=False):
+        # A matmul over the flattened rows: the gradient of einsum("...i,oi->...o") as TF takes it forms the
+        # [..., o, i] outer product before summing it away, ~100x this step's other work.
+        weight = tf.cast(weight, x.dtype)
+        flat = tf.reshape(x, [-1, tf.shape(x)[-1]])
+        out = tf.matmul(flat, weight, transpose_b=not in_out)
+        out = tf.reshape(out, tf.concat([tf.shape(x)[:-1], tf.shape(out)[-1:]], axis=0))
+        return out if bias is None else out + tf.cast(bias, x.dtype)
+
+    def embed(self, table, ids):
+        return tf.cast(tf.gather(tf.cast(table, tf.float32), ids), self.dtype)
+
+    def attention(self, query, key, value, mask, scale, softcap, dropout, site):
+        rows, length, heads, size = self.shape(query)
+        kv = key.shape[2]
+        # Grouped-query attention: query head h reads key/value head h // (heads / kv), as HF's repeat_kv.
+        grouped = tf.reshape(query, [rows, length, kv, heads // kv, size])
+        scores = tf.cast(tf.einsum("btkgd,bskd->bkgts", grouped, key), tf.float32) * scale
+        if softcap:
+            scores = tf.tanh(scores / softcap) * softcap
+        if mask is None:
+            mask = (tf.range(tf.shape(key)[1])[None, :] <= tf.range(length)[:, None])[None]
+        scores = tf.where(mask[:, None, None], scores, scores.dtype.min)
+        probs = tf.cast(self.dropout(tf.nn.softmax(scores, axis=-1), dropout, site), value.dtype)
+        return tf.reshape(tf.einsum("bkgts,bskd->btkgd", probs, value), [rows, length, heads, size])
+
+    def layer_norm(self, x, weight, bias, eps):
+        x32 = tf.cast(x, tf.float32)
+        mean = tf.reduce_mean(x32, axis=-1, keepdims=True)
+        variance = tf.reduce_mean(tf.square(x32 - mean), axis=-1, keepdims=True)
+        out = (x32 - mean) * tf.math.rsqrt(variance + eps) * tf.cast(weight, tf.float32)
+        return tf.cast(out if bias is None else out + tf.cast(bias, tf.float32), x.dtype)
+
+    def rms_norm(self, x, weight, eps, offset=0.0):
+        x32 = tf.cast(x, tf.float32)
+        scale = tf.cast(weight, tf.float32) + offset
+        out = x32 * tf.math.rsqrt(tf.reduce_mean(tf.square(x32), axis=-1, keepdims=True) + eps) * scale
+        return tf.cast(out, x.dtype)
+
+    def activation(self, name, x):
+        return ACTIVATIONS[name](x)
+
+    def softmax(self, x):
+        return tf.nn.softmax(x, axis=-1)
+
+    def concat(self, tensors, axis):
+        return tf.concat(tensors, axis=axis)
+
+    def shape(self, x):
+        return tuple(size if size is not None else tf.shape(x)[axis] for axis, size in enumerate(x.shape))
+
+    def constant(self, array):
+        return tf.constant(array)
+
+    def arange(self, count):
+        return tf.range(count)
+
+    def float32(self, x):
+        return tf.cast(x, tf.float32)
+
+    def cast_like(self, x, like):
+        return tf.cast(x, like.dtype)
+
+    def dropout(self, x, rate, site):
+        return dropout(x, rate, self.seed, site)
+
+    def cache_write(self, cache, new, index):
+        # A blend with one-hot rows: a dynamic update XLA compiles at a static shape.
+        written = tf.one_hot(index + tf.range(tf.shape(new)[1]), tf.shape(cache)[1], dtype=cache.dtype)  # [T, S]
+        keep = (1.0 - tf.reduce_sum(written, axis=0))[None, :, None, None]
+        return cache * keep + tf.einsum("ts,btkd->bskd", written, tf.cast(new, cache.dtype))
+
+    def conv2d(self, x, weight, bias, stride):
+        out = tf.nn.conv2d(tf.transpose(x, (0, 2, 3, 1)), tf.transpose(weight, (2, 3, 1, 0)), stride, "VALID")
+        return tf.transpose(out + bias, (0, 3, 1, 2))
+
+    def depthwise_conv1d(self, x, weight, bias):
+        half = weight.shape[-1] // 2
+        padded = tf.pad(x, [[0, 0], [half, half], [0, 0]])[:, :, None, :]  # [B, T + K - 1, 1, H]
+        kernel = tf.transpose(weight, (2, 1, 0))[:, :, :, None]            # [K, 1, H, 1]
+        return tf.nn.depthwise_conv2d(padded, kernel, [1, 1, 1, 1], "VALID")[:, :, 0, :] + bias
+
+    def positions(self, frames, width):
+        """The table for `frames` rows: a constant where they are known when traced (training), else rows of one
+        for SERVED_FRAMES (a SavedModel takes recordings of any length up to that)."""
+        if isinstance(frames, int):
+            return tf.constant(sinusoidal_positions(frames, width))
+        return tf.constant(sinusoidal_positions(SERVED_FRAMES, width))[:frames]
+
+    def frame_mask(self, lengths, frames):
+        return tf.cast(tf.range(frames)[None, :] < lengths[:, None], tf.float32)

@@ -1,5 +1,5 @@
-"""What every PyTorch module of tpuplex shares: activations by HF name, and parameters registered under dotted
-names.
+"""What every PyTorch module of tpuplex shares: activations by HF name, parameters registered under dotted names,
+and the table of operations the networks written once run on (`TorchOps`, `tpuplex.models.ops`).
 
 A framework module (docs/ARCHITECTURE.md): imported by the torch backend and the `torch.py` of tasks and model
 kinds only.
@@ -10,9 +10,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 
+import numpy as np
 import torch.nn.functional as F
 
 import torch
+from tpuplex.models.conformer import SERVED_FRAMES
+from tpuplex.models.conformer import positions as sinusoidal_positions
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,  # HF "gelu" is the exact erf form
@@ -21,6 +24,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "tanh": torch.tanh,
     "silu": F.silu,
+    "sigmoid": torch.sigmoid,
 }
 
 
@@ -65,3 +69,108 @@ def _parent(root: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
             owner.add_module(part, torch.nn.Module())
         owner = getattr(owner, part)
     return owner, leaf
+
+
+class TorchOps:
+    """`tpuplex.models.ops.Ops` in torch: dropout from torch's generator when `training`; attention through
+    `scaled_dot_product_attention` (its fused causal kernels when the mask is plain causal), written out only where
+    the scores are soft-capped. Under autocast the Linear layers compute in bfloat16 as torch chooses."""
+
+    def __init__(self, training: bool, device: torch.device):
+        self.training, self.device = training, device
+
+    where = staticmethod(torch.where)
+    einsum = staticmethod(torch.einsum)
+    cos = staticmethod(torch.cos)
+    sin = staticmethod(torch.sin)
+    tanh = staticmethod(torch.tanh)
+
+    def linear(self, x, weight, bias, in_out=False):
+        if not in_out:
+            return F.linear(x, weight, bias)
+        # [in, out] (GPT-2's Conv1D): x @ W, whose weight gradient x^T @ g needs no transpose of W
+        flat = x.reshape(-1, x.shape[-1])
+        out = flat @ weight if bias is None else torch.addmm(bias, flat, weight)
+        return out.view(*x.shape[:-1], weight.shape[1])
+
+    def embed(self, table, ids):
+        return F.embedding(ids, table)
+
+    def attention(self, query, key, value, mask, scale, softcap, dropout, site):
+        query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # [B, heads, T, D]
+        rate = dropout if self.training else 0.0
+        additive = None if mask is None else torch.zeros(mask.shape, dtype=query.dtype, device=query.device
+                                                          ).masked_fill(~mask, torch.finfo(query.dtype).min)[:, None]
+        if not softcap:
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=additive, is_causal=mask is None,
+                                                  scale=scale, dropout_p=rate,
+                                                  enable_gqa=key.shape[1] != query.shape[1]).transpose(1, 2)
+        groups = query.shape[1] // key.shape[1]
+        key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+        scores = torch.tanh(query @ key.transpose(-1, -2) * (scale / softcap)) * softcap
+        if additive is None:
+            length = scores.shape[-1]
+            causal = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril()
+            scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + additive
+        probs = F.dropout(torch.softmax(scores.float(), dim=-1).to(value.dtype), rate, self.training)
+        return (probs @ value).transpose(1, 2)
+
+    def layer_norm(self, x, weight, bias, eps):
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+    def rms_norm(self, x, weight, eps, offset=0.0):
+        return F.rms_norm(x, (x.shape[-1],), weight + offset if offset else weight, eps)
+
+    def activation(self, name, x):
+        return ACTIVATIONS[name](x)
+
+    def softmax(self, x):
+        return torch.softmax(x, dim=-1)
+
+    def reshape(self, x, shape):
+        return x.reshape(shape)
+
+    def transpose(self, x, axes):
+        return x.permute(axes)
+
+    def concat(self, tensors, axis):
+        return torch.cat(tensors, dim=axis)
+
+    def shape(self, x):
+        return tuple(x.shape)
+
+    def constant(self, array):
+        return torch.from_numpy(np.asarray(array)).to(self.device)
+
+    def arange(self, count):
+        return torch.arange(count, device=self.device)
+
+    def float32(self, x):
+        return x.float()
+
+    def cast_like(self, x, like):
+        return x.to(like.dtype)
+
+    def dropout(self, x, rate, site):
+        return F.dropout(x, rate, self.training) if rate else x
+
+    def cache_write(self, cache, new, index):
+        return cache.index_copy_(1, index + torch.arange(new.shape[1], device=new.device), new.to(cache.dtype))
+
+    def conv2d(self, x, weight, bias, stride):
+        return F.conv2d(x, weight, bias, stride=stride)
+
+    def depthwise_conv1d(self, x, weight, bias):
+        return F.conv1d(x.transpose(1, 2), weight, bias, padding=weight.shape[-1] // 2,
+                        groups=weight.shape[0]).transpose(1, 2)
+
+    def positions(self, frames, width):
+        if isinstance(frames, int):
+            return self.constant(sinusoidal_positions(frames, width))
+        # torch.export traces `frames` as a symbol: a table of the most frames a program takes, cut to them.
+        return self.constant(sinusoidal_positions(SERVED_FRAMES, width))[:frames]
+
+    def frame_mask(self, lengths, frames):
+        return (torch.arange(frames, device=lengths.device)[None, :] < lengths[:, None]).float()

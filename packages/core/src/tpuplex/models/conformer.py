@@ -1,6 +1,6 @@
 """A Conformer for CTC speech recognition (Gulati et al., 2020; TensorFlowASR's `conformer` CTC models), described
 once: its sizes (`ConformerArch`, from a config.json of `model_type = "conformer_ctc"`), its parameters (canonical
-names, torch's layout) and its forward pass, written over a small table of operations (`Ops`) that each framework
+names, torch's layout) and its forward pass, written over the table of operations (`tpuplex.models.ops.Ops`) each framework
 gives, so the three backends run the same function on the same numbers.
 
     features [B, T, mel]
@@ -25,13 +25,14 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from tpuplex.errors import TpuplexError
 from tpuplex.models.architecture import drawn_as_hf
 from tpuplex.models.family import ConfigReader
+from tpuplex.models.ops import Ops
 from tpuplex.slices import SliceReader
 
 MODEL_TYPE = "conformer_ctc"
@@ -170,36 +171,13 @@ def positions(frames: int, width: int) -> np.ndarray:
     return table.astype(np.float32)
 
 
-class Ops(Protocol):
-    """What the forward pass asks of a framework; arrays are its tensors. `dropout(x, rate, site)` draws its mask
-    from the framework's own generator, a different one at each `site`."""
-
-    def linear(self, x: Any, weight: Any, bias: Any) -> Any: ...                # x [..., in] @ W[out, in].T + b
-    def conv2d(self, x: Any, weight: Any, bias: Any, stride: int) -> Any: ...    # NCHW, OIHW, no padding
-    def depthwise_conv1d(self, x: Any, weight: Any, bias: Any) -> Any: ...       # x [B, T, H], W [H, 1, K], "same"
-    def layer_norm(self, x: Any, weight: Any, bias: Any, eps: float) -> Any: ...
-    def relu(self, x: Any) -> Any: ...
-    def silu(self, x: Any) -> Any: ...
-    def sigmoid(self, x: Any) -> Any: ...
-    def softmax(self, x: Any) -> Any: ...                                        # over the last axis
-    def where(self, condition: Any, x: Any, y: Any) -> Any: ...
-    def reshape(self, x: Any, shape: tuple[int, ...]) -> Any: ...
-    def transpose(self, x: Any, axes: tuple[int, ...]) -> Any: ...
-    def einsum(self, equation: str, *operands: Any) -> Any: ...
-    def shape(self, x: Any) -> tuple[Any, ...]: ...                             # static where known
-    def constant(self, array: np.ndarray) -> Any: ...
-    def positions(self, frames: Any, width: int) -> Any: ...                     # `positions` as a tensor
-    def dropout(self, x: Any, rate: float, site: int) -> Any: ...
-    def frame_mask(self, lengths: Any, frames: int) -> Any: ...                  # float [B, frames]: t < lengths
-
-
 def forward(ops: Ops, p: Mapping[str, Any], arch: ConformerArch, features: Any, lengths: Any) -> Any:
     """logits [B, T', vocab] of features [B, T, mel] whose utterances have `lengths` [B] frames (the framework's
     integer tensor); the caller computes T' of each utterance with `ConformerArch.output_frames`."""
     rows, frames, mel = ops.shape(features)
-    x = ops.relu(ops.conv2d(ops.reshape(features, (rows, 1, frames, mel)), p["subsampling.conv1.weight"],
+    x = ops.activation("relu", ops.conv2d(ops.reshape(features, (rows, 1, frames, mel)), p["subsampling.conv1.weight"],
                             p["subsampling.conv1.bias"], 2))
-    x = ops.relu(ops.conv2d(x, p["subsampling.conv2.weight"], p["subsampling.conv2.bias"], 2))
+    x = ops.activation("relu", ops.conv2d(x, p["subsampling.conv2.weight"], p["subsampling.conv2.bias"], 2))
     _, channels, out_frames, bins = ops.shape(x)
     x = ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (rows, out_frames, channels * bins))
     h = arch.hidden_size
@@ -227,7 +205,7 @@ def _linear(ops: Ops, p: Mapping[str, Any], name: str, x: Any) -> Any:
 
 
 def _ffn(ops: Ops, p: Mapping[str, Any], arch: ConformerArch, name: str, x: Any, site: int) -> Any:
-    hidden = ops.dropout(ops.silu(_linear(ops, p, f"{name}.linear1", _norm(ops, p, arch, f"{name}.norm", x))),
+    hidden = ops.dropout(ops.activation("silu", _linear(ops, p, f"{name}.linear1", _norm(ops, p, arch, f"{name}.norm", x))),
                          arch.dropout, site)
     return ops.dropout(_linear(ops, p, f"{name}.linear2", hidden), arch.dropout, site + 1)
 
@@ -251,9 +229,9 @@ def _convolution(ops: Ops, p: Mapping[str, Any], arch: ConformerArch, name: str,
                  site: int) -> Any:
     h = arch.hidden_size
     doubled = _linear(ops, p, f"{name}.pointwise1", _norm(ops, p, arch, f"{name}.norm", x))
-    gated = doubled[..., :h] * ops.sigmoid(doubled[..., h:])  # GLU over the features
+    gated = doubled[..., :h] * ops.activation("sigmoid", doubled[..., h:])  # GLU over the features
     mixed = ops.depthwise_conv1d(gated * real[..., None], p[f"{name}.depthwise.weight"], p[f"{name}.depthwise.bias"])
-    mixed = ops.silu(_norm(ops, p, arch, f"{name}.depthwise_norm", mixed))
+    mixed = ops.activation("silu", _norm(ops, p, arch, f"{name}.depthwise_norm", mixed))
     return ops.dropout(_linear(ops, p, f"{name}.pointwise2", mixed), arch.dropout, site)
 
 

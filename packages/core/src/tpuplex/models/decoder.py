@@ -1,17 +1,22 @@
-"""A decoder language model's architecture in one framework-free form, shared by the decoder families and backends.
+"""A decoder language model written once: its architecture (`DecoderArch`, read from an HF `config.json` by its
+`DecoderFamily`), its parameters and its forward pass (`forward`) over the operations each framework gives
+(`tpuplex.models.ops.Ops`), so GPT-2, Llama, Qwen2, Mistral, Gemma 2 and Phi-3 are one network up to switches:
 
-GPT-2 and Llama are the same network up to a few switches:
-
-    embeddings   word [+ learned position] -> dropout
-    blocks       pre-norm:  x += attention(norm(x));  x += mlp(norm(x))
-                 attention: causal, grouped-query (kv heads <= heads), [rotary positions], fused or separate q/k/v
-                 mlp:       down(act(up(x)))  or, gated,  down(act(gate(x)) * up(x))
-    final norm -> LM head (tied to the word embeddings, or its own)
+    embeddings   word [+ learned position] [* sqrt(hidden)] -> dropout
+    blocks       pre-norm:  x += [post_norm] attention(norm(x));  x += [post_norm] mlp(norm(x))
+                 attention: causal, grouped-query (kv heads <= heads), [rotary positions], fused or separate q/k/v,
+                            [a sliding window on some layers], [scores soft-capped]
+                 mlp:       down(act(up(x)))  or, gated,  down(act(gate(x)) * up(x))  (gate and up fused or not)
+    final norm -> LM head (tied to the word embeddings, or its own) [logits soft-capped]
 
 Parameters have canonical names (`embeddings.word.weight`, `block.3.query.weight`, `lm_head.weight`, ...), which a
 `DecoderFamily` maps to the HF names its checkpoints use. Their portable layout is HF's: Llama's Linear weights
 [out, in], GPT-2's Conv1D weights [in, out] (`kernel_layout`), so a portable checkpoint is a `from_pretrained`
-state dict as it is.
+state dict as it is, and every framework holds those arrays as they are.
+
+A family is one file (`tpuplex.models.<family>`): how its config.json reads into a `DecoderArch`, its HF module
+names, its PEFT target modules. Rotary positions, LoRA, masks, sliding windows, soft-capping and the key/value
+cache are written here, once.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from tpuplex import flops
 from tpuplex.errors import TpuplexError
 from tpuplex.models.architecture import drawn_as_hf
 from tpuplex.models.family import ConfigReader
+from tpuplex.models.ops import Ops
 from tpuplex.slices import SliceReader
 
 DECODER_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
@@ -40,11 +46,21 @@ class DecoderArch:
 
     num_kv_heads: key/value heads (grouped-query attention; = num_heads without it); head_dim: per head.
     rope_theta: rotary positions' base (0: learned position embeddings of `max_positions` rows instead).
-    rms_norm: RMSNorm (weight only) rather than LayerNorm; norm_bias: the LayerNorms have a bias.
-    fused_qkv: one projection to [q | k | v] (GPT-2's c_attn) rather than three.
-    gated_mlp: down(act(gate(x)) * up(x)) (SwiGLU) rather than down(act(up(x))).
+    rms_norm: RMSNorm (weight only) rather than LayerNorm; norm_bias: the LayerNorms have a bias; norm_offset: the
+        RMSNorm scales by offset + weight (Gemma stores its scale less one).
+    post_norms: the attention's and the MLP's outputs are normed again before the residual add (Gemma 2).
+    fused_qkv: one projection to [q | k | v] (GPT-2's c_attn, Phi-3's qkv_proj) rather than three.
+    gated_mlp: down(act(gate(x)) * up(x)) (SwiGLU, GeGLU) rather than down(act(up(x)));
+    fused_gate_up: gate and up as one projection to [gate | up] (Phi-3's gate_up_proj).
+    qkv_bias, output_bias: the query/key/value projections and the attention's output projection have biases
+        (Qwen2: the first only).
     kernel_layout: "in_out" (GPT-2's Conv1D, [in, out]) or "out_in" (torch Linear, [out, in]).
     tied: the LM head is the word embedding table.
+    embedding_scale: the word embeddings are multiplied by it (Gemma: sqrt(hidden)).
+    attention_scale: the scores' factor (1 / sqrt(head_dim), Gemma 2: query_pre_attn_scalar ** -0.5).
+    windows: per layer, the sliding window a query sees (the keys at most window - 1 positions before it; 0: every
+        key before it). Mistral slides on every layer, Gemma 2 on every other one.
+    attention_softcap, logit_softcap: scores (logits) become cap * tanh(s / cap) (Gemma 2; 0: not capped).
     scaled_output_init: residual projections drawn with std / sqrt(2 * layers) (GPT-2's init).
     """
 
@@ -65,7 +81,8 @@ class DecoderArch:
     activation: str
     fused_qkv: bool
     gated_mlp: bool
-    attention_bias: bool
+    qkv_bias: bool
+    output_bias: bool
     mlp_bias: bool
     kernel_layout: str
     tied: bool
@@ -74,11 +91,28 @@ class DecoderArch:
     residual_dropout: float
     initializer_range: float
     scaled_output_init: bool
+    fused_gate_up: bool = False
+    norm_offset: float = 0.0
+    post_norms: bool = False
+    embedding_scale: float = 1.0
+    attention_scale: float = 0.0
+    """0: 1 / sqrt(head_dim)."""
+    windows: tuple[int, ...] = ()
+    """Empty: no layer slides."""
+    attention_softcap: float = 0.0
+    logit_softcap: float = 0.0
 
     @property
     def max_length(self) -> int:
         """The longest sequence the model takes (its position table, or the configured context for rotary)."""
         return self.max_positions
+
+    @property
+    def scale(self) -> float:
+        return self.attention_scale or 1 / math.sqrt(self.head_dim)
+
+    def window(self, layer: int) -> int:
+        return self.windows[layer] if self.windows else 0
 
     def forward_flops(self, rows: int, length: int) -> float:
         """Forward FLOPs over [rows, length] tokens (`tpuplex.flops`): every layer's projections (grouped keys and
@@ -111,17 +145,24 @@ def canonical_shapes(arch: DecoderArch) -> dict[str, tuple[int, ...]]:
         prefix = f"block.{block}"
         shapes |= norm(f"{prefix}.attention_norm")
         if arch.fused_qkv:
-            shapes |= linear(f"{prefix}.qkv", hidden, heads + 2 * kv, arch.attention_bias)
+            shapes |= linear(f"{prefix}.qkv", hidden, heads + 2 * kv, arch.qkv_bias)
         else:
-            shapes |= linear(f"{prefix}.query", hidden, heads, arch.attention_bias)
-            shapes |= linear(f"{prefix}.key", hidden, kv, arch.attention_bias)
-            shapes |= linear(f"{prefix}.value", hidden, kv, arch.attention_bias)
-        shapes |= linear(f"{prefix}.attention_output", heads, hidden, arch.attention_bias)
+            shapes |= linear(f"{prefix}.query", hidden, heads, arch.qkv_bias)
+            shapes |= linear(f"{prefix}.key", hidden, kv, arch.qkv_bias)
+            shapes |= linear(f"{prefix}.value", hidden, kv, arch.qkv_bias)
+        shapes |= linear(f"{prefix}.attention_output", heads, hidden, arch.output_bias)
+        if arch.post_norms:
+            shapes |= norm(f"{prefix}.attention_post_norm")
         shapes |= norm(f"{prefix}.mlp_norm")
-        if arch.gated_mlp:
-            shapes |= linear(f"{prefix}.gate", hidden, inner, arch.mlp_bias)
-        shapes |= linear(f"{prefix}.up", hidden, inner, arch.mlp_bias)
+        if arch.fused_gate_up:
+            shapes |= linear(f"{prefix}.gate_up", hidden, 2 * inner, arch.mlp_bias)
+        else:
+            if arch.gated_mlp:
+                shapes |= linear(f"{prefix}.gate", hidden, inner, arch.mlp_bias)
+            shapes |= linear(f"{prefix}.up", hidden, inner, arch.mlp_bias)
         shapes |= linear(f"{prefix}.down", inner, hidden, arch.mlp_bias)
+        if arch.post_norms:
+            shapes |= norm(f"{prefix}.mlp_post_norm")
     shapes |= norm("final_norm")
     if not arch.tied:
         shapes["lm_head.weight"] = (arch.vocab_size, hidden)  # an Embedding-shaped [V, H] in both layouts
@@ -134,15 +175,161 @@ RESIDUAL_OUTPUTS = ("attention_output", "down")
 
 def initial_params(arch: DecoderArch, seed: int) -> dict[str, SliceReader]:
     """Every parameter as HF initialises the family, float32 (`drawn_as_hf`): weights and embeddings from
-    N(0, initializer_range) (residual projections / sqrt(2 * layers) under `scaled_output_init`), biases 0,
-    norms 1."""
+    N(0, initializer_range) (residual projections / sqrt(2 * layers) under `scaled_output_init`), biases 0, norms 1
+    (0 where the norm scales by 1 + weight, as Gemma's `_init_weights` zeroes them)."""
     residual_std = arch.initializer_range / math.sqrt(2 * arch.num_layers)
 
     def std(module: str) -> float:
         scaled = arch.scaled_output_init and module.rsplit(".", 1)[-1] in RESIDUAL_OUTPUTS
         return residual_std if scaled else arch.initializer_range
 
-    return drawn_as_hf(canonical_shapes(arch), seed, std)
+    params = drawn_as_hf(canonical_shapes(arch), seed, std)
+    if arch.norm_offset:
+        params |= {name: np.zeros(np.shape(array), np.float32) for name, array in params.items()
+                   if name.rsplit(".", 1)[0].endswith("norm")}
+    return params
+
+
+def rotary(ops: Ops, x: Any, positions: Any, theta: float) -> Any:
+    """HF Llama's rotary embedding of x [B, T, heads, D] at positions int [B, T] (halves rotated, not pairs): the
+    angles in float32, the rotation in x's dtype."""
+    half = ops.shape(x)[-1] // 2
+    inverse = (1.0 / theta ** (np.arange(0, half, dtype=np.float32) * 2 / (2 * half))).astype(np.float32)
+    angles = ops.float32(positions)[..., None] * ops.constant(inverse)  # [B, T, D/2]
+    cos, sin = (ops.cast_like(f(angles), x)[:, :, None, :] for f in (ops.cos, ops.sin))
+    first, second = x[..., :half], x[..., half:]
+    return ops.concat([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+def attention_mask(ops: Ops, length: int, keys: Any, cache_index: Any, key_mask: Any | None, window: int,
+                   cached: bool) -> Any | None:
+    """What each of `length` queries (at cache_index..) sees of `keys` key positions: the keys at or before it,
+    within `window` of it (0: all of them), that key_mask [B, S] keeps. None where that is plain causal attention
+    over the rows (training: no cache, no key mask, no window), which the fused kernels do without a mask."""
+    if not cached and key_mask is None and not window:
+        return None
+    query_at, key_at = cache_index + ops.arange(length), ops.arange(keys)
+    sees = key_at[None, :] <= query_at[:, None]
+    if window:
+        sees = sees & (key_at[None, :] > query_at[:, None] - window)
+    sees = sees[None]
+    return sees if key_mask is None else sees & (key_mask[:, None, :] > 0)
+
+
+def soft_cap(ops: Ops, x: Any, cap: float) -> Any:
+    return ops.tanh(x / cap) * cap if cap else x
+
+
+Cache = tuple[tuple[Any, Any], ...]
+"""Each layer's (keys, values), [B, S, kv_heads, head_dim]."""
+
+
+def forward(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, input_ids: Any, *, lora: Any = None,
+            positions: Any = None, cache: Cache | None = None, cache_index: Any = 0, key_mask: Any = None,
+            layer: Callable[..., tuple[Any, Any]] | None = None) -> Any:
+    """Next-token logits float32 [B, T, V] of input_ids int [B, T].
+
+    Training passes the ids alone (positions 0..T-1, causal attention). Decoding passes `positions` int [B, T],
+    `key_mask` [B, S] (0 on the prompts' left padding) and a `cache` (each layer's keys and values over S
+    positions, written from `cache_index`), and gets (logits, the updated cache).
+    p: canonical name -> parameter (the framework's tensors, portable layout). lora: the run's `Lora` or None.
+    layer(index, x, positions, masks, cache_entry, cache_index) -> (x, entry): how a framework runs one block
+    (torch calls it as a module, so FSDP2 gathers its weights first); `block` over `p` by default.
+    """
+    length = ops.shape(input_ids)[1]
+    if positions is None:
+        positions = ops.arange(length)[None, :] + 0 * input_ids
+    x = ops.embed(p["embeddings.word.weight"], input_ids)
+    if not arch.rope_theta:
+        x = x + ops.embed(p["embeddings.position.weight"], positions)
+    if arch.embedding_scale != 1.0:
+        x = x * ops.cast_like(ops.constant(np.float32(arch.embedding_scale)), x)
+    x = ops.dropout(x, arch.embedding_dropout, 0)
+    keys = length if cache is None else ops.shape(cache[0][0])[1]
+    masks = {window: attention_mask(ops, length, keys, cache_index, key_mask, window, cache is not None)
+             for window in {arch.window(index) for index in range(arch.num_layers)}}
+    run = layer or (lambda index, *args: block(ops, p, arch, lora, index, *args))
+    updated = []
+    for index in range(arch.num_layers):
+        x, entry = run(index, x, positions, masks, None if cache is None else cache[index], cache_index)
+        updated.append(entry)
+    x = norm(ops, p, arch, "final_norm", x)
+    logits = ops.float32(ops.linear(x, p["embeddings.word.weight" if arch.tied else "lm_head.weight"], None))
+    logits = soft_cap(ops, logits, arch.logit_softcap)
+    return logits if cache is None else (logits, tuple(updated))
+
+
+DROPOUT_SITES = 3
+"""Dropout sites per block (attention probabilities, the attention's and the MLP's outputs), after the
+embeddings' site 0; LoRA's dropout draws at sites of its own (negative), so the base's masks do not move."""
+
+
+def block(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, lora: Any, index: int, x: Any, positions: Any,
+          masks: Mapping[int, Any], cache: tuple[Any, Any] | None, cache_index: Any) -> tuple[Any, Any]:
+    """One pre-norm block: x [B, T, H] -> ([B, T, H], its updated cache entry or None). masks: window -> what
+    `attention_mask` gives for it."""
+    rows, length = ops.shape(x)[:2]
+    heads, kv, size = arch.num_heads, arch.num_kv_heads, arch.head_dim
+    name, site = f"block.{index}", 1 + DROPOUT_SITES * index
+
+    def project(module: str, h: Any) -> Any:
+        return projection(ops, p, arch, lora, f"{name}.{module}", h)
+
+    h = norm(ops, p, arch, f"{name}.attention_norm", x)
+    if arch.fused_qkv:
+        qkv = project("qkv", h)
+        query, key, value = (qkv[..., : heads * size], qkv[..., heads * size: (heads + kv) * size],
+                             qkv[..., (heads + kv) * size:])
+    else:
+        query, key, value = (project(part, h) for part in ("query", "key", "value"))
+    query = ops.reshape(query, (rows, length, heads, size))
+    key, value = (ops.reshape(t, (rows, length, kv, size)) for t in (key, value))
+    if arch.rope_theta:
+        query, key = rotary(ops, query, positions, arch.rope_theta), rotary(ops, key, positions, arch.rope_theta)
+    if cache is not None:
+        key, value = ops.cache_write(cache[0], key, cache_index), ops.cache_write(cache[1], value, cache_index)
+        cache = (key, value)
+    context = ops.attention(query, key, value, masks[arch.window(index)], arch.scale, arch.attention_softcap,
+                            arch.attention_dropout, site)
+    attended = project("attention_output", ops.reshape(context, (rows, length, heads * size)))
+    if arch.post_norms:
+        attended = norm(ops, p, arch, f"{name}.attention_post_norm", attended)
+    x = x + ops.dropout(attended, arch.residual_dropout, site + 1)
+    h = norm(ops, p, arch, f"{name}.mlp_norm", x)
+    if arch.fused_gate_up:
+        both = project("gate_up", h)
+        inner = ops.activation(arch.activation, both[..., : arch.intermediate_size]) * both[..., arch.intermediate_size:]
+    elif arch.gated_mlp:
+        inner = ops.activation(arch.activation, project("gate", h)) * project("up", h)
+    else:
+        inner = ops.activation(arch.activation, project("up", h))
+    out = project("down", inner)
+    if arch.post_norms:
+        out = norm(ops, p, arch, f"{name}.mlp_post_norm", out)
+    return x + ops.dropout(out, arch.residual_dropout, site + 2), cache
+
+
+PROJECTIONS = ("qkv", "query", "key", "value", "attention_output", "gate", "up", "down", "gate_up")
+"""The canonical projections of a decoder block an adapter may sit on (their order numbers LoRA's dropout
+sites)."""
+
+
+def projection(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, lora: Any, module: str, x: Any) -> Any:
+    """The projection `module` (`block.3.query`) of x [..., in] -> [..., out], with its LoRA adapter when it has one:
+    + scale * B A dropout(x), A [rank, in] and B [out, rank] in torch's layout in every family."""
+    y = ops.linear(x, p[f"{module}.weight"], p.get(f"{module}.bias"), arch.kernel_layout == "in_out")
+    if lora is None or not lora.adapts(module):
+        return y
+    _, index, leaf = module.split(".")
+    site = -(1 + int(index) * len(PROJECTIONS) + PROJECTIONS.index(leaf))
+    low = ops.linear(ops.dropout(x, lora.dropout, site), p[f"{module}.lora_A.weight"], None)
+    return y + ops.linear(low, p[f"{module}.lora_B.weight"], None) * lora.scale
+
+
+def norm(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, module: str, x: Any) -> Any:
+    if arch.rms_norm:
+        return ops.rms_norm(x, p[f"{module}.weight"], arch.norm_eps, arch.norm_offset)
+    return ops.layer_norm(x, p[f"{module}.weight"], p.get(f"{module}.bias"), arch.norm_eps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,12 +340,15 @@ class DecoderFamily:
     hf_biased: that class always has the biases (GPT-2), so a bias-free model is exported with zero ones.
     modules: canonical module -> HF module; block modules are templates over `block`.
     read: config.json -> DecoderArch.
+    peft_targets: PEFT's default `target_modules` for the family (`[model.lora] targets` when not given), or
+    None where PEFT has none (the user names them).
     """
 
     model_types: tuple[str, ...]
     hf_class: str
     modules: Mapping[str, str]
     read: Callable[[ConfigReader], DecoderArch]
+    peft_targets: tuple[str, ...] | None
     hf_biased: bool = False
 
     @property
@@ -200,7 +390,7 @@ class DecoderFamily:
         bias = False) as zeros: the same model, as `from_pretrained` reads it."""
         if not self.hf_biased:
             return dict(params)
-        biased = dataclasses.replace(arch, attention_bias=True, mlp_bias=True, norm_bias=True)
+        biased = dataclasses.replace(arch, qkv_bias=True, output_bias=True, mlp_bias=True, norm_bias=True)
         return {**params, **{name: np.zeros(shape, np.float32) for name, shape in self.hf_shapes(biased).items()
                              if name not in params}}
 

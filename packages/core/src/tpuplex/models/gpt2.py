@@ -28,7 +28,7 @@ def read(config: ConfigReader) -> DecoderArch:
         max_positions=config.positive("n_positions"), rope_theta=0.0, rms_norm=False, norm_bias=bias,
         norm_eps=config.get("layer_norm_epsilon", float, 1e-5),
         activation=config.get("activation_function", str, "gelu_new"), fused_qkv=True, gated_mlp=False,
-        attention_bias=bias, mlp_bias=bias, kernel_layout="in_out",
+        qkv_bias=bias, output_bias=bias, mlp_bias=bias, kernel_layout="in_out",
         tied=config.get("tie_word_embeddings", bool, True),
         embedding_dropout=config.get("embd_pdrop", float, 0.1), attention_dropout=config.get("attn_pdrop", float, 0.1),
         residual_dropout=residual, initializer_range=config.get("initializer_range", float, 0.02),
@@ -46,5 +46,6 @@ GPT2 = DecoderFamily(
              "block.up": f"{_LAYER}.mlp.c_fc", "block.down": f"{_LAYER}.mlp.c_proj",
              "final_norm": "transformer.ln_f", "lm_head": "lm_head"},
     read=read,
+    peft_targets=("c_attn",),
     hf_biased=True,
 )

@@ -10,10 +10,10 @@ model. The adapters are parameters like any other (`<HF module>.lora_A.weight`, 
 so the backends' steps, checkpoints and layouts take them as they are; the backends build them where
 `Lora.modules` says, and train nothing else (`ModelSpec.frozen`).
 
-`[model.lora]` (`Lora.read`): rank (8), alpha (8), dropout (0.0), targets (PEFT's defaults for the family: Llama
-`["q_proj", "v_proj"]`, GPT-2 `["c_attn"]`). Targets match HF module names as PEFT's `target_modules` do: a list
-of names, each matching a module called so or ending in `.name`, or one string, a regular expression the whole
-module name must match.
+`[model.lora]` (`Lora.read`): rank (8), alpha (8), dropout (0.0), targets (PEFT's defaults for the family,
+`DecoderFamily.peft_targets`: Llama `["q_proj", "v_proj"]`, GPT-2 `["c_attn"]`). Targets match HF module names as
+PEFT's `target_modules` do: a list of names, each matching a module called so or ending in `.name`, or one string, a
+regular expression the whole module name must match.
 """
 
 from __future__ import annotations
@@ -28,13 +28,9 @@ import numpy as np
 
 from tpuplex import initializers
 from tpuplex.errors import ConfigError
-from tpuplex.models.decoder import DecoderArch, DecoderFamily, canonical_shapes
+from tpuplex.models.decoder import PROJECTIONS, DecoderArch, DecoderFamily, canonical_shapes
 from tpuplex.slices import BlockReader, Index, SliceReader, bounds
 
-PEFT_TARGETS = {"llama": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
-"""PEFT's default target modules by model_type (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`)."""
-PROJECTIONS = ("qkv", "query", "key", "value", "attention_output", "gate", "up", "down")
-"""The canonical projections of a decoder block an adapter may sit on."""
 PEFT_PREFIX = "base_model.model."
 """What PEFT puts before a module's name in `adapter_model.safetensors`."""
 
@@ -45,7 +41,7 @@ def _number(value: Any) -> bool:
 
 _FIELDS = {
     "rank": (lambda v: _number(v) and isinstance(v, int) and v > 0, "an integer greater than 0"),
-    "alpha": (lambda v: _number(v) and v > 0, "a number greater than 0"),
+    "alpha": (lambda v: _number(v) and 0 < v < float("inf"), "a finite number greater than 0"),
     "dropout": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
     "targets": (lambda v: isinstance(v, str) and bool(v) or isinstance(v, list) and bool(v)
                 and all(isinstance(t, str) and t for t in v),
@@ -92,15 +88,32 @@ class Lora:
             allowed, hint = _FIELDS[key]
             if not allowed(value):
                 raise ConfigError(f"model.lora.{key} = {value!r} is not allowed: use {hint}")
-        targets = table.get("targets") or PEFT_TARGETS[family.name]
+        targets = table.get("targets") or family.peft_targets
+        if not targets:
+            raise ConfigError(f"PEFT has no default target modules for {family.name}: name them in "
+                              f"model.lora.targets, e.g. {sorted(_projection_names(family, arch))}")
+        if isinstance(targets, str):
+            try:
+                re.compile(targets)
+            except re.error as error:
+                raise ConfigError(f"model.lora.targets = {targets!r} is not a regular expression ({error}): fix it, "
+                                  "or give a list of module names, e.g. [\"q_proj\", \"v_proj\"]") from None
         targets = targets if isinstance(targets, str) else tuple(targets)
         projections = projection_modules(family, arch)
         modules = {canonical: hf for canonical, hf in projections.items() if _matches(targets, hf)}
         if not modules:
-            names = sorted({hf.rsplit(".", 1)[-1] for hf in projections.values()})
             raise ConfigError(f"model.lora.targets = {targets!r} matches none of the model's projections: use "
-                              f"some of {', '.join(names)}")
-        return cls(table.get("rank", 8), float(table.get("alpha", 8.0)), float(table.get("dropout", 0.0)), targets,
+                              f"some of {', '.join(sorted(_projection_names(family, arch)))}")
+        # B A has rank at most min(in, out) of the projection: a larger rank only adds memory (a rank of 10^9 asks
+        # for terabytes), so it is refused before anything is allocated.
+        rank = table.get("rank", 8)
+        weights = canonical_shapes(arch)
+        smallest, hf = min((min(weights[f"{canonical}.weight"]), hf) for canonical, hf in modules.items())
+        if rank > smallest:
+            raise ConfigError(f"model.lora.rank = {rank} is more than {smallest}, the smaller dimension of {hf}: an "
+                              f"adapter's rank can be at most its projection's min(in, out); use a rank <= {smallest} "
+                              "(8 is PEFT's default)")
+        return cls(rank, float(table.get("alpha", 8.0)), float(table.get("dropout", 0.0)), targets,
                    tuple(modules.items()), arch.kernel_layout == "in_out")
 
     def canonical_shapes(self, arch: DecoderArch) -> dict[str, tuple[int, ...]]:
@@ -190,6 +203,11 @@ def projection_modules(family: DecoderFamily, arch: DecoderArch) -> dict[str, st
         if leaf == "weight" and module.startswith("block.") and module.rsplit(".", 1)[-1] in PROJECTIONS:
             modules[module] = family.hf_name(name).removesuffix(".weight")
     return modules
+
+
+def _projection_names(family: DecoderFamily, arch: DecoderArch) -> set[str]:
+    """The HF names (`q_proj`) of the projections an adapter may sit on."""
+    return {hf.rsplit(".", 1)[-1] for hf in projection_modules(family, arch).values()}
 
 
 def _matches(targets: tuple[str, ...] | str, module: str) -> bool:

@@ -1,5 +1,5 @@
-"""The speech families in PyTorch: the parameters under their names, and the operations the forward pass
-(`tpuplex.models.conformer.forward`) is written over."""
+"""The speech families in PyTorch: the parameters under their names, run by the forward pass written once
+(`tpuplex.models.conformer.forward`) over torch's table of operations (`tpuplex.layers.torch.TorchOps`)."""
 
 from __future__ import annotations
 
@@ -7,64 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch.nn.functional as F
 
 import torch
 from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import register_parameters
-from tpuplex.models.conformer import SERVED_FRAMES, ConformerArch, forward, positions
+from tpuplex.layers.torch import TorchOps, register_parameters
+from tpuplex.models.conformer import ConformerArch, forward
 from tpuplex.protocol import ModelSpec, OptimizerSpec
-
-
-class TorchOps:
-    """`tpuplex.models.conformer.Ops` in torch; dropout from torch's generator when `training`."""
-
-    def __init__(self, training: bool, device: torch.device):
-        self.training, self.device = training, device
-
-    linear = staticmethod(F.linear)
-    relu = staticmethod(F.relu)
-    silu = staticmethod(F.silu)
-    sigmoid = staticmethod(torch.sigmoid)
-    where = staticmethod(torch.where)
-    einsum = staticmethod(torch.einsum)
-
-    def conv2d(self, x, weight, bias, stride):
-        return F.conv2d(x, weight, bias, stride=stride)
-
-    def depthwise_conv1d(self, x, weight, bias):
-        return F.conv1d(x.transpose(1, 2), weight, bias, padding=weight.shape[-1] // 2,
-                        groups=weight.shape[0]).transpose(1, 2)
-
-    def layer_norm(self, x, weight, bias, eps):
-        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
-
-    def softmax(self, x):
-        return torch.softmax(x, dim=-1)
-
-    def reshape(self, x, shape):
-        return x.reshape(shape)
-
-    def transpose(self, x, axes):
-        return x.permute(axes)
-
-    def shape(self, x):
-        return tuple(x.shape)
-
-    def constant(self, array: np.ndarray):
-        return torch.from_numpy(array).to(self.device)
-
-    def positions(self, frames, width):
-        if isinstance(frames, int):
-            return self.constant(positions(frames, width))
-        # torch.export traces `frames` as a symbol: a table of the most frames a program takes, cut to them.
-        return self.constant(positions(SERVED_FRAMES, width))[:frames]
-
-    def dropout(self, x, rate, site):
-        return F.dropout(x, rate, self.training)
-
-    def frame_mask(self, lengths, frames):
-        return (torch.arange(frames, device=lengths.device)[None, :] < lengths[:, None]).float()
 
 
 class SpeechModel(torch.nn.Module):

@@ -1,0 +1,71 @@
+"""The operations a network written once asks of a framework (`Ops`), so one forward pass runs on all three.
+
+The networks (`tpuplex.models.decoder.forward`, `tpuplex.models.conformer.forward`) are plain Python over this
+table; each framework gives it once (`tpuplex.layers.{jax,tf,torch}`: `JaxOps`, `TfOps`, `TorchOps`), the way
+Keras 3 writes its layers over `keras.ops`. The table holds only what truly differs between frameworks: the fused
+kernels each one has (attention, norms), how dropout draws its masks, how an embedding is gathered, how a cache is
+written in place or as a new array. Arithmetic, slicing (`x[..., :h]`), comparisons and `&` on boolean tensors
+are the tensors' own operators in all three.
+
+Shapes: activations are [B, T, H] (batch, positions, features); attention takes query [B, T, heads, D] and keys
+and values [B, S, kv_heads, D], `kv_heads` dividing `heads` (grouped-query attention: query head h reads key head
+h // (heads / kv_heads)). Weights keep their portable layout (torch's: a Linear [out, in], a Conv2d OIHW), so the
+framework module holds the checkpoint's arrays as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Ops(Protocol):
+    """What a forward pass asks of a framework; arrays are its tensors.
+
+    dropout(x, rate, site) draws its mask from the framework's own generator, a different one at each `site` (the
+    stateless TensorFlow table derives the mask from the site; the others count calls). `compute_dtype` is the
+    dtype activations are computed in (float32, or bfloat16 under `train.bf16`); parameters stay float32 and are
+    cast where they meet an activation.
+    """
+
+    def linear(self, x: Any, weight: Any, bias: Any | None, in_out: bool = False) -> Any:
+        """x [..., in] -> [..., out]: x @ W.T + b with W [out, in], or x @ W + b with W [in, out] (`in_out`: GPT-2's
+        Conv1D layout)."""
+    def embed(self, table: Any, ids: Any) -> Any:
+        """table [V, H] (float32), ids int [...] -> rows [..., H] in the compute dtype, gathered from the float32
+        table (its gradient, a scatter-add into the table, stays float32)."""
+    def attention(self, query: Any, key: Any, value: Any, mask: Any | None, scale: float, softcap: float,
+                  dropout: float, site: int) -> Any:
+        """[B, T, heads, D] of query [B, T, heads, D] over key, value [B, S, kv_heads, D]: softmax(scale q k^T)
+        (capped at softcap * tanh(s / softcap) when softcap > 0) with attention dropout `dropout`. mask: None for
+        plain causal attention over T = S positions (the fused causal kernels), else bool [B or 1, T, S], True
+        where a query sees a key. A query that sees no key gets a uniform average, never a NaN."""
+    def layer_norm(self, x: Any, weight: Any, bias: Any | None, eps: float) -> Any: ...
+    def rms_norm(self, x: Any, weight: Any, eps: float, offset: float = 0.0) -> Any:
+        """x / rms(x) * (offset + weight), the statistics in float32 (Gemma stores its scale less one: offset 1)."""
+    def activation(self, name: str, x: Any) -> Any:
+        """HF's activation `name` (`tpuplex.models.decoder.DECODER_ACTIVATIONS`, "tanh", "sigmoid")."""
+    def softmax(self, x: Any) -> Any: ...                                        # over the last axis
+    def where(self, condition: Any, x: Any, y: Any) -> Any: ...
+    def reshape(self, x: Any, shape: tuple[Any, ...]) -> Any: ...
+    def transpose(self, x: Any, axes: tuple[int, ...]) -> Any: ...
+    def concat(self, tensors: list[Any], axis: int) -> Any: ...
+    def einsum(self, equation: str, *operands: Any) -> Any: ...
+    def shape(self, x: Any) -> tuple[Any, ...]: ...                             # static where known
+    def constant(self, array: np.ndarray) -> Any: ...
+    def arange(self, count: Any) -> Any: ...                                    # int32 [count]
+    def float32(self, x: Any) -> Any: ...
+    def cast_like(self, x: Any, like: Any) -> Any: ...                          # x in like's dtype
+    def cos(self, x: Any) -> Any: ...
+    def sin(self, x: Any) -> Any: ...
+    def tanh(self, x: Any) -> Any: ...
+    def dropout(self, x: Any, rate: float, site: int) -> Any: ...
+    def cache_write(self, cache: Any, new: Any, index: Any) -> Any:
+        """cache [B, S, kv, D] with new [B, T, kv, D] written at positions index..index + T - 1 (index an int or a
+        traced scalar): the updated cache (in place where the framework allows)."""
+    # The Conformer's convolutions and frame bookkeeping.
+    def conv2d(self, x: Any, weight: Any, bias: Any, stride: int) -> Any: ...    # NCHW, OIHW, no padding
+    def depthwise_conv1d(self, x: Any, weight: Any, bias: Any) -> Any: ...       # x [B, T, H], W [H, 1, K], "same"
+    def positions(self, frames: Any, width: int) -> Any: ...                     # sinusoidal [frames, width]
+    def frame_mask(self, lengths: Any, frames: int) -> Any: ...                  # float [B, frames]: t < lengths
