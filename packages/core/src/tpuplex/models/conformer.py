@@ -1,7 +1,7 @@
 """A Conformer for CTC speech recognition (Gulati et al., 2020; TensorFlowASR's `conformer` CTC models), described
 once: its sizes (`ConformerArch`, from a config.json of `model_type = "conformer_ctc"`), its parameters (canonical
-names, torch's layout) and its forward pass, written over the table of operations (`tpuplex.models.ops.Ops`) each framework
-gives, so the three backends run the same function on the same numbers.
+names, torch's layout) and its forward pass, written over the table of operations (`tpuplex.models.ops.Ops`) each
+framework gives, so the three backends run the same function on the same numbers.
 
     features [B, T, mel]
     subsampling     two 3x3 convolutions of stride 2 (no padding), ReLU after each, then a Linear to the hidden
@@ -205,8 +205,8 @@ def _linear(ops: Ops, p: Mapping[str, Any], name: str, x: Any) -> Any:
 
 
 def _ffn(ops: Ops, p: Mapping[str, Any], arch: ConformerArch, name: str, x: Any, site: int) -> Any:
-    hidden = ops.dropout(ops.activation("silu", _linear(ops, p, f"{name}.linear1", _norm(ops, p, arch, f"{name}.norm", x))),
-                         arch.dropout, site)
+    inner = _linear(ops, p, f"{name}.linear1", _norm(ops, p, arch, f"{name}.norm", x))
+    hidden = ops.dropout(ops.activation("silu", inner), arch.dropout, site)
     return ops.dropout(_linear(ops, p, f"{name}.linear2", hidden), arch.dropout, site + 1)
 
 

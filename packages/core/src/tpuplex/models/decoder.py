@@ -297,8 +297,8 @@ def block(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, lora: Any, index: i
     x = x + ops.dropout(attended, arch.residual_dropout, site + 1)
     h = norm(ops, p, arch, f"{name}.mlp_norm", x)
     if arch.fused_gate_up:
-        both = project("gate_up", h)
-        inner = ops.activation(arch.activation, both[..., : arch.intermediate_size]) * both[..., arch.intermediate_size:]
+        both, inner_size = project("gate_up", h), arch.intermediate_size
+        inner = ops.activation(arch.activation, both[..., :inner_size]) * both[..., inner_size:]
     elif arch.gated_mlp:
         inner = ops.activation(arch.activation, project("gate", h)) * project("up", h)
     else:
