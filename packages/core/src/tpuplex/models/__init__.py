@@ -20,15 +20,18 @@ from tpuplex.models.decoder import DecoderArch, DecoderFamily
 from tpuplex.models.distilbert import DISTILBERT
 from tpuplex.models.electra import ELECTRA
 from tpuplex.models.family import Family
+from tpuplex.models.gemma2 import GEMMA2
 from tpuplex.models.gpt2 import GPT2
 from tpuplex.models.image_family import RESNET, VIT, ImageFamily
 from tpuplex.models.llama import LLAMA
+from tpuplex.models.mistral import MISTRAL
+from tpuplex.models.phi3 import PHI3
 from tpuplex.models.qwen2 import QWEN2
 from tpuplex.models.roberta import ROBERTA
 
 FAMILIES: tuple[Family, ...] = (BERT, ROBERTA, DISTILBERT, ELECTRA, ALBERT)
 IMAGE_FAMILIES: tuple[ImageFamily, ...] = (RESNET, VIT)
-DECODER_FAMILIES: tuple[DecoderFamily, ...] = (GPT2, LLAMA, QWEN2)
+DECODER_FAMILIES: tuple[DecoderFamily, ...] = (GPT2, LLAMA, QWEN2, MISTRAL, GEMMA2, PHI3)
 SPEECH_FAMILIES: tuple[SpeechFamily, ...] = (CONFORMER,)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for family in FAMILIES for t in family.model_types)
 IMAGE_MODEL_TYPES: tuple[str, ...] = tuple(t for family in IMAGE_FAMILIES for t in family.model_types)
