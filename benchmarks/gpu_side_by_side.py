@@ -17,8 +17,9 @@ MosaicBERT trains, so every side may run a fused attention kernel), 15% masking,
   flax-loop       a plain Flax linen BERT (flax.linen's attention, Dense, LayerNorm) with optax AdamW in one jitted
                   step with donated state, bf16 compute, logits at every position, masking in numpy
 Steady state only: each side's figure is the rate after its first `--warmup` steps (compilation), as tokens per
-second of training. MFU: each side's model FLOPs (`tpuplex.flops`; the HF and Flax heads run at every position,
-tpuplex's at the masked ones) over the chip's dense bf16 peak.
+second of training (tpuplex's: its log windows' examples over their seconds, totals over totals). MFU: each side's
+model FLOPs (`tpuplex.flops`; the HF and Flax heads run at every position, tpuplex's at the masked ones) over the
+chip's dense bf16 peak.
 
 cifar: `examples/cifar10/resnet20.toml` (15 epochs, batch 128) on torch and jax with bf16, torch_mode `--torch-mode`
 and steps_per_execution, the JPEG folders under `--data` prepared once first (not timed): wall seconds of the whole
@@ -39,7 +40,6 @@ import gzip
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -193,9 +193,12 @@ profile_steps = {[args.steps - 1, args.steps] if args.profile else []}
     windows = windows[1:-1] if args.profile else windows[1:]
     if args.profile:
         (work / f"profile-tpuplex-{backend}.txt").write_text(trace_summary(run / "profile"))
-    rate = statistics.mean(r["examples_per_s"] for r in windows) * args.length
-    return {"side": f"tpuplex-{backend}", "tokens_per_s": round(rate, 1),
-            "mfu": round(statistics.mean(r["mfu"] for r in windows), 4),
+    # Totals over totals: the windows' examples over their seconds, and their FLOPs (each window's model TFLOP/s
+    # times its seconds) over the same seconds; a mean of the windows' rates would weigh a short window as a long.
+    seconds = sum(r["seconds"] for r in windows)
+    rate = sum(r["examples"] for r in windows) * args.length / seconds
+    flops = sum(r["model_tflops_per_s"] * 1e12 * r["seconds"] for r in windows)
+    return {"side": f"tpuplex-{backend}", "tokens_per_s": round(rate, 1), "mfu": round(flops / seconds / args.peak, 4),
             "windows": len(windows), "topology": results["topology"], "loss": windows[-1]["loss"]}
 
 

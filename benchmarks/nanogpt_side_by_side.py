@@ -31,12 +31,12 @@ the seconds they took, evaluation excluded). nanoGPT: between consecutive logged
 at the host clock just after its `loss.item()` (a second changed line prints it; the loss read waits for the GPU,
 so each window holds exactly its iterations' work), the first window (compilation) and every window holding an
 evaluation left out; on the GPU it logs every 10th iteration as its config does, because logging every iteration
-would make the host wait for each step. tpuplex: the examples/s of its log.jsonl "train" windows (evaluation
-already left out), the first (compilation) left out likewise. results.json also keeps the median of the
-per-iteration times nanoGPT prints. And the validation loss at the last iteration and the best of the evaluations
-every 250 iterations (the figure nanoGPT's README quotes; nanoGPT: its estimate over `eval_iters` random batches,
-200 on the GPU and 20 on the CPU; tpuplex: every held-out token once). Then each side's mean and sample std, and
-the ratio of iterations/s to nanoGPT's.
+would make the host wait for each step. tpuplex: the steps of its log.jsonl "train" windows over their summed
+`seconds` (evaluation already left out), the first (compilation) left out likewise. results.json also keeps the
+median of the per-iteration times nanoGPT prints. And the validation loss at the last iteration and the best of the
+evaluations every 250 iterations (the figure nanoGPT's README quotes; nanoGPT: its estimate over `eval_iters`
+random batches, 200 on the GPU and 20 on the CPU; tpuplex: every held-out token once). Then each side's mean and
+sample std, and the ratio of iterations/s to nanoGPT's.
 """
 
 from __future__ import annotations
@@ -144,10 +144,10 @@ def run_tpuplex(backend: str, python: str, seed: int, iters: int, eval_interval:
     results = json.loads((folder / "results.json").read_text())
     batch = results["config"]["train"]["global_batch"]
     records = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
-    windows = [(r["step"], r["examples_per_s"]) for r in records if r["event"] == "train"]
-    steady = [(step - before, rate) for (before, _), (step, rate) in itertools.pairwise(windows)]  # no compilation
+    windows = [(r["step"], r["seconds"]) for r in records if r["event"] == "train"]
+    steady = [(step - before, seconds) for (before, _), (step, seconds) in itertools.pairwise(windows)]  # no compile
     evals = [r["loss"] for r in records if r["event"] == "eval" and r["split"] == "validation"]
-    return {"iters_per_s": (sum(steps for steps, _ in steady) / sum(steps * batch / rate for steps, rate in steady)
+    return {"iters_per_s": (sum(steps for steps, _ in steady) / sum(seconds for _, seconds in steady)
                             if steady else results["train"]["examples_per_s"] / batch),
             "val_loss": results["metrics"]["validation"]["loss"], "best_val_loss": min(evals), "wall_s": wall}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -56,6 +58,9 @@ def test_a_gpt2_step_counted_by_hand():
     # the tied LM head 4 -> 10 at every token.
     forward = 2 * 3 * 192 + 4 * 9 * 4 + 2 * 3 * 4 * 10
     assert flops.train_flops(spec, {"input_ids": np.zeros((1, 3), np.int32)}) == 3 * forward
+    # Over a frozen base (LoRA) the backward computes the activations' gradients but no weight's: 2x the forward.
+    lora = dataclasses.replace(spec, frozen=frozenset({"transformer.h.0.attn.c_attn.weight"}))
+    assert flops.train_flops(lora, {"input_ids": np.zeros((1, 3), np.int32)}) == 2 * forward
 
 
 def test_a_cifar_resnet_step_counted_by_hand():
@@ -107,3 +112,11 @@ def test_an_unknown_chip_says_how_to_set_its_peak_and_a_cpu_is_measured():
 def test_rates_are_the_flops_over_the_seconds_and_the_peak():
     assert flops.rates(6e12, 2.0, 10e12) == {"model_tflops_per_s": 3.0, "mfu": 0.3}
     assert flops.rates(6e12, 2.0, 0.0) == {"model_tflops_per_s": 3.0, "mfu": None}
+    assert not flops.above_peak(6e12, 2.0, 0.0) and not flops.above_peak(None, 2.0, 1e12)
+
+
+def test_an_mfu_above_the_peak_is_never_given():
+    """More FLOPs a second than the peak says that the peak or the count is wrong: no MFU, the TFLOP/s stay."""
+    assert flops.rates(6e12, 2.0, 3e12) == {"model_tflops_per_s": 3.0, "mfu": 1.0}
+    assert flops.rates(6e12, 2.0, 2e12) == {"model_tflops_per_s": 3.0, "mfu": None}
+    assert flops.above_peak(6e12, 2.0, 2e12) and not flops.above_peak(6e12, 2.0, 3e12)

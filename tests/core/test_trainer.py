@@ -15,6 +15,7 @@ import pytest
 from tpuplex import config as config_lib
 from tpuplex.data.batching import Encoded
 from tpuplex.engine import checkpoint
+from tpuplex.engine import trainer as trainer_module
 from tpuplex.engine.run_log import Reporter
 from tpuplex.engine.schedule import warmup_cosine_decay, warmup_linear_decay, warmup_steps
 from tpuplex.engine.trainer import Trainer
@@ -97,14 +98,17 @@ class SplitData(TaskData):
 
 
 def fit(tmp_path: Path, model_dir: Path, *overrides: str, backend_cls=SpyBackend, train=None, dev=None,
-        metric_fn=accuracy):
+        metric_fn=accuracy, counted: bool = False):
+    """Train the tiny classifier on `backend_cls`; `counted`: the Trainer knows the model, so it counts its FLOPs
+    and reports MFU."""
     config = make_config(tmp_path, *overrides)
     backend = backend_cls(config.runtime)
     data = SplitData("tiny", train or split(120, seed=1), {"dev": dev or split(37, seed=2)}, metric_fn)
-    trainer = Trainer(backend, config, data, tmp_path / "run")
+    spec = model_spec(model_dir)
+    trainer = Trainer(backend, config, data, tmp_path / "run", model=spec if counted else None)
     optimizer = OptimizerSpec(seed=config.train.seed, optimizer=config.train.optimizer,
                               momentum=config.train.momentum, nesterov=config.train.nesterov)
-    state = backend.init(model_spec(model_dir), optimizer)
+    state = backend.init(spec, optimizer)
     with Reporter(tmp_path / "run") as reporter:
         return trainer, backend, trainer.fit(state, reporter)
 
@@ -430,23 +434,112 @@ def test_a_cpu_s_peak_is_measured_before_the_first_step(tmp_path, model_dir, mon
     assert trainer.peak.flops_per_s == 1e11
 
 
-def test_a_train_record_rates_its_steps_over_their_own_time_when_an_evaluation_falls_inside(monkeypatch) -> None:
-    """Four steps of 10 examples, 1 s each, with a 100 s evaluation after the second: 10 examples/s, where timing
-    the window from the evaluation's end would count 40 examples over 2 s."""
-    from types import SimpleNamespace
+class SteadyClock:
+    """Simulated seconds, as `time` in the trainer's module: only the backend's steady work advances them."""
 
-    from tpuplex.engine import trainer as trainer_module
+    def __init__(self):
+        self.now = 0.0
 
-    clock = iter([0.0, 1.0, 2.0, 102.0, 103.0, 104.0])  # start, step 1, step 2, evaluation ends, steps 3 and 4
-    monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: next(clock))
-    records = []
-    trainer = SimpleNamespace(config=SimpleNamespace(runtime=SimpleNamespace(log_every=4),
-                                                     train=SimpleNamespace(global_batch=10)),
-                              learning_rate=lambda step: 1e-3, peak=SimpleNamespace(flops_per_s=0.0))
-    log = trainer_module._LossLog(trainer, SimpleNamespace(record=lambda kind, step, **fields: records.append(fields)))
-    log.add(1, 1.0, 0, None)
-    log.add(2, 1.0, 0, None)
-    log.leave_out_pause()
-    log.add(3, 1.0, 0, None)
-    log.add(4, 1.0, 0, None)
-    assert [record["examples_per_s"] for record in records] == [10.0]
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def steady_fit(tmp_path: Path, model_dir: Path, monkeypatch, *overrides: str, counted: bool = False):
+    """`fit` on a backend whose every update takes STEP simulated seconds, alone or in a group, every evaluation
+    batch EVALUATION_BATCH and every checkpoint CHECKPOINT: 17 steps of 8 examples an epoch, all of one shape, so
+    every window of steps runs at exactly 8 / STEP examples/s whatever cuts the groups."""
+    clock = SteadyClock()
+    monkeypatch.setattr(trainer_module, "time", clock)
+
+    class Steady(SpyBackend):
+        STEP, EVALUATION_BATCH, CHECKPOINT = 0.5, 30.0, 70.0
+
+        def train_step(self, state, batch, learning_rate):
+            clock.now += self.STEP
+            return super().train_step(state, batch, learning_rate)
+
+        def predict(self, state, batch):
+            clock.now += self.EVALUATION_BATCH
+            return super().predict(state, batch)
+
+        def state_to_slices(self, state):
+            clock.now += self.CHECKPOINT
+            return super().state_to_slices(state)
+
+    return fit(tmp_path, model_dir, "data.buckets=[]", "train.epochs=3", *overrides, backend_cls=Steady,
+               train=split(17 * 8, seed=1), counted=counted)
+
+
+# Groups of 10 (steps 1-10 and 41-50) cut short by the epochs' ends (17, 34), a checkpoint (20, 40) and an
+# evaluation (25, 50), in log windows of 4 steps whose edges fall inside the groups (steps 9-12, 41-44).
+CUT_GROUPS = ("train.steps_per_execution=10", "runtime.log_every=4", "runtime.eval_every=25",
+              "runtime.checkpoint_every=20", "runtime.keep_checkpoints=1")
+
+
+def test_every_window_rates_its_own_steps_however_groups_epochs_evaluations_and_checkpoints_cut_them(
+        tmp_path, model_dir, monkeypatch) -> None:
+    """Each step is charged its share of its group's time, so every window of the steady run has its steps' time
+    (4 x 0.5 s, evaluations and checkpoints left out) and its examples/s is the run's; a group's first step used to
+    take the whole group's time, a window of 4 steps inside a group of 10 getting 5 s or none."""
+    trainer, backend, result = steady_fit(tmp_path, model_dir, monkeypatch, *CUT_GROUPS)
+    assert trainer.steps_per_epoch == 17 and trainer.total_steps == 51
+    assert [(done, len(shapes)) for done, shapes in backend.groups] == [(0, 10), (40, 10)]
+    assert [r["step"] for r in log_records(tmp_path, "eval")] == [25, 50, 51]
+    assert [r["step"] for r in log_records(tmp_path, "checkpoint")] == [20, 40, 51]
+    run_rate = result.train.examples / result.train.seconds
+    assert result.train.seconds == pytest.approx(51 * 0.5) and run_rate == pytest.approx(16.0)
+    windows = log_records(tmp_path, "train")
+    assert [w["step"] for w in windows] == list(range(4, 49, 4))
+    for window in windows:
+        assert window["examples_per_s"] == pytest.approx(run_rate, rel=0.1)
+        assert window["examples"] == 32 and window["seconds"] == pytest.approx(2.0)
+    assert sum(w["seconds"] for w in windows) == pytest.approx(48 * 0.5)  # the windows add up to their steps
+
+
+def test_history_and_tensorboard_carry_the_log_s_windows_and_their_mfu(tmp_path, model_dir, monkeypatch) -> None:
+    """With the model counted, each window's MFU is its FLOPs over its seconds and the peak, the same in every
+    window as over the run; `Run.history` and the TensorBoard scalars hold the numbers of log.jsonl."""
+    from tpuplex.commands.api import Run
+
+    trainer, _, result = steady_fit(tmp_path, model_dir, monkeypatch, *CUT_GROUPS, "runtime.peak_tflops=1e-4",
+                                    counted=True)
+    step_flops = trainer.train_flops({"input_ids": np.zeros((8, MAX_LENGTH), np.int32)}, result.state)
+    run_mfu = result.train.summary(trainer.peak.flops_per_s)["mfu"]
+    assert run_mfu == pytest.approx(step_flops / 0.5 / 1e8, rel=1e-3) and 0.1 < run_mfu < 1
+    windows = log_records(tmp_path, "train")
+    assert all(w["mfu"] == pytest.approx(run_mfu, rel=1e-3) for w in windows)
+    assert Run(tmp_path / "run").history() == windows
+    scalars = tensorboard_scalars(tmp_path / "run" / "tensorboard")
+    for name in ("examples_per_s", "seconds", "mfu", "model_tflops_per_s", "loss"):
+        assert scalars[f"train/{name}"] == {w["step"]: pytest.approx(w[name], rel=1e-6) for w in windows}
+
+
+def test_an_mfu_above_the_peak_is_left_out_with_one_line_saying_why(tmp_path, model_dir, monkeypatch,
+                                                                    capsys) -> None:
+    """A peak below what the steps reach (a CPU's measured under a load that later eased) gives no MFU above
+    100%: the records and results leave it out, the model TFLOP/s stay, and one line names the peak's source."""
+    trainer, _, result = steady_fit(tmp_path, model_dir, monkeypatch, *CUT_GROUPS, "runtime.peak_tflops=1e-9",
+                                    counted=True)
+    windows = log_records(tmp_path, "train")
+    assert all(w["mfu"] is None and w["model_tflops_per_s"] > 0 for w in windows)
+    assert result.train.summary(trainer.peak.flops_per_s)["mfu"] is None
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("MFU left out")]
+    assert len(said) == 1 and "runtime.peak_tflops = 1e-09" in said[0], said
+
+
+def tensorboard_scalars(folder: Path) -> dict[str, dict[int, float]]:
+    """tag -> step -> value of the scalars in `folder`'s event files (TFRecord: length, its CRC, the Event
+    protobuf, its CRC)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    scalars: dict[str, dict[int, float]] = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        at = 0
+        while at < len(data):
+            length = int.from_bytes(data[at:at + 8], "little")
+            event = Event.FromString(data[at + 12:at + 12 + length])
+            at += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+    return scalars

@@ -90,10 +90,18 @@ def train_flops(spec, batch, framework_forward: Callable[[], float | None] = lam
 
 def rates(step_flops: float | None, seconds: float, peak_flops_per_s: float) -> dict[str, float | None]:
     """`model_tflops_per_s` (FLOPs / seconds) and `mfu` (its share of the peak), to 4 significant digits; None
-    where a figure is unknown."""
+    where a figure is unknown, and `mfu` None above 1 as well: more FLOPs a second than the peak is no utilisation,
+    it says that the peak (a CPU's measured under another load, a wrong `runtime.peak_tflops`) or the FLOP count is
+    wrong, so it is left out rather than written (`above_peak` tells the two Nones apart)."""
     achieved = step_flops / seconds if step_flops is not None and seconds > 0 else None
+    known = achieved is not None and peak_flops_per_s > 0
     return {"model_tflops_per_s": None if achieved is None else float(f"{achieved / 1e12:.4g}"),
-            "mfu": None if achieved is None or peak_flops_per_s <= 0 else float(f"{achieved / peak_flops_per_s:.4g}")}
+            "mfu": float(f"{achieved / peak_flops_per_s:.4g}") if known and achieved <= peak_flops_per_s else None}
+
+
+def above_peak(step_flops: float | None, seconds: float, peak_flops_per_s: float) -> bool:
+    """Whether `rates` left the MFU out for exceeding the peak (not for an unknown count, time or peak)."""
+    return step_flops is not None and seconds > 0 and 0 < peak_flops_per_s < step_flops / seconds
 
 
 def transformer_layer_flops(rows: int, length: int, width: int, matmul_params: int) -> float:

@@ -2,8 +2,13 @@
 
     <output_dir>/log.jsonl       one JSON object per line: {"event": "start" | "train" | "eval" | "checkpoint" |
                                  "epoch", ...}
-    <output_dir>/tensorboard/    tensorboardX event files: train/loss, train/learning_rate, train/examples_per_s,
-                                 eval/<split>/<metric>
+    <output_dir>/tensorboard/    tensorboardX event files: each numeric field of a record, the numbers of the log
+                                 (train/loss, train/learning_rate, train/examples_per_s, train/seconds, train/mfu,
+                                 ...; eval/<split>/<metric>)
+
+A "train" record covers `runtime.log_every` steps; its `examples` and `seconds` are theirs (the trainer's
+`_LossLog`), so the rate of several windows is their summed examples over their summed seconds, never the mean of
+their rates.
 
 A resumed run appends to both. The progress bar (rich) shows steps, loss and examples/s in a terminal, and in a
 Jupyter notebook with ipywidgets installed; elsewhere (a batch job's log file, a notebook without ipywidgets) each
@@ -120,8 +125,10 @@ class Reporter:
         if "learning_rate" in fields:
             line += f" lr {fields['learning_rate']:.2e}"
         line += f" {fields.get('examples_per_s', 0.0):.1f} ex/s"
-        if fields.get("mfu") is not None:
-            line += f" {fields['model_tflops_per_s']:.3g} TFLOP/s MFU {100 * fields['mfu']:.1f}%"
+        if fields.get("model_tflops_per_s") is not None:
+            line += f" {fields['model_tflops_per_s']:.3g} TFLOP/s"
+        if fields.get("mfu") is not None:  # None also above the peak (`tpuplex.flops.rates`)
+            line += f" MFU {100 * fields['mfu']:.1f}%"
         if step > self._first:
             left = (time.perf_counter() - self._since) / (step - self._first) * (self._total - step)
             line += f" eta {datetime.timedelta(seconds=round(left))}"

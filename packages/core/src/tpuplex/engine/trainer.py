@@ -7,7 +7,8 @@ counted as optimizer updates; "step n" is the n-th update (1-based), and `lr` of
 
 Cadence (`runtime`):
     eval_every / checkpoint_every    every this many steps; 0 means at the end of each epoch
-    log_every                        one "train" record per this many steps (mean loss over the window)
+    log_every                        one "train" record per this many steps: the window's mean loss and its
+                                     throughput, its steps' examples over their time (`_LossLog`)
     profile_steps = [a, b]           backend.start_profile before step a, stop_profile after step b
 Training always ends with an evaluation and a checkpoint of the final state.
 
@@ -39,7 +40,7 @@ import functools
 import itertools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -186,6 +187,9 @@ class Trainer:
         self.hosts = Hosts(backend, runtime.host_timeout, runtime.start_timeout)
         self._processes_agree = False
         self._flops_by_shapes: dict[tuple, float | None] = {}
+        self.on_evaluation: Callable[[int, int, dict[str, dict[str, float]]], None] | None = None
+        """Called after each evaluation of `fit` with (step, total_steps, every split's metrics): `tpuplex tune`
+        reports them to its study there, and stops a pruned trial by raising. None: nothing is called."""
 
     @functools.cached_property
     def peak(self) -> flops.Peak:
@@ -397,37 +401,44 @@ class _Cadence:
 
 
 class _LossLog:
-    """The "train" records: the mean loss, learning rate and examples/s of each `log_every` steps (over the time
-    those steps took: an evaluation or a checkpoint inside the window is left out of it, not the steps before)."""
+    """The "train" records: each `log_every` steps' mean loss, the learning rate of the last of them, and their
+    throughput (`Throughput.summary`: examples, tokens, seconds, examples_per_s, tokens_per_s, input wait,
+    model_tflops_per_s, mfu).
 
-    def __init__(self, trainer: Trainer, reporter: Reporter):
-        self.trainer, self.reporter = trainer, reporter
+    A window's seconds are the sum of its steps' times, each step's time its share of the group it ran in
+    (`_Run.epoch`), so a window that cuts a group of `steps_per_execution` gets the time of the steps it holds, the
+    windows' seconds add up to the run's training time (evaluations and checkpoints are no step's), and every
+    rate is a total over a total. An MFU above 1 is never written (`tpuplex.flops.rates` leaves it out): the first
+    figure that would exceed the peak prints one line instead, naming the peak's source, and training goes on.
+    """
+
+    def __init__(self, trainer: Trainer, reporter: Reporter, peak: flops.Peak):
+        self.trainer, self.reporter, self.peak = trainer, reporter, peak
         self.every = trainer.config.runtime.log_every
         self._losses: list[float] = []
-        self._examples = 0
-        self._flops: float | None = 0.0
-        self._seconds = 0.0
-        self.leave_out_pause()
+        self._window = Throughput()
+        self._said_above_peak = False
 
-    def add(self, step: int, loss: float, epoch: int, step_flops: float | None) -> None:
-        now = time.perf_counter()
-        self._seconds += now - self._since
-        self._since = now
+    def add(self, step: int, loss: float, epoch: int, work: Throughput) -> None:
+        """Step `step` (1-based) trained with `loss`; `work` is its batch's throughput and its share of the time."""
         self._losses.append(loss)
-        self._examples += self.trainer.config.train.global_batch
-        self._flops = _add_flops(self._flops, step_flops)
+        self._window += work
         if step % self.every == 0:
-            seconds = self._seconds
             self.reporter.record("train", step, epoch=epoch, loss=float(np.mean(self._losses)),
-                                 learning_rate=self.trainer.learning_rate(step),
-                                 examples_per_s=round(self._examples / seconds, 2) if seconds > 0 else 0.0,
-                                 **flops.rates(self._flops, seconds, self.trainer.peak.flops_per_s))
-            self._losses, self._examples, self._flops, self._seconds = [], 0, 0.0, 0.0
+                                 learning_rate=self.trainer.learning_rate(step), **self.figures(self._window, step))
+            self._losses, self._window = [], Throughput()
 
-    def leave_out_pause(self) -> None:
-        """The time since the last step was not training (evaluation, a checkpoint): count the next step's from
-        now."""
-        self._since = time.perf_counter()
+    def figures(self, work: Throughput, step: int) -> dict[str, float | None]:
+        """`work.summary` against the run's peak, saying once why an MFU above 1 is left out."""
+        if not self._said_above_peak and flops.above_peak(work.flops, work.seconds, self.peak.flops_per_s):
+            self._said_above_peak = True
+            self.reporter.say(
+                f"MFU left out at step {step} and wherever else it would exceed 100%: "
+                f"{work.flops / work.seconds / 1e12:.4g} model TFLOP/s against a peak of "
+                f"{self.peak.flops_per_s / 1e12:.4g} ({self.peak.source}) means the peak or the FLOP count is wrong; "
+                "set runtime.peak_tflops to the devices' peak (a CPU's is measured once, before the first step, and "
+                "a load that eases later leaves it too low)")
+        return work.summary(self.peak.flops_per_s)
 
 
 class _Profiler:
@@ -462,16 +473,15 @@ class _Run:
 
     def __init__(self, trainer: Trainer, state: Any, at: _Position, reporter: Reporter, signals: SignalWatch):
         self.trainer = trainer
-        # Known before the first step: a CPU's peak is measured (tpuplex.flops), and once the run computes, its
-        # framework's threads and the input thread take cores from the measurement.
-        self.peak_flops = trainer.peak.flops_per_s
         self.signals = signals
         self.backend = trainer.backend
         self.state = state
         self.at = at
         self.reporter = reporter
         self.cadence = _Cadence(trainer.config.runtime, trainer.total_steps)
-        self.log = _LossLog(trainer, reporter)
+        # The peak is known before the first step: a CPU's is measured (tpuplex.flops), and once the run computes,
+        # its framework's threads and the input thread take cores from the measurement.
+        self.log = _LossLog(trainer, reporter, trainer.peak)
         self.profiler = _Profiler(trainer, reporter)
         self.metrics: dict[str, dict[str, float]] = {}
         self.losses: list[float] = []
@@ -500,12 +510,14 @@ class _Run:
                 read, group = zip(*self._next_group(batches, stop), strict=True)
                 self.profiler.before_step(at.step + 1)
                 losses = self._run_group(list(group))
-                elapsed = time.perf_counter() - started
-                step_flops = [trainer.train_flops(batch, self.state) for batch in group]
-                for batch, batch_flops in zip(read, step_flops, strict=True):
-                    self.train_throughput = self.train_throughput.add(batch, batch_flops)
-                self.train_throughput = self.train_throughput.timed(elapsed, prefetcher.waited - waited)
-                self._after_steps(losses, step_flops)
+                # The group ran as one call: each of its steps is charged an equal share of its wall time (and of
+                # its wait for input), so that the log windows, whose edges may cut a group, add up to the run.
+                share = 1.0 / len(group)
+                elapsed, waited = (time.perf_counter() - started) * share, (prefetcher.waited - waited) * share
+                steps = [Throughput().add(batch, trainer.train_flops(task_batch, self.state)).timed(elapsed, waited)
+                         for batch, task_batch in zip(read, group, strict=True)]
+                self.train_throughput = sum(steps, self.train_throughput)
+                self._after_steps(losses, steps)
                 self._stop_if_signalled()
         finally:
             prefetcher.close()
@@ -548,18 +560,19 @@ class _Run:
         watchdog.started()  # start-up and the first compilation are behind: runtime.host_timeout from here
         return losses
 
-    def _after_steps(self, losses: list[float], step_flops: list[float | None]) -> None:
-        """Account for the steps just run: loss check, log records, progress, then the step-cadence events."""
+    def _after_steps(self, losses: list[float], steps: list[Throughput]) -> None:
+        """Account for the steps just run (their losses, and each one's throughput and share of the time): loss
+        check, log records, progress, then the step-cadence events."""
         at = self.at
-        for offset, (loss, loss_flops) in enumerate(zip(losses, step_flops, strict=True)):
+        for offset, (loss, work) in enumerate(zip(losses, steps, strict=True)):
             step = at.step + offset + 1
             if not math.isfinite(loss):
                 self._stop(step, f"loss became {loss}")
-            self.log.add(step, loss, at.epoch, loss_flops)
+            self.log.add(step, loss, at.epoch, work)
         at.step += len(losses)
         at.position += len(losses)
         self.losses.extend(losses)
-        so_far = self.train_throughput.summary(self.peak_flops)
+        so_far = self.log.figures(self.train_throughput, at.step)
         self.reporter.advance(at.step, losses[-1], so_far["examples_per_s"], so_far["mfu"])
         self.profiler.after_step(at.step)
         # The last step always evaluates here, before any save, so its checkpoint holds the final metrics.
@@ -601,7 +614,8 @@ class _Run:
             self.reporter.record("eval", self.at.step, split=split, **metrics)
             self.reporter.say(f"step {self.at.step} {split}: {headline(metrics)}")
         self.last_eval_step = self.at.step
-        self.log.leave_out_pause()
+        if self.trainer.on_evaluation is not None:
+            self.trainer.on_evaluation(self.at.step, self.trainer.total_steps, self.metrics)
 
     def save(self) -> None:
         """Checkpoint the current state, refusing a state whose parameters are no longer finite. Every process writes
@@ -625,7 +639,6 @@ class _Run:
         path = trainer.checkpoint_root / checkpoint.step_dir_name(at.step)
         self.reporter.record("checkpoint", at.step, path=str(path))
         self.last_checkpoint_step = at.step
-        self.log.leave_out_pause()
 
 
 class _Lookahead:
