@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -132,3 +133,27 @@ def test_config_from_a_dict_and_overrides(tiny_model, tiny_mrpc, tmp_path) -> No
     assert isinstance(tpuplex.devices().report(), str)
     assert np.isfinite(run.results["losses"]["last"])
     assert Path(run.results["output_dir"]) == run.folder
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda: tpuplex.train(123, "numpy"), tpuplex.ConfigError, "tpuplex.train takes a Config or the path of a TOML "
+                                                                "config, not int 123"),
+    (lambda: tpuplex.train(None, "numpy"), tpuplex.ConfigError, "not NoneType None"),
+    (lambda: tpuplex.Run.open(42), tpuplex.CheckpointError, "Run.open takes the path of a run folder, not int 42"),
+    (lambda: tpuplex.Config.from_dict([1, 2]), tpuplex.ConfigError, "Config.from_dict takes the config's sections "
+                                                                     "as a dict"),
+])
+def test_an_argument_of_the_wrong_type_is_a_tpuplex_error(call, error, message) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        call()
+
+
+def test_a_run_refuses_prompts_that_are_not_text_and_events_it_never_logs(write_config) -> None:
+    run = tpuplex.train(write_config(train__max_steps=2), "numpy")
+    for prompts in (123, ["ROMEO:", 5]):
+        with pytest.raises(tpuplex.DataError, match="Run.generate takes a prompt"):
+            run.generate(prompts)
+    with pytest.raises(tpuplex.TpuplexError, match="the log has no such event; the events are checkpoint, epoch, "
+                                                   "error, eval, preempted, start, train"):
+        run.history(event="nope")
+    assert run.history("preempted") == [] and len(run.history("start")) == 1

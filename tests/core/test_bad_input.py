@@ -167,6 +167,8 @@ CONFIG = {
     "NaN learning rate": Case(setting("train.learning_rate=nan"), "train.learning_rate = nan is not allowed"),
     "mesh not fitting the devices": Case(setting("runtime.mesh={data = 3}"), "does not fit the 1 device(s)"),
     "config file missing": Case(lambda tmp_path, env: [env["config"].unlink()] and [], "does not exist"),
+    "config file a folder": Case(lambda tmp_path, env: [env["config"].unlink(), env["config"].mkdir()] and [],
+                                 "config.toml is a folder: pass the path of a TOML config"),
     "extends a file that is not TOML": Case(lambda tmp_path, env: (
         (tmp_path / "base.toml").write_text("[model\n"),
         env["config"].write_text('extends = "base.toml"\n'))[:0] or [], "base.toml"),
@@ -327,6 +329,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_left_behind(name, write_config
     (["--temperature", "nan"], "use a finite temperature >= 0"),
     (["--temperature", "inf"], "use a finite temperature >= 0"),
     (["--seed", "-1"], "--seed -1: use a seed in"),
+    (["--prompt-file", "."], "--prompt-file . is a folder: give a UTF-8 text file"),
 ])
 def test_a_bad_sampling_option_is_one_line(tmp_path, capsys, option, message) -> None:
     status = cli.main(["generate", str(tmp_path), "--backend", "numpy", "--prompt", "ROMEO:", *option])
@@ -352,3 +355,13 @@ def test_a_negative_gpt2_inner_size_is_one_line() -> None:
               "n_inner": -4}
     with pytest.raises(TpuplexError, match="n_inner = -4 in config.json must be positive"):
         models.architecture_of(config)
+
+
+def test_prepare_refuses_a_cache_dir_that_is_a_file(write_config, tmp_path, capsys) -> None:
+    (tmp_path / "cachefile").write_text("mine")
+    cache = f"data.cache_dir={json.dumps(str(tmp_path / 'cachefile'))}"
+    status = cli.main(["prepare", str(write_config()), "--set", cache])
+    error = capsys.readouterr().err
+    assert status == 2 and error.count("\n") == 1, error
+    assert f"data.cache_dir = '{tmp_path / 'cachefile'}' is a file: choose a folder path" in error
+    assert (tmp_path / "cachefile").read_text() == "mine"

@@ -68,6 +68,8 @@ BAD = {
     "an answer past the longest row": ([conversation("q", "a" * 100)], r"chat.jsonl:1 .* is 1\d\d tokens long, more "
                                                                         r"than data.max_length \+ 1 = 33"),
     "an empty completion": ([{"prompt": "q", "completion": ""}], r"the completion not empty"),
+    "only empty answers": ([conversation("a", "b"), conversation("q", "")], r"chat.jsonl:2 .*: every assistant "
+                                                                            r"answer is empty"),
 }
 
 
@@ -77,6 +79,26 @@ def test_a_bad_conversation_is_one_line_naming_it(tmp_path, case) -> None:
     path = write_jsonl(tmp_path / "chat.jsonl", records)
     with pytest.raises(TpuplexError, match=message):
         encode_file(path, write_tokenizer(tmp_path / "tokenizer"), 32)
+
+
+def test_a_byte_order_mark_is_read_past_and_a_byte_not_utf8_named_by_its_line(tmp_path) -> None:
+    tokenizer_dir = write_tokenizer(tmp_path / "tokenizer")
+    path = write_jsonl(tmp_path / "chat.jsonl", [conversation("q", "a"), conversation("r", "b")])
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # as Notepad saves UTF-8
+    assert chat.is_chat(path)
+    assert answers_of(encode_file(path, tokenizer_dir, 32), tokenizer_dir) == ["a<|im_end|>\n", "b<|im_end|>\n"]
+    path.write_bytes(path.read_bytes().replace(b'"r"', b'"\xe9"'))  # latin-1's é on line 2
+    with pytest.raises(TpuplexError, match=r"chat.jsonl is not UTF-8 text \(byte 0xe9 on line 2\)"):
+        encode_file(path, tokenizer_dir, 32)
+
+
+def test_a_chat_template_that_is_not_jinja2_is_one_line_naming_its_file(tmp_path) -> None:
+    tokenizer_dir = write_tokenizer(tmp_path / "tokenizer", template="{% for message in messages %}{{ message")
+    path = write_jsonl(tmp_path / "chat.jsonl", [conversation("q", "a")])
+    with pytest.raises(TpuplexError, match=r"the chat_template of .*tokenizer_config.json is not a jinja2 template"):
+        encode_file(path, tokenizer_dir, 32)
+    with pytest.raises(TpuplexError, match=r"is not a jinja2 template"):
+        chat.user_turn(tokenizer_dir)  # tpuplex generate --chat
 
 
 def test_messages_without_a_chat_template_are_refused_and_prompts_are_not(tmp_path) -> None:
@@ -145,3 +167,13 @@ def test_bad_templates_are_one_line(tmp_path, prompt, answer, message) -> None:
     with pytest.raises(TpuplexError, match=message):
         TASK.check(config, options)
         TASK.prepare(config, options, tokenizer_dir)
+
+
+def test_templates_over_a_file_of_conversations_are_refused_naming_what_to_remove(tmp_path) -> None:
+    path = write_jsonl(tmp_path / "chat.jsonl", [conversation("q", "a")])
+    task = {"name": "causal_lm", "tokenizer": "checkpoint", "prompt_template": SST2_PROMPT,
+            "answer_template": SST2_ANSWER}
+    config = from_dict({"task": task, "data": {"train_file": str(path), "max_length": 32}})
+    with pytest.raises(TpuplexError, match=r"chat.jsonl' holds conversations already: remove task.prompt_template "
+                                           r"and task.answer_template"):
+        TASK.check(config, Options(tokenizer="checkpoint", prompt_template=SST2_PROMPT, answer_template=SST2_ANSWER))

@@ -52,6 +52,23 @@ def test_staging_directories_are_ignored(tmp_path) -> None:
     assert checkpoint.latest(tmp_path).name == "step-00000005"
 
 
+def test_the_next_save_removes_what_a_killed_save_left_and_nothing_of_yours(tmp_path) -> None:
+    checkpoint.save(tmp_path, state(5), {"step": 5}, keep=3)
+    killed = tmp_path / ".step-00000009.writing-0badcafe"  # a SIGKILL in the middle of a save
+    killed.mkdir()
+    (killed / "model.safetensors").write_bytes(b"partial")
+    (killed / "optimizer.process-00001.safetensors").write_bytes(b"partial")
+    (tmp_path / ".step-00000008.writing-12345678").mkdir()  # killed before writing a file
+    yours = tmp_path / ".step-00000009.writing-00c0ffee"
+    yours.mkdir()
+    (yours / "notes.txt").write_text("mine")
+    (tmp_path / ".step-00000007.writing-abcdef01").write_text("a file of yours")
+    checkpoint.save(tmp_path, state(6), {"step": 6}, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".step-00000007.writing-abcdef01", yours.name,
+                                                          "step-00000005", "step-00000006"]
+    assert (yours / "notes.txt").read_text() == "mine"
+
+
 def test_a_failed_save_leaves_the_previous_checkpoint_and_nothing_else(tmp_path, monkeypatch) -> None:
     checkpoint.save(tmp_path, state(1), {"step": 1}, keep=2)
     before = sorted(p.name for p in tmp_path.iterdir())

@@ -107,7 +107,7 @@ CASES = {
     "invalid config value": ({}, ["--set", "train.learning_rate=-0.1"], "train.learning_rate = -0.1 is not allowed"),
     "missing model": ({}, ["--set", 'model.checkpoint="/nonexistent/model"'], "is not a directory"),
     "unknown backend": ({}, ["--backend", "mxnet"], "backend 'mxnet' is not known"),
-    "backend not installed": ({}, ["--backend", "jax"], "pip install tpuplex-jax"),
+    "backend not installed": ({}, ["--backend", "jax"], "pip install ./packages/jax_backend"),
 }
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_is_one_clear_line_and_leaves_nothing_behind(case, write_config, broken_mrpc, tmp_path,
@@ -160,6 +160,30 @@ def test_real_mrpc_with_minilm_evaluates_every_dev_example_once(write_config, sh
     assert 0 <= results["metrics"]["dev"]["accuracy"] <= 1
 
 
+def test_eval_predict_and_generate_default_to_the_backend_the_run_trained_on(write_config, tmp_path, monkeypatch,
+                                                                           capsys) -> None:
+    from tpuplex.commands import generate, workflow
+    from tpuplex.errors import TpuplexError
+
+    assert cli.main(["train", str(write_config(train__max_steps=2)), "--backend", "numpy"]) == 0
+    run = tmp_path / "run"
+    assert cli.main(["eval", str(run)]) == 0 and cli.main(["predict", str(run), "--split", "dev"]) == 0
+    assert (run / "eval" / "step-00000002-numpy.json").is_file()
+    assert (run / "predictions" / "step-00000002-numpy").is_dir()
+    def restore(found, name, model_only):
+        raise TpuplexError(f"restored on {name}")
+
+    monkeypatch.setattr(generate, "check_run", lambda found: None)  # an MRPC run: only the backend matters here
+    monkeypatch.setattr(workflow, "restore", restore)
+    capsys.readouterr()
+    assert cli.main(["generate", str(run), "--prompt", "ROMEO:"]) == 2
+    assert "restored on numpy" in capsys.readouterr().err
+
+    (run / "log.jsonl").write_text("")
+    assert cli.main(["eval", str(run)]) == 2
+    assert "names no backend the run trained on: give one (--backend" in capsys.readouterr().err
+
+
 def test_the_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "tpuplex"
     done = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=False, timeout=60)
@@ -197,6 +221,7 @@ def test_a_run_logged_to_a_file_prints_a_plain_progress_line_every_log_every_ste
     progress = [line for line in done.stderr.splitlines() if line.startswith("step ") and " ex/s" in line]
     steps = json.loads((tmp_path / "run" / "results.json").read_text())["total_steps"]
     assert [line.split()[1] for line in progress] == [f"{step}/{steps}" for step in range(2, steps + 1, 2)]
-    assert all(re.search(r"\(\d+%\) loss \d+\.\d{4} lr \d\.\d\de[-+]\d\d \d+\.\d ex/s [\d.e-]+ TFLOP/s MFU \d+\.\d%",
-                         line) for line in progress)
+    # MFU is left out of a window that beat the CPU's peak as measured under another load (`flops.rates`).
+    pattern = r"\(\d+%\) loss \d+\.\d{4} lr \d\.\d\de[-+]\d\d \d+\.\d ex/s [\d.e-]+ TFLOP/s( MFU \d+\.\d%)? eta"
+    assert all(re.search(pattern, line) for line in progress), progress
     assert "eta 0:00:00" in progress[-1]

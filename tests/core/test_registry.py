@@ -33,8 +33,7 @@ def test_a_known_backend_that_is_missing_names_its_pip_command(name: str, monkey
 def test_an_unknown_backend_lists_the_known_ones() -> None:
     with pytest.raises(TpuplexError) as error:
         registry.create("mxnet", RuntimeConfig())
-    assert "backend 'mxnet' is not known: use one of" in str(error.value)
-    assert all(name in str(error.value) for name in ("jax", "numpy", "tf", "torch"))
+    assert str(error.value) == "backend 'mxnet' is not known: use one of jax, tf, torch"  # not the test backend
 
 
 def test_a_backend_that_fails_to_import_says_how_to_reinstall(monkeypatch) -> None:

@@ -62,7 +62,7 @@ def test_device_that_is_not_there():
 
 def test_core_and_jax_disagree(monkeypatch):
     monkeypatch.setenv("TPU_NAME", "local-test-tpu")  # the core now "finds" a TPU that this jaxlib cannot use
-    expected = r"the core found tpu .* but JAX cannot use it.*pip install tpuplex-jax\[tpu\]"
+    expected = r"the core found tpu .* but JAX cannot use it.*pip install '\./packages/jax_backend\[tpu\]'"
     with pytest.raises(TpuplexError, match=expected):
         backend(0, device="tpu")
 

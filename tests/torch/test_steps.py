@@ -182,7 +182,7 @@ def test_xla_without_torch_xla_names_the_install_command():
     # Distribution metadata, not find_spec: the tests/torch_xla folder would pass for a namespace package.
     if any(dist.metadata["Name"] == "torch_xla" for dist in importlib.metadata.distributions()):
         pytest.skip("torch_xla is installed in this environment")
-    with pytest.raises(TpuplexError, match=r"pip install tpuplex-torch\[xla\]"):
+    with pytest.raises(TpuplexError, match=r"pip install '\./packages/torch_backend\[xla\]'"):
         TorchBackend(RuntimeConfig(torch_mode="xla"))
 
 

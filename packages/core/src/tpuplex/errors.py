@@ -9,6 +9,8 @@ A caller that only reports catches TpuplexError; one that would act differently 
 pick another checkpoint) catches the subclass.
 """
 
+from pathlib import Path
+
 
 class TpuplexError(Exception):
     """A user-facing error. The CLI prints its message on one line and exits with 2, without a traceback; the
@@ -31,3 +33,13 @@ class DataError(TpuplexError):
 class CheckpointError(TpuplexError):
     """A checkpoint or pretrained weights that cannot be used: missing, damaged (it fails verification), written by
     another run or config, or weights that do not fit the model."""
+
+
+def absence(path: Path) -> str:
+    """Why `path` is not the file or folder a message asked for, said as it is: "is a folder", "is a file", "is
+    not a file or a folder" (a device, a pipe) or "does not exist"."""
+    if path.is_dir():
+        return "is a folder"
+    if path.is_file():
+        return "is a file"
+    return "is not a file or a folder" if path.exists() else "does not exist"

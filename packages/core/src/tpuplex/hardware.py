@@ -140,4 +140,5 @@ def _nvidia_smi_count() -> int:
 
 
 def _cpu() -> Topology:
-    return Topology(kind="cpu", device_count=1, source="no accelerator found")
+    # Read after "via" in `report`: "cpu x1 (1 host, process 0) via the fallback (no TPU or GPU found)".
+    return Topology(kind="cpu", device_count=1, source="the fallback (no TPU or GPU found)")

@@ -15,10 +15,14 @@ from tpuplex.protocol import Backend
 
 GROUP = "tpuplex.backends"
 INSTALL = {
-    "tf": "pip install tpuplex-tf[cpu]  (or [gpu], [tpu])",
-    "torch": "pip install tpuplex-torch  (add [xla] for torch_xla)",
-    "jax": "pip install tpuplex-jax  (or tpuplex-jax[tpu], [gpu])",
+    "tf": "pip install './packages/tf_backend[cpu]' from a tpuplex clone  (or [gpu], [tpu])",
+    "torch": "pip install ./packages/torch_backend from a tpuplex clone  (add [xla] for torch_xla)",
+    "jax": "pip install ./packages/jax_backend from a tpuplex clone  (or './packages/jax_backend[tpu]', [gpu])",
 }
+"""How to install each backend: the packages are on no index, so from their folders in the repository."""
+TEST_BACKEND = "numpy"
+"""The framework-free backend of tpuplex's own tests (tpuplex.testing): it runs when named, but no message offers
+it to a user."""
 
 
 def available() -> list[str]:
@@ -26,16 +30,19 @@ def available() -> list[str]:
     return sorted(ep.name for ep in entry_points(group=GROUP))
 
 
+def offered(names: list[str] | set[str]) -> list[str]:
+    """`names` as a message lists them to a user: sorted, without the test backend."""
+    return sorted(set(names) - {TEST_BACKEND})
+
+
 def create(name: str, runtime: RuntimeConfig) -> Backend:
     """Construct the backend `name`; a missing one gives the pip command that installs it."""
     found = {ep.name: ep for ep in entry_points(group=GROUP)}
     if name not in found:
-        installed = ", ".join(sorted(found)) or "none"
+        installed = ", ".join(offered(set(found))) or "none"
         if name in INSTALL:
             raise ConfigError(f"backend {name!r} is not installed (installed: {installed}): {INSTALL[name]}")
-        raise ConfigError(
-            f"backend {name!r} is not known: use one of {', '.join(sorted(set(INSTALL) | set(found)))}"
-        )
+        raise ConfigError(f"backend {name!r} is not known: use one of {', '.join(offered(set(INSTALL) | set(found)))}")
     try:
         cls = found[name].load()
     except ImportError as error:

@@ -4,6 +4,7 @@ all (`staged_text`), with the permissions the user's umask gives a new file (`as
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import os
@@ -17,9 +18,10 @@ from tpuplex.errors import DataError
 
 def read_utf8(path: Path) -> str:
     """The file's text; a TpuplexError names the line of the first byte that is not UTF-8."""
-    raw = path.read_bytes()
+    # The mark taken off first: utf-8-sig would count an error's position from after it.
+    raw = path.read_bytes().removeprefix(codecs.BOM_UTF8)
     try:
-        return raw.decode("utf-8-sig")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as error:
         line = raw.count(b"\n", 0, error.start) + 1
         raise DataError(f"{path} is not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}): save it as "

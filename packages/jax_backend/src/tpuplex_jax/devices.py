@@ -124,13 +124,14 @@ def _platform_devices(found: Topology, explicit: bool) -> list[jax.Device]:
     except RuntimeError as error:
         raise TpuplexError(
             f"the core found {found.report()} but JAX cannot use it ({str(error).splitlines()[0]}): "
-            f"pip install tpuplex-jax[{found.kind}] (the jaxlib build for {found.kind.upper()}), "
+            f"pip install './packages/jax_backend[{found.kind}]' (the jaxlib build for {found.kind.upper()}), "
             "or set runtime.device = \"cpu\""
         ) from None
     if found.kind != "cpu" and kind != found.kind:
         raise TpuplexError(
             f"the core found {found.report()} but JAX only sees {kind} devices: pip install "
-            f"tpuplex-jax[{found.kind}] (the jaxlib build for {found.kind.upper()}), or set runtime.device = \"{kind}\""
+            f"'./packages/jax_backend[{found.kind}]' (the jaxlib build for {found.kind.upper()}), or set "
+            f"runtime.device = \"{kind}\""
         )
     if kind != "cpu" and found.kind == kind and found.device_count != len(devices):
         warnings.warn(

@@ -64,7 +64,7 @@ def build_strategy(runtime: RuntimeConfig) -> tuple[tf.distribute.Strategy, Topo
         if not gpus:
             raise TpuplexError(
                 f"a GPU was found ({found.report()}) but TensorFlow sees none: install the GPU build "
-                "(pip install tpuplex-tf[gpu]) or set runtime.device = \"cpu\""
+                "(pip install './packages/tf_backend[gpu]') or set runtime.device = \"cpu\""
             )
         return _data_parallel([device.name for device in gpus], found, "gpu", found.source)
     requested = runtime.cpu_devices
@@ -148,8 +148,8 @@ def _tpu_strategy(found: Topology) -> tf.distribute.TPUStrategy:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise TpuplexError(
             f"a TPU is announced ({found.source}) but TensorFlow could not initialise it ({reason}): "
-            "check TPU_NAME and that the TPU is up and runs a matching TensorFlow (pip install tpuplex-tf[tpu]), "
-            "or set runtime.device = \"cpu\""
+            "check TPU_NAME and that the TPU is up and runs a matching TensorFlow (pip install "
+            "'./packages/tf_backend[tpu]'), or set runtime.device = \"cpu\""
         ) from None
 
 

@@ -50,7 +50,7 @@ from tpuplex.protocol import TARGETS, Batch, batch_rows, device_dtype
 if TYPE_CHECKING:
     from tpuplex_torch.step import WeightedLoss
 
-XLA_INSTALL = "pip install tpuplex-torch[xla]"
+XLA_INSTALL = "pip install './packages/torch_backend[xla]'"
 _PJRT_DEVICE = {"tpu": "TPU", "gpu": "CUDA", "cpu": "CPU"}
 _XLA_KIND = {"TPU": "tpu", "CUDA": "gpu", "CPU": "cpu"}
 
@@ -197,7 +197,7 @@ class EagerPlacement(Placement):
         if runtime.cpu_devices > 1:
             raise TpuplexError(
                 f"runtime.cpu_devices = {runtime.cpu_devices} needs torch_mode = \"xla\": eager PyTorch runs one "
-                "device per process (set runtime.torch_mode = \"xla\" with pip install tpuplex-torch[xla], or "
+                f"device per process (set runtime.torch_mode = \"xla\" with {XLA_INSTALL}, or "
                 "launch N processes with accelerate launch --cpu --num_processes N)")
         if "torch_xla" not in sys.modules:
             os.environ["USE_TORCH_XLA"] = "0"  # read when accelerate is first imported, just below

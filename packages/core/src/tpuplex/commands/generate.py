@@ -62,12 +62,15 @@ def left_padded(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndar
     return ids, mask
 
 
-def generate(path: str | Path, backend_name: str, prompts: list[str], new_tokens: int, temperature: float = 0.0,
-             top_k: int = 0, seed: int = 0, cache: bool = True, chat: bool = False) -> Generated:
-    """`new_tokens` tokens after each of `prompts` from the checkpoint `path` names (see the module)."""
+def generate(path: str | Path, backend_name: str | None, prompts: list[str], new_tokens: int,
+             temperature: float = 0.0, top_k: int = 0, seed: int = 0, cache: bool = True,
+             chat: bool = False) -> Generated:
+    """`new_tokens` tokens after each of `prompts` from the checkpoint `path` names (see the module), on
+    `backend_name` (None: the one the run trained on)."""
     check_options(new_tokens, temperature, top_k, seed, prompts)
     found = run_folder.locate(path)
     check_run(found)
+    backend_name = backend_name or run_folder.trained_backend(found.run_dir)
     return generate_restored(found, *workflow.restore(found, backend_name, model_only=True), prompts, new_tokens,
                              temperature, top_k, seed, cache, chat)
 

@@ -10,6 +10,7 @@ generates and exports from them.
     keep_model_files(checkpoint_dir, run_dir)   the model's config.json and tokenizer, beside the run
     locate(path)     a run folder (its newest good checkpoint) or one of its checkpoints/step-* folders, verified,
                      with the run's config (`data_dir` replaces its data.data_dir)
+    trained_backend(run_dir)   the backend the run trained on, what eval, predict and generate use by default
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from tpuplex import config as config_lib
 from tpuplex.config import Config
 from tpuplex.engine import checkpoint
+from tpuplex.engine.run_log import LOG_FILE
 from tpuplex.errors import CheckpointError
 from tpuplex.models.gguf import SMOLLM2_ALIAS
 from tpuplex.params import MINILM_ALIAS, is_hub_id
@@ -131,6 +133,21 @@ def locate(path: str | Path, data_dir: str | None = None) -> Found:
         config = dataclasses.replace(config, model=dataclasses.replace(config.model,
                                                                        checkpoint=str(run_dir / MODEL_DIR)))
     return Found(run_dir, step_dir, config, given.hash())
+
+
+def trained_backend(run_dir: Path) -> str:
+    """The backend the run in `run_dir` trained on: its log's first `start` record names it."""
+    path = run_dir / LOG_FILE
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a kill: the start record comes first, whole
+        if isinstance(record, dict) and record.get("event") == "start" and isinstance(record.get("backend"), str):
+            return record["backend"]
+    raise CheckpointError(f"{path} names no backend the run trained on: give one (--backend, or backend= in Python): "
+                          "torch, jax or tf")
 
 
 def _moved_away(checkpoint: str) -> bool:

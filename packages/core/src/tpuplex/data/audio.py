@@ -28,7 +28,7 @@ import numpy as np
 
 from tpuplex.data import shards
 from tpuplex.data.tables import DataFile, read_table
-from tpuplex.errors import DataError
+from tpuplex.errors import DataError, absence
 
 EPSILON = 1e-6
 FORMAT = "speech"
@@ -104,7 +104,7 @@ def read_recording(path: Path, settings: LogMel, max_seconds: float, where: str)
     longer than `max_seconds`."""
     soundfile = require_soundfile()
     if not path.is_file():
-        raise DataError(f"{path} does not exist ({where}): give audio paths relative to the manifest's folder")
+        raise DataError(f"{path} {absence(path)} ({where}): give audio paths relative to the manifest's folder")
     try:
         audio, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except (RuntimeError, soundfile.LibsndfileError, ValueError) as error:

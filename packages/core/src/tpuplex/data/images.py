@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from tpuplex.data.shards import MANIFEST, Field, Shards, ShardWriter, is_prepared, open_shards
-from tpuplex.errors import DataError
+from tpuplex.errors import DataError, absence
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 PREPARED_FORMAT = 3
@@ -111,7 +111,7 @@ def read_listing(file: str | Path, classes: Sequence[str] = ()) -> ImageList:
     are relative to the file. Classes are `classes` when given, else the sorted distinct labels."""
     file = Path(file).expanduser()
     if not file.is_file():
-        raise DataError(f"{file} does not exist: give a folder with one sub-folder of images per class, or a "
+        raise DataError(f"{file} {absence(file)}: give a folder with one sub-folder of images per class, or a "
                         ".csv (path,label) or .jsonl listing of the images")
     if file.suffix.lower() == ".csv":
         with file.open(newline="", encoding="utf-8") as handle:

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tpuplex.errors import DataError
+from tpuplex.errors import DataError, absence
 from tpuplex.text_files import csv_reader, read_utf8
 
 TEXT_FORMATS = {".tsv": "\t", ".csv": ","}
@@ -96,7 +96,7 @@ def text_file(field: str, spec: str) -> DataFile:
     path = Path(spec).expanduser()
     if path.suffix == ".txt":
         if not path.is_file():
-            raise DataError(f"{field} = {spec!r} does not exist: give the path of a UTF-8 text file")
+            raise DataError(f"{field} = {spec!r} {absence(path)}: give the path of a UTF-8 text file")
         return DataFile(field, spec, path, ".txt", path.stem)
     return resolve_file(field, spec)
 

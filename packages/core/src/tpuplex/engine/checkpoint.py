@@ -17,9 +17,10 @@ slices a block needs, so a run on any mesh (or none) takes what its devices hold
 
 The processes write into one hidden directory beside the step, named with a number process 0 draws; process 0
 writes the manifest once all have written and renames the directory into place, so a crash (a SIGKILL) leaves
-either a whole checkpoint or none; a write that fails (a full disk) removes the directory and leaves the existing
-checkpoints as they were. Only the newest `keep` are kept, pruned after the new one is in place. A copy cut short
-or a file damaged later fails `verify`, and resuming skips to the newest checkpoint that passes.
+either a whole checkpoint or none (and the hidden directory, which the run's next save removes); a write that
+fails (a full disk) removes the directory and leaves the existing checkpoints as they were. Only the newest `keep`
+are kept, pruned after the new one is in place. A copy cut short or a file damaged later fails `verify`, and
+resuming skips to the newest checkpoint that passes.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from tpuplex.slices import BlockReader, Index, Slice, as_slices, bounds
 from tpuplex.text_files import as_umask_allows
 
 _STEP_DIR = re.compile(r"step-(\d{8})")
+_STAGING_DIR = re.compile(r"\.step-\d{8}\.writing-[0-9a-f]{8}")
+"""The hidden directory a save writes into (`save`: the step's name and process 0's 32-bit draw)."""
 _PROCESS_FILE = re.compile(r"(model|optimizer)\.process-\d{5}\.safetensors")
 MOMENTS = ("exp_avg", "exp_avg_sq")
 FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
@@ -77,6 +80,7 @@ def save(root: str | Path, state: PortableState, trainer_state: dict[str, Any], 
         nonlocal created
         if hosts.writer:
             root.mkdir(parents=True, exist_ok=True)
+            _remove_stale_staging(root, staging)
             staging.mkdir()
             created = True
 
@@ -102,6 +106,21 @@ def save(root: str | Path, state: PortableState, trainer_state: dict[str, Any], 
         for old in checkpoints(root)[:-keep]:
             shutil.rmtree(old)
     return final
+
+
+def _remove_stale_staging(root: Path, current: Path) -> None:
+    """Remove what a save killed mid-write (a SIGKILL runs no cleanup) left under `root`: a directory named as
+    `save` names them, other than `current`, that holds only files a save writes; a directory of yours under
+    such a name keeps its files."""
+    for path in root.iterdir():
+        if (path != current and _STAGING_DIR.fullmatch(path.name) and path.is_dir() and not path.is_symlink()
+                and all(_written_by_save(file) for file in path.iterdir())):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _written_by_save(path: Path) -> bool:
+    return (path.is_file() and not path.is_symlink()
+            and (path.name in (*FILES, MANIFEST) or _PROCESS_FILE.fullmatch(path.name) is not None))
 
 
 def _together(hosts: Hosts, what: str, work: Callable[[], None], final: Path) -> None:

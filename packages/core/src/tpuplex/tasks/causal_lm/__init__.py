@@ -140,6 +140,11 @@ class CausalLM(Task):
         if bool(options.prompt_template) != bool(options.answer_template):
             raise TpuplexError("task.prompt_template and task.answer_template make a table's rows conversations "
                                "together: set both (the user's message and the answer), or neither")
+        if options.prompt_template and chat.is_chat(Path(config.data.train_file).expanduser()):
+            # Read as a table, its records have no columns for the templates to read: "no examples", said wrongly.
+            raise TpuplexError(f"data.train_file = {config.data.train_file!r} holds conversations already: remove "
+                               "task.prompt_template and task.answer_template (they make a table's rows "
+                               "conversations)")
         if self.conversations(config, options):
             if options.tokenizer != "checkpoint" or options.sampling != "epochs":
                 raise TpuplexError(f"data.train_file = {config.data.train_file!r} holds conversations: they train "

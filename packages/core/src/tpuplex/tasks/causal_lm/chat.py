@@ -24,6 +24,7 @@ exactly by greedy decoding (`answer_accuracy`).
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -33,8 +34,9 @@ import numpy as np
 
 from tpuplex.data.batching import Encoded
 from tpuplex.data.tables import DataFile, read_table
-from tpuplex.errors import DataError
+from tpuplex.errors import CheckpointError, DataError
 from tpuplex.tasks.causal_lm.data import CheckpointTokenizer, next_token_rows
+from tpuplex.text_files import read_utf8
 
 FORMATS = ("messages", "prompt")
 """The key that marks a record as a conversation (`messages`) or a prompt with its completion (`prompt`)."""
@@ -45,7 +47,7 @@ def is_chat(path: Path) -> bool:
     """Whether `path` is a `.jsonl` file whose first record is a conversation or a prompt-completion pair."""
     if path.suffix != ".jsonl" or not path.is_file():
         return False
-    with path.open(encoding="utf-8", errors="replace") as handle:
+    with path.open(encoding="utf-8-sig", errors="replace") as handle:  # a byte-order mark is no part of the JSON
         for line in handle:
             if line.strip():
                 try:
@@ -58,11 +60,13 @@ def is_chat(path: Path) -> bool:
 
 def jsonl_records(path: Path, field: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """(where, record) of each conversation of the `.jsonl` file at `path` (`field` names it in messages)."""
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if line.strip():
-                where = f"{path}:{number} ({field})"
-                yield where, _record(line, where)
+    # read_utf8: a byte-order mark dropped, a byte that is not UTF-8 refused naming its line. StringIO splits lines
+    # as a file in text mode does, at \n, \r\n or \r (str.splitlines would also split at U+2028, which a JSON
+    # string may hold).
+    for number, line in enumerate(io.StringIO(read_utf8(path), newline=None), start=1):
+        if line.strip():
+            where = f"{path}:{number} ({field})"
+            yield where, _record(line, where)
 
 
 def table_records(file: DataFile, prompt: str, answer: str, tokenizer_dir: Path) -> Iterator[tuple[str, dict]]:
@@ -177,6 +181,9 @@ def _text_and_answers(record: dict[str, Any], render: Callable[..., str] | None,
                         "\"content\": text}")
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(f"{where} has no assistant turn: a conversation needs an answer to learn from")
+    if not any(m["content"].strip() for m in messages if m["role"] == "assistant"):
+        raise DataError(f"{where}: every assistant answer is empty, so only the end of the turn would be learnt: give "
+                        "the conversation an answer")
     if render is None:
         raise DataError(f"{where} is a conversation, but the checkpoint's tokenizer has no chat template "
                         "(chat_template in tokenizer_config.json): add one, or write the data as "
@@ -198,22 +205,35 @@ class _Template:
     """The checkpoint's chat template, rendered as transformers renders it (a sandboxed jinja2 environment with
     `raise_exception`, trim_blocks and lstrip_blocks)."""
 
-    def __init__(self, source: str, settings: dict[str, Any]):
+    def __init__(self, source: str, settings: dict[str, Any], where: Path):
         try:
+            from jinja2 import TemplateSyntaxError
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError:
             raise DataError("a chat template needs jinja2: pip install jinja2") from None
+        self._where = where
 
         def raise_exception(message: str) -> None:
             raise DataError(f"the chat template refused a conversation: {message}")
 
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         environment.globals["raise_exception"] = raise_exception
-        self._template = environment.from_string(source)
+        try:
+            self._template = environment.from_string(source)
+        except TemplateSyntaxError as error:
+            raise CheckpointError(f"the chat_template of {where} is not a jinja2 template ({error.message}, line "
+                                  f"{error.lineno}): fix it there (or take the checkpoint's own file back)") from None
         self._tokens = {key: str(settings[key]) for key in ("bos_token", "eos_token") if settings.get(key)}
 
     def __call__(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self._tokens)
+        from jinja2 import TemplateError
+
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         **self._tokens)
+        except TemplateError as error:
+            raise CheckpointError(f"the chat_template of {self._where} cannot render a conversation "
+                                  f"({type(error).__name__}: {error}): fix the template") from None
 
 
 def _row_templates(prompt: str, answer: str) -> dict[str, tuple[Any, set[str]]]:
@@ -260,4 +280,4 @@ def _renderer(tokenizer_dir: Path) -> _Template | None:
         if isinstance(settings.get(key), dict):
             settings[key] = settings[key].get("content")
     template = settings.get("chat_template")
-    return _Template(template, settings) if isinstance(template, str) and template else None
+    return _Template(template, settings, path) if isinstance(template, str) and template else None

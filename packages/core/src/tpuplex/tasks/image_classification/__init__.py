@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex.data import images as image_files
-from tpuplex.errors import DataError, TpuplexError
+from tpuplex.errors import DataError, TpuplexError, absence
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import ImageFamily
 from tpuplex.protocol import Batch
@@ -206,7 +206,7 @@ class ImageClassification(Task):
         files = [Path(file).expanduser() for file in check_inputs(inputs, str | Path, "image files: paths")]
         missing = next((file for file in files if not file.is_file()), None)
         if missing is not None:
-            raise DataError(f"image {missing} does not exist: give the paths of image files")
+            raise DataError(f"image {missing} {absence(missing)}: give the paths of image files")
         return files
 
     def predictions_of(self, experiment: Any, state: Any, inputs: list[Path]) -> list[str]:

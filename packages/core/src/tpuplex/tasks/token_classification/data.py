@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from tpuplex.data.batching import Encoded
 from tpuplex.data.tables import DataFile, read_table, resolve_file
-from tpuplex.errors import DataError
+from tpuplex.errors import DataError, absence
 from tpuplex.text_files import read_utf8
 
 PAD_ID = 0
@@ -77,7 +77,7 @@ def data_file(field: str, spec: str) -> DataFile:
     if path.suffix in TABLE_SUFFIXES or path.is_dir() or not path.suffix and ":" in spec:
         return resolve_file(field, spec)
     if not path.is_file():
-        raise DataError(f"{field} = {spec!r} does not exist: give the path of a CoNLL file (one word and its "
+        raise DataError(f"{field} = {spec!r} {absence(path)}: give the path of a CoNLL file (one word and its "
                         "tag per line) or of a .jsonl file")
     return DataFile(field, spec, path, ".conll", path.stem)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tpuplex.errors import DataError
+from tpuplex.errors import DataError, absence
 from tpuplex.tasks.sequence_classification.glue.datasets import Dataset
 from tpuplex.text_files import csv_reader, read_utf8
 
@@ -51,10 +51,10 @@ def split_file(task: Dataset, split: str, data_dir: str | Path) -> Path:
     folder = Path(data_dir)
     files = ", ".join(f"{name}.tsv" for name in task.splits)
     if not folder.is_dir():
-        raise DataError(f"GLUE data folder {folder} does not exist: give the folder holding {task.folder}'s {files}")
+        raise DataError(f"GLUE data folder {folder} {absence(folder)}: give the folder holding {task.folder}'s {files}")
     path = folder / f"{split}.tsv"
     if not path.is_file():
-        raise DataError(f"GLUE file {path} does not exist: the {task.folder} folder must hold {files} "
+        raise DataError(f"GLUE file {path} {absence(path)}: the {task.folder} folder must hold {files} "
                         "(the original GLUE distribution)")
     return path
 

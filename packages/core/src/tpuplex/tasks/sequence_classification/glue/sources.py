@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from tpuplex.errors import DataError
+from tpuplex.errors import DataError, absence
 from tpuplex.tasks.sequence_classification.glue.datasets import Dataset
 from tpuplex.tasks.sequence_classification.glue.files import Examples, check_split, read_split, split_file
 from tpuplex.tasks.sequence_classification.glue.hub import HubUnavailableError, read_hub_split
@@ -58,7 +58,7 @@ def resolve_source(task: Dataset, split: str, data_dir: str | Path | None) -> So
     if data_dir:
         folder = Path(data_dir).expanduser()
         if not folder.is_dir():
-            raise DataError(f"data.data_dir {folder} does not exist: give the folder holding {task.folder}'s "
+            raise DataError(f"data.data_dir {folder} {absence(folder)}: give the folder holding {task.folder}'s "
                             "train.tsv and dev.tsv (--data-dir)")
         return file_source(task, split, folder / task.folder if (folder / task.folder).is_dir() else folder)
     reasons = []
