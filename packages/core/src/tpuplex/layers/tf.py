@@ -84,9 +84,11 @@ class TfOps:
         # A matmul over the flattened rows: the gradient of einsum("...i,oi->...o") as TF takes it forms the
         # [..., o, i] outer product before summing it away, ~100x this step's other work.
         weight = tf.cast(weight, x.dtype)
-        flat = tf.reshape(x, [-1, tf.shape(x)[-1]])
-        out = tf.matmul(flat, weight, transpose_b=not in_out)
-        out = tf.reshape(out, tf.concat([tf.shape(x)[:-1], tf.shape(out)[-1:]], axis=0))
+        if in_out:
+            out = tf.tensordot(x, weight, [[x.shape.rank - 1], [0]])
+        else:  # [out, in]: the matmul reads W transposed, with no transposed copy of it
+            flat = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), weight, transpose_b=True)
+            out = tf.reshape(flat, tf.concat([tf.shape(x)[:-1], tf.shape(weight)[:1]], axis=0))
         return out if bias is None else out + tf.cast(bias, x.dtype)
 
     def embed(self, table, ids):
@@ -107,11 +109,12 @@ class TfOps:
         return tf.reshape(tf.einsum("bkgts,bskd->btkgd", probs, value), [rows, length, heads, size])
 
     def layer_norm(self, x, weight, bias, eps):
+        # As Keras' layer_normalization: x * inv + (bias - mean * inv), inv = rsqrt(var + eps) * weight.
         x32 = tf.cast(x, tf.float32)
-        mean = tf.reduce_mean(x32, axis=-1, keepdims=True)
-        variance = tf.reduce_mean(tf.square(x32 - mean), axis=-1, keepdims=True)
-        out = (x32 - mean) * tf.math.rsqrt(variance + eps) * tf.cast(weight, tf.float32)
-        return tf.cast(out if bias is None else out + tf.cast(bias, tf.float32), x.dtype)
+        mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
+        inv = tf.math.rsqrt(variance + eps) * tf.cast(weight, tf.float32)
+        shift = -mean * inv if bias is None else tf.cast(bias, tf.float32) - mean * inv
+        return tf.cast(x32 * inv + shift, x.dtype)
 
     def rms_norm(self, x, weight, eps, offset=0.0):
         x32 = tf.cast(x, tf.float32)
@@ -127,6 +130,9 @@ class TfOps:
 
     def concat(self, tensors, axis):
         return tf.concat(tensors, axis=axis)
+
+    def split(self, x, sizes):
+        return tf.split(x, sizes, axis=-1)
 
     def shape(self, x):
         return tuple(size if size is not None else tf.shape(x)[axis] for axis, size in enumerate(x.shape))

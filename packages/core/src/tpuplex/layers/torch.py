@@ -138,6 +138,9 @@ class TorchOps:
     def concat(self, tensors, axis):
         return torch.cat(tensors, dim=axis)
 
+    def split(self, x, sizes):
+        return x.split(sizes, dim=-1)
+
     def shape(self, x):
         return tuple(x.shape)
 

@@ -238,7 +238,7 @@ def forward(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, input_ids: Any, *
     """
     length = ops.shape(input_ids)[1]
     if positions is None:
-        positions = ops.arange(length)[None, :] + 0 * input_ids
+        positions = ops.arange(length)[None, :]  # [1, T]: one row of positions serves every row
     x = ops.embed(p["embeddings.word.weight"], input_ids)
     if not arch.rope_theta:
         x = x + ops.embed(p["embeddings.position.weight"], positions)
@@ -277,9 +277,7 @@ def block(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, lora: Any, index: i
 
     h = norm(ops, p, arch, f"{name}.attention_norm", x)
     if arch.fused_qkv:
-        qkv = project("qkv", h)
-        query, key, value = (qkv[..., : heads * size], qkv[..., heads * size: (heads + kv) * size],
-                             qkv[..., (heads + kv) * size:])
+        query, key, value = ops.split(project("qkv", h), [heads * size, kv * size, kv * size])
     else:
         query, key, value = (project(part, h) for part in ("query", "key", "value"))
     query = ops.reshape(query, (rows, length, heads, size))
@@ -297,8 +295,8 @@ def block(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, lora: Any, index: i
     x = x + ops.dropout(attended, arch.residual_dropout, site + 1)
     h = norm(ops, p, arch, f"{name}.mlp_norm", x)
     if arch.fused_gate_up:
-        both, inner_size = project("gate_up", h), arch.intermediate_size
-        inner = ops.activation(arch.activation, both[..., :inner_size]) * both[..., inner_size:]
+        gate, up = ops.split(project("gate_up", h), [arch.intermediate_size] * 2)
+        inner = ops.activation(arch.activation, gate) * up
     elif arch.gated_mlp:
         inner = ops.activation(arch.activation, project("gate", h)) * project("up", h)
     else:
