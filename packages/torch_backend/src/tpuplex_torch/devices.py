@@ -30,8 +30,9 @@ import datetime
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from torch.distributed.tensor import DTensor
@@ -47,8 +48,9 @@ from tpuplex.hosts import process_rows
 from tpuplex.layers.torch import layers
 from tpuplex.protocol import TARGETS, Batch, batch_rows, device_dtype
 
-if TYPE_CHECKING:
-    from tpuplex_torch.step import WeightedLoss
+WeightedLoss = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+"""(model, micro-batch) -> sum over the rows (or tokens) of weight * loss, a float32 scalar: what a placement
+compiles (`Placement.compiled`) and the step differentiates."""
 
 XLA_INSTALL = "pip install './packages/torch_backend[xla]'"
 _PJRT_DEVICE = {"tpu": "TPU", "gpu": "CUDA", "cpu": "CPU"}

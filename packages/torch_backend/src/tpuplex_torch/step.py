@@ -23,7 +23,7 @@ from tpuplex.data.batching import check_micro_batches
 from tpuplex.kinds.torch import Forward
 from tpuplex.protocol import Batch, OptimizerSpec, batch_rows, decays
 from tpuplex.tasks.torch import TaskModule
-from tpuplex_torch.devices import Placement
+from tpuplex_torch.devices import Placement, WeightedLoss
 
 
 @dataclasses.dataclass
@@ -43,9 +43,6 @@ class TorchState:
     buffer_names: tuple[str, ...] = ()
     step: int = 0
 
-
-WeightedLoss = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
-"""(model, micro-batch) -> sum over the rows (or tokens) of weight * loss, a float32 scalar."""
 
 
 def weighted_loss(forward: Forward, task: TaskModule, autocast: Callable[[], AbstractContextManager]) -> WeightedLoss:
