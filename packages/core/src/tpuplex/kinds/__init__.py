@@ -2,7 +2,7 @@
 
     text    an HF text encoder family (BERT, RoBERTa, DistilBERT, ELECTRA, ALBERT) with the task's head
     image   an HF image family (ResNet, ViT)
-    decoder an HF decoder language model family (GPT-2, Llama)
+    decoder an HF decoder language model family (GPT-2, Llama, Qwen2, Mistral, Gemma 2, Phi-3)
     speech  a speech model family (a Conformer for CTC)
     own     your own network (`model.architecture`) in the backend's framework (`tpuplex.models.user`)
 

@@ -1,5 +1,6 @@
-"""Decoder language models (`tpuplex.models`: GPT-2, Llama), each described once as a `DecoderArch`, built in each
-framework (`tf.py`, `jax.py`, `torch.py` here) with the LM head as the family has it.
+"""Decoder language models (`tpuplex.models.DECODER_FAMILIES`), each described once as a `DecoderArch` and run by
+the forward pass written once (`tpuplex.models.decoder.forward`); `tf.py`, `jax.py`, `torch.py` here hold the
+parameters and each framework's decoding loop.
 
 A config.json alone is a model to train from scratch, drawn by the core as HF initialises the family; with
 weights (`model.safetensors` or `pytorch_model.bin`, a base model's names given the family's prefix), they are read,

@@ -1,4 +1,5 @@
-"""Causal language modelling (`AutoModelForCausalLM`): train a decoder (GPT-2, Llama) to predict the next token.
+"""Causal language modelling (`AutoModelForCausalLM`): train a decoder (`models.DECODER_FAMILIES`) to predict the next
+token.
 
     [task]
     name = "causal_lm"
