@@ -1,7 +1,8 @@
 """LoRA through the CLI on the torch backend: a tiny pretrained Llama's adapters trained on chat data, checkpoints
 that hold the adapters alone and resume bit for bit, and the exports PEFT and transformers load with tpuplex's own
-losses."""
+losses; and each new decoder family's PEFT folder on transformers' model against its merged weights."""
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -11,7 +12,7 @@ import peft
 import pytest
 import transformers
 from chat_data import conversation, write_jsonl, write_tokenizer
-from decoder_checks import CONFIGS
+from decoder_checks import CONFIGS, NEW_FAMILIES, VOCAB, decoder_spec, hf_reference, lora_spec
 from safetensors.numpy import load_file, save_file
 from slow_run import assert_same_final_state
 
@@ -20,6 +21,7 @@ from tpuplex import models
 from tpuplex.commands import cli, run_folder, workflow
 from tpuplex.engine import checkpoint
 from tpuplex.kinds.decoder import initial_decoder_params
+from tpuplex.models.lora import PEFT_PREFIX, projection_modules
 
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "glass"]
 TARGETS = ["q_proj", "v_proj", "down_proj"]
@@ -141,3 +143,29 @@ def test_adapters_are_refused_on_another_base(lora_run, capsys):
     assert cli.main(["eval", str(lora_run["run"]), "--backend", "torch"]) == 2
     assert "holds LoRA adapters trained on another base model" in capsys.readouterr().err
     assert not (lora_run["run"] / "eval").exists()
+
+
+@pytest.mark.parametrize("model_type", NEW_FAMILIES)
+def test_each_new_family_peft_folder_gives_the_merged_model_logits(tmp_path, model_type):
+    """A new family's adapters (rank 4 on every projection, B drawn so they count) as `export --format peft` writes
+    them, put by peft on transformers' own model, give the logits of the merged weights `export --format hf --merge`
+    writes, loaded by transformers, within 1e-4: PEFT's names, its fan-in layout and its target modules agree."""
+    base = decoder_spec(tmp_path / "base", model_type)
+    every_projection = sorted({hf.rsplit(".", 1)[-1] for hf in projection_modules(base.family, base.arch).values()})
+    spec = lora_spec(base, rank=4, alpha=8, targets=every_projection)
+    lora, weights = spec.lora, {name: np.asarray(array) for name, array in spec.params.items()}
+    reference = hf_reference(base)  # the base alone, eval mode, attention written out
+    (tmp_path / "peft").mkdir()
+    (tmp_path / "peft" / "adapter_config.json").write_text(json.dumps(lora.peft_config("CAUSAL_LM", "base")))
+    save_file({f"{PEFT_PREFIX}{name}": array for name, array in weights.items() if ".lora_" in name},
+              str(tmp_path / "peft" / "adapter_model.safetensors"), metadata={"format": "pt"})
+    with_adapters = peft.PeftModel.from_pretrained(reference, tmp_path / "peft").eval()
+    merged = hf_reference(dataclasses.replace(base, params={
+        name: np.asarray(array) for name, array in lora.merged(spec.params).items()}))
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, VOCAB, (4, 16))).long()
+    with torch.no_grad():
+        expected, found = merged(input_ids=ids).logits, with_adapters(input_ids=ids).logits
+        with with_adapters.disable_adapter():
+            without = with_adapters(input_ids=ids).logits
+    np.testing.assert_allclose(found.numpy(), expected.numpy(), atol=1e-4, rtol=0)
+    assert np.abs(without.numpy() - expected.numpy()).max() > 1e-3  # the adapters count
