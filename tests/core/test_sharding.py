@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpuplex import config, registry, sharding
+from tpuplex import config, models, registry, sharding
 from tpuplex.errors import TpuplexError
 from tpuplex.sharding import Mesh
 
@@ -61,12 +61,32 @@ def test_fsdp_splits_the_largest_dimension_it_divides() -> None:
 
 
 def test_tensor_splits_attention_and_mlp_as_megatron_does() -> None:
-    mesh = Mesh(1, 2, 2)
-    assert sharding.layout("model.layers.0.self_attn.q_proj.weight", (576, 576), mesh) == ("tensor", "fsdp")
-    assert sharding.layout("model.layers.0.self_attn.o_proj.weight", (576, 576), mesh) == ("fsdp", "tensor")
-    assert sharding.layout("model.layers.0.mlp.up_proj.weight", (1536, 576), mesh) == ("tensor", "fsdp")
-    assert sharding.layout("bert.encoder.layer.1.output.dense.weight", (384, 1536), mesh) == ("fsdp", "tensor")
-    assert sharding.layout("bert.encoder.layer.1.attention.self.query.weight", (384, 384), mesh) == ("tensor", "fsdp")
+    """Each family's roles (over canonical names) give the dimension a weight splits in its own layout: the
+    projections into heads and the MLP their outputs, the projections back their inputs; GPT-2's [in, out] Conv1D
+    weights the other way round from Llama's and BERT's [out, in]."""
+    llama = {"model_type": "llama", "vocab_size": 64, "hidden_size": 576, "intermediate_size": 1536,
+             "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 64}
+    gpt2 = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 576, "n_layer": 1, "n_head": 4, "n_positions": 64}
+    bert = {"model_type": "bert", "vocab_size": 64, "hidden_size": 384, "intermediate_size": 1536,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}
+    dims = {}
+    for hf_config in (llama, gpt2, bert):
+        family, arch = models.architecture_of(hf_config)
+        dims |= family.tensor_dims(arch)
+    shapes = {"model.layers.0.self_attn.q_proj.weight": (576, 576),
+              "model.layers.0.self_attn.o_proj.weight": (576, 576), "model.layers.0.mlp.up_proj.weight": (1536, 576),
+              "transformer.h.0.attn.c_attn.weight": (576, 1728), "transformer.h.0.mlp.c_proj.weight": (2304, 576),
+              "bert.encoder.layer.1.output.dense.weight": (384, 1536),
+              "bert.encoder.layer.1.attention.self.query.weight": (384, 384), "model.norm.weight": (576,)}
+    assert sharding.layouts(shapes, Mesh(1, 2, 2), dims) == {
+        "model.layers.0.self_attn.q_proj.weight": ("tensor", "fsdp"),
+        "model.layers.0.self_attn.o_proj.weight": ("fsdp", "tensor"),
+        "model.layers.0.mlp.up_proj.weight": ("tensor", "fsdp"),
+        "transformer.h.0.attn.c_attn.weight": ("fsdp", "tensor"),
+        "transformer.h.0.mlp.c_proj.weight": ("tensor", "fsdp"),
+        "bert.encoder.layer.1.output.dense.weight": ("fsdp", "tensor"),
+        "bert.encoder.layer.1.attention.self.query.weight": ("tensor", "fsdp"),
+        "model.norm.weight": (None,)}
 
 
 def test_shard_bytes_divide_by_the_axes_that_split() -> None:

@@ -5,7 +5,7 @@ A run's devices form a mesh with three named axes (docs/sharding.md):
     data    the batch is split over it; parameters are replicated along it
     fsdp    the batch is split over it too, and every large parameter and both Adam moments are split along it
             (ZeRO-3 / FSDP: a device holds 1/fsdp of the state and gathers a layer's weights when it runs it)
-    tensor  Megatron-style: attention and MLP weights split by rules over their HF names; the batch is not split
+    tensor  Megatron-style: attention and MLP weights split by their family's roles; the batch is not split
 
 `runtime.mesh = {data = -1, fsdp = 4}` asks for one (`-1` fills with the devices left); the default, `{}`, is pure
 data parallelism over every device. A `Layout` says, for each dimension of a parameter in its portable (torch)
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,12 +33,11 @@ saves less memory than the gather it costs in latency (big_vision and MaxText le
 Layout = tuple[str | None, ...]
 """Per dimension of a parameter (portable, torch layout), the mesh axis that splits it, or None."""
 
-_COLUMN_PARALLEL = re.compile(r"(q_proj|k_proj|v_proj|gate_proj|up_proj|c_attn|c_fc|query|key|value"
-                              r"|intermediate\.dense)\.weight$")
-_ROW_PARALLEL = re.compile(r"(o_proj|down_proj|c_proj|attention\.output\.dense|\d\.output\.dense)\.weight$")
-"""Megatron's split of a transformer block, over the HF names of the Llama, GPT-2 and BERT families: the
-projections into heads and into the MLP split their outputs (dimension 0 of a torch [out, in] weight), the
-projections back split their inputs (dimension 1), so a block needs one reduction per half."""
+TENSOR_ROLES = ("column", "row")
+"""Megatron's split of a transformer block (`DecoderFamily.tensor_roles`, `Family.tensor_roles`, over canonical
+names): the projections into heads and into the MLP split their outputs ("column"), the projections back split their
+inputs ("row"), so a block needs one reduction per half. A family turns each role into a dimension of the portable
+weight (`tensor_dims`), which depends on its kernel layout ([out, in], or GPT-2's [in, out])."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,18 +110,17 @@ def _mismatch(request: Mapping[str, int], devices: int, why: str) -> str:
             "axes multiply to the device count, or let one be -1")
 
 
-def layout(name: str, shape: tuple[int, ...], mesh: Mesh) -> Layout:
-    """Which mesh axis splits each dimension of the parameter `name` (HF name, torch layout `shape`).
+def layout(name: str, shape: tuple[int, ...], mesh: Mesh, tensor_dim: int | None = None) -> Layout:
+    """Which mesh axis splits each dimension of the parameter `name` (HF name, portable `shape`).
 
-    tensor: the Megatron rule of the name (`_COLUMN_PARALLEL`, `_ROW_PARALLEL`) when that dimension divides.
+    tensor: `tensor_dim`, the dimension the family's Megatron role gives the weight (`TENSOR_ROLES`; None: it has
+    none), when that dimension divides.
     fsdp: the largest remaining dimension that fsdp divides (the first of equals), for parameters of at least
     MIN_SHARDED_ELEMENTS; anything else stays whole (replicated).
     """
     axes: list[str | None] = [None] * len(shape)
-    if mesh.tensor > 1 and len(shape) == 2:
-        dimension = 0 if _COLUMN_PARALLEL.search(name) else 1 if _ROW_PARALLEL.search(name) else None
-        if dimension is not None and shape[dimension] % mesh.tensor == 0:
-            axes[dimension] = "tensor"
+    if mesh.tensor > 1 and tensor_dim is not None and shape[tensor_dim] % mesh.tensor == 0:
+        axes[tensor_dim] = "tensor"
     if mesh.fsdp > 1 and math.prod(shape) >= MIN_SHARDED_ELEMENTS:
         free = [d for d in range(len(shape)) if axes[d] is None and shape[d] % mesh.fsdp == 0]
         if free:
@@ -131,9 +128,12 @@ def layout(name: str, shape: tuple[int, ...], mesh: Mesh) -> Layout:
     return tuple(axes)
 
 
-def layouts(shapes: Mapping[str, tuple[int, ...]], mesh: Mesh) -> dict[str, Layout]:
-    """`layout` of every parameter in `shapes` (portable name -> portable shape)."""
-    return {name: layout(name, tuple(shape), mesh) for name, shape in shapes.items()}
+def layouts(shapes: Mapping[str, tuple[int, ...]], mesh: Mesh,
+            tensor_dims: Mapping[str, int] | None = None) -> dict[str, Layout]:
+    """`layout` of every parameter in `shapes` (portable name -> portable shape); tensor_dims: portable name -> the
+    dimension its tensor-parallel role splits (`ModelKind.tensor_dims`)."""
+    dims = tensor_dims or {}
+    return {name: layout(name, tuple(shape), mesh, dims.get(name)) for name, shape in shapes.items()}
 
 
 def shard_bytes(shape: tuple[int, ...], layout_: Layout, mesh: Mesh, itemsize: int = 4) -> int:

@@ -89,7 +89,8 @@ class JaxBackend(BackendBase):
         abstract = step.TrainState(trained, jax.eval_shape(tx.init, layout.shapes_of(trained)), built.model_state,
                                    frozen)
         shapes = built.naming.shapes(built.params)
-        state_sharding = layout.state_sharding(self.mesh, tx, abstract, built.naming, shapes, self._topology.mesh)
+        state_sharding = layout.state_sharding(self.mesh, tx, abstract, built.naming, shapes, self._topology.mesh,
+                                               model.kind.tensor_dims())
         train = step.make_train_step(built.network, tx, optimizer.grad_accum, batch_shards, model.dropout,
                                      optimizer.seed, task.unit_losses, task.model_inputs)
         predict = step.make_predict_step(built.network, task.predict_outputs, task.model_inputs)

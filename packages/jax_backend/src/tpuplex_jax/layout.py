@@ -26,11 +26,13 @@ from tpuplex_jax.step import TrainState
 
 
 def state_sharding(mesh: jax.sharding.Mesh, optimizer: optax.GradientTransformation, state: TrainState,
-                   naming: Naming, shapes: Mapping[str, tuple[int, ...]], axes: sharding.Mesh) -> TrainState:
+                   naming: Naming, shapes: Mapping[str, tuple[int, ...]], axes: sharding.Mesh,
+                   tensor_dims: Mapping[str, int]) -> TrainState:
     """The NamedSharding of every leaf of `state` (a TrainState of host arrays, views or shapes): parameters and
-    moments by the core's layouts of their portable names and `shapes`, on the mesh whose axis sizes are `axes`."""
+    moments by the core's layouts of their portable names and `shapes` (`tensor_dims`: the dimension each weight's
+    tensor-parallel role splits), on the mesh whose axis sizes are `axes`."""
     replicated = NamedSharding(mesh, PartitionSpec())
-    layouts = sharding.layouts(shapes, axes)
+    layouts = sharding.layouts(shapes, axes, tensor_dims)
 
     def of_parameter(path: tuple[Any, ...], _: Any) -> NamedSharding:
         portable = layouts[naming.of(path)]

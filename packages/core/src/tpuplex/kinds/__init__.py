@@ -74,6 +74,11 @@ class ModelKind:
         class needs more (a bias-free GPT-2's zero biases)."""
         return weights
 
+    def tensor_dims(self) -> dict[str, int]:
+        """Portable name -> the dimension of the weight its tensor-parallel role splits (`tpuplex.sharding`): the
+        text encoders' and decoders' families say; other kinds split nothing over `tensor`."""
+        return {}
+
     def forward_flops(self, spec: ModelSpec, batch: Mapping[str, np.ndarray]) -> float | None:
         """Forward FLOPs of the kind's network on `batch` (`tpuplex.flops`: the task's head is the task's to
         count), a function of the batch's shapes alone; None where they are not counted (a model of your own)."""
@@ -83,7 +88,7 @@ class ModelKind:
         """The LoRA adapters `[model.lora]` asks for (`tpuplex.models.lora`); kinds other than decoders refuse."""
         if config.model.lora:
             raise ConfigError(f"model.lora adapts decoder models, not a {self.name} model: remove [model.lora], or "
-                              "give model.checkpoint a GPT-2 or Llama model (the causal_lm task)")
+                              "give model.checkpoint a decoder model (the causal_lm task)")
         return None
 
     def spec(self, config: Any, task: Any, data: Any) -> ModelSpec:

@@ -25,6 +25,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -330,6 +331,12 @@ def norm(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, module: str, x: Any)
     return ops.layer_norm(x, p[f"{module}.weight"], p.get(f"{module}.bias"), arch.norm_eps)
 
 
+TENSOR_ROLES = MappingProxyType({"query": "column", "key": "column", "value": "column", "qkv": "column",
+                                 "gate": "column", "up": "column", "gate_up": "column",
+                                 "attention_output": "row", "down": "row"})
+"""Each block projection's tensor-parallel role (`tpuplex.sharding.TENSOR_ROLES`), over canonical names."""
+
+
 @dataclasses.dataclass(frozen=True)
 class DecoderFamily:
     """One decoder family.
@@ -340,6 +347,7 @@ class DecoderFamily:
     read: config.json -> DecoderArch.
     peft_targets: PEFT's default `target_modules` for the family (`[model.lora] targets` when not given), or
     None where PEFT has none (the user names them).
+    tensor_roles: canonical block projection -> its tensor-parallel role (`TENSOR_ROLES` by default).
     """
 
     model_types: tuple[str, ...]
@@ -348,6 +356,7 @@ class DecoderFamily:
     read: Callable[[ConfigReader], DecoderArch]
     peft_targets: tuple[str, ...] | None
     hf_biased: bool = False
+    tensor_roles: Mapping[str, str] = dataclasses.field(default_factory=lambda: TENSOR_ROLES)
 
     @property
     def name(self) -> str:
@@ -391,6 +400,18 @@ class DecoderFamily:
         biased = dataclasses.replace(arch, qkv_bias=True, output_bias=True, mlp_bias=True, norm_bias=True)
         return {**params, **{name: np.zeros(shape, np.float32) for name, shape in self.hf_shapes(biased).items()
                              if name not in params}}
+
+    def tensor_dims(self, arch: DecoderArch) -> dict[str, int]:
+        """HF name -> the dimension of the portable weight its tensor-parallel role splits: a "column" projection
+        its outputs, a "row" one its inputs, in the family's kernel layout."""
+        outputs = 1 if arch.kernel_layout == "in_out" else 0
+        dims = {}
+        for name in canonical_shapes(arch):
+            module, leaf = name.rsplit(".", 1)
+            role = self.tensor_roles.get(module.rsplit(".", 1)[-1]) if module.startswith("block.") else None
+            if leaf == "weight" and role:
+                dims[self.hf_name(name)] = outputs if role == "column" else 1 - outputs
+        return dims
 
     def tied_names(self, arch: DecoderArch) -> dict[str, str]:
         """HF's tied alias -> the parameter it is (the LM head of a tied model)."""

@@ -11,12 +11,16 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from tpuplex.errors import TpuplexError
 from tpuplex.models.architecture import ACTIVATIONS, Architecture, canonical_shapes
 
 _REQUIRED = object()
+ENCODER_TENSOR_ROLES = MappingProxyType({"query": "column", "key": "column", "value": "column",
+                                         "intermediate": "column", "attention_output": "row", "output": "row"})
+"""Each encoder block projection's tensor-parallel role (`tpuplex.sharding.TENSOR_ROLES`), over canonical names."""
 MAX_LAYERS = 10_000
 """The most layers a config.json may ask for: 100x the deepest published models, far past anything one builds."""
 _DROPOUT = re.compile(r"dropout|pdrop")
@@ -90,12 +94,14 @@ class Family:
     modules: canonical module -> HF module. Block modules are templates over `block` (the canonical index) or,
         for shared-layer families, `group` and `inner` (see `Architecture.blocks_per_group`).
     read: config.json -> Architecture.
+    tensor_roles: canonical block module -> its tensor-parallel role (`ENCODER_TENSOR_ROLES` by default).
     """
 
     model_types: tuple[str, ...]
     prefix: str
     modules: Mapping[str, str]
     read: Callable[[ConfigReader], Architecture]
+    tensor_roles: Mapping[str, str] = dataclasses.field(default_factory=lambda: ENCODER_TENSOR_ROLES)
 
     @property
     def name(self) -> str:
@@ -121,6 +127,13 @@ class Family:
     def hf_names(self, arch: Architecture) -> dict[str, str]:
         """Canonical name -> HF name for every encoder parameter."""
         return {name: self.hf_name(name, arch) for name in canonical_shapes(arch)}
+
+    def tensor_dims(self, arch: Architecture) -> dict[str, int]:
+        """HF name -> the dimension of the [out, in] weight its tensor-parallel role splits (outputs for "column",
+        inputs for "row")."""
+        return {self.hf_name(name, arch): 0 if self.tensor_roles[name.split(".")[2]] == "column" else 1
+                for name in canonical_shapes(arch)
+                if name.startswith("block.") and name.endswith(".weight") and name.split(".")[2] in self.tensor_roles}
 
     def hf_shapes(self, arch: Architecture) -> dict[str, tuple[int, ...]]:
         """HF name -> torch-layout shape for every encoder parameter."""

@@ -36,6 +36,9 @@ class Decoders(ModelKind):
     frameworks: ClassVar[dict[str, str]] = {framework: f"{__name__}.{framework}:Decoder"
                                             for framework in ("jax", "tf", "torch")}
 
+    def tensor_dims(self) -> dict[str, int]:
+        return self.family.tensor_dims(self.arch)
+
     def check(self, config: Any, task: Any) -> None:
         if config.data.max_length > self.arch.max_length:
             raise TpuplexError(f"data.max_length = {config.data.max_length} is longer than the model's context "
