@@ -52,12 +52,14 @@ def subset_root(tmp_path_factory) -> Path:
 RUNNABLE = [p for p in EXAMPLES if runnable(p)]
 LONG_EVEN_AS_SUBSET = {REPO / "examples" / "shakespeare_char" / "gpu.toml",
                        *(REPO / "examples" / "glue" / "configs" / f"{name}.toml" for name in ("sst2", "rte")),
-                       *(REPO / "examples" / "smollm2" / f"sst2_{name}.toml" for name in ("lora", "full"))}
+                       *(REPO / "examples" / "smollm2" / f"sst2_{name}.toml" for name in ("lora", "full")),
+                       REPO / "examples" / "glue" / "configs" / "mrpc_tune.toml"}
 """gpu.toml: two steps of 64 x 256 tokens on a 10.7M-parameter GPT take 30-40 s on 2 cores, and its torch_mode
 "cuda_graphs" compiles them here (cpu.toml covers the code). SST-2 and RTE: 30-46 s each, the same code and
 settings as the MRPC and WNLI configs but their files (tests/core/test_example_paths.py loads them). The SmolLM2
 examples: 135M parameters read and evaluated on 300 conversations, minutes; tests/torch/test_lora.py runs LoRA
-through the CLI on a small Llama, and each backend's SmolLM2 check reads the same model."""
+through the CLI on a small Llama, and each backend's SmolLM2 check reads the same model. mrpc_tune.toml: mrpc.toml
+with a [tune] table `train` ignores (25 s); tests/core/test_tune.py runs the search itself."""
 THROUGH_THE_API = {REPO / name for name in ("examples/glue/configs/mrpc.toml", "examples/ner/wnut17.toml",
                                              "examples/mlm/tinyshakespeare.toml", "examples/cifar10/resnet20.toml",
                                              "examples/shakespeare_char/cpu.toml", "examples/speech/fsdd.toml")}

@@ -102,6 +102,7 @@ class Decoder(KindModule):
         arch = spec.arch if spec.dropout else spec.arch.without_dropout()
         lora = spec.lora if spec.dropout or spec.lora is None else spec.lora.without_dropout()
         model = DecoderModel(arch, parameter_names(spec), parameter_shapes(spec), lora)
+        model(tf.ones([1, 2], tf.int32))  # built, as Keras' export asks
         return Built(model, spec.params, {})
 
     def generate(self, network: DecoderModel, prompts: Prompts) -> np.ndarray:
