@@ -93,7 +93,7 @@ def main() -> None:
     task = get_dataset(args.task)
     model_dir = params.resolve_checkpoint(recipe.model.checkpoint)
     cache = Path(recipe.data.cache_dir).expanduser()
-    train, dev = (load_encoded(task, split, args.data_dir, model_dir, recipe.data.max_length, cache)
+    train, dev = (load_encoded(task, split, args.data_dir, model_dir, recipe.data.max_length, cache).load()
                   for split in ("train", "dev"))
     seeds = [int(s) for s in args.seeds.split(",")]
     values: dict[str, list[float]] = {}
