@@ -96,24 +96,23 @@ class TorchOps:
     def embed(self, table, ids):
         return F.embedding(ids, table)
 
-    def attention(self, query, key, value, mask, scale, softcap, dropout, site):
+    def attention(self, query, key, value, mask, causal, scale, softcap, dropout, site):
         query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # [B, heads, T, D]
         rate = dropout if self.training else 0.0
-        additive = None if mask is None else torch.zeros(mask.shape, dtype=query.dtype, device=query.device
-                                                          ).masked_fill(~mask, torch.finfo(query.dtype).min)[:, None]
+        if causal and not softcap:
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=True, scale=scale,
+                                                  dropout_p=rate, enable_gqa=key.shape[1] != query.shape[1]
+                                                  ).transpose(1, 2)
+        # Hidden keys get the dtype's most negative number, not -inf, so a query that sees none stays finite.
+        additive = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~mask, torch.finfo(query.dtype).min)[:, None]
         if not softcap:
-            return F.scaled_dot_product_attention(query, key, value, attn_mask=additive, is_causal=mask is None,
-                                                  scale=scale, dropout_p=rate,
-                                                  enable_gqa=key.shape[1] != query.shape[1]).transpose(1, 2)
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=additive, is_causal=False, scale=scale,
+                                                  dropout_p=rate, enable_gqa=key.shape[1] != query.shape[1]
+                                                  ).transpose(1, 2)
         groups = query.shape[1] // key.shape[1]
         key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
-        scores = torch.tanh(query @ key.transpose(-1, -2) * (scale / softcap)) * softcap
-        if additive is None:
-            length = scores.shape[-1]
-            causal = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril()
-            scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
-        else:
-            scores = scores + additive
+        scores = torch.tanh(query @ key.transpose(-1, -2) * (scale / softcap)) * softcap + additive
         probs = F.dropout(torch.softmax(scores.float(), dim=-1).to(value.dtype), rate, self.training)
         return (probs @ value).transpose(1, 2)
 

@@ -202,13 +202,9 @@ def rotary(ops: Ops, x: Any, positions: Any, theta: float) -> Any:
     return ops.concat([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
-def attention_mask(ops: Ops, length: int, keys: Any, cache_index: Any, key_mask: Any | None, window: int,
-                   cached: bool) -> Any | None:
-    """What each of `length` queries (at cache_index..) sees of `keys` key positions: the keys at or before it,
-    within `window` of it (0: all of them), that key_mask [B, S] keeps. None where that is plain causal attention
-    over the rows (training: no cache, no key mask, no window), which the fused kernels do without a mask."""
-    if not cached and key_mask is None and not window:
-        return None
+def attention_mask(ops: Ops, length: int, keys: Any, cache_index: Any, key_mask: Any | None, window: int) -> Any:
+    """bool [B or 1, T, S]: what each of `length` queries (at cache_index..) sees of `keys` key positions: the keys
+    at or before it, within `window` of it (0: all of them), that key_mask [B, S] keeps."""
     query_at, key_at = cache_index + ops.arange(length), ops.arange(keys)
     sees = key_at[None, :] <= query_at[:, None]
     if window:
@@ -247,7 +243,10 @@ def forward(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, input_ids: Any, *
         x = x * ops.cast_like(ops.constant(np.float32(arch.embedding_scale)), x)
     x = ops.dropout(x, arch.embedding_dropout, 0)
     keys = length if cache is None else ops.shape(cache[0][0])[1]
-    masks = {window: attention_mask(ops, length, keys, cache_index, key_mask, window, cache is not None)
+    # Plain causal attention over the rows (training: no cache, no key mask, no window) is what the fused kernels
+    # do without reading a mask.
+    masks = {window: (attention_mask(ops, length, keys, cache_index, key_mask, window),
+                      cache is None and key_mask is None and not window)
              for window in {arch.window(index) for index in range(arch.num_layers)}}
     run = layer or (lambda index, *args: block(ops, p, arch, lora, index, *args))
     updated = []
@@ -267,8 +266,8 @@ embeddings' site 0; LoRA's dropout draws at sites of its own (negative), so the 
 
 def block(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, lora: Any, index: int, x: Any, positions: Any,
           masks: Mapping[int, Any], cache: tuple[Any, Any] | None, cache_index: Any) -> tuple[Any, Any]:
-    """One pre-norm block: x [B, T, H] -> ([B, T, H], its updated cache entry or None). masks: window -> what
-    `attention_mask` gives for it."""
+    """One pre-norm block: x [B, T, H] -> ([B, T, H], its updated cache entry or None). masks: window -> (what
+    `attention_mask` gives for it, whether that is plain causal attention over the rows)."""
     rows, length = ops.shape(x)[:2]
     heads, kv, size = arch.num_heads, arch.num_kv_heads, arch.head_dim
     name, site = f"block.{index}", 1 + DROPOUT_SITES * index
@@ -288,7 +287,8 @@ def block(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, lora: Any, index: i
     if cache is not None:
         key, value = ops.cache_write(cache[0], key, cache_index), ops.cache_write(cache[1], value, cache_index)
         cache = (key, value)
-    context = ops.attention(query, key, value, masks[arch.window(index)], arch.scale, arch.attention_softcap,
+    mask, causal = masks[arch.window(index)]
+    context = ops.attention(query, key, value, mask, causal, arch.scale, arch.attention_softcap,
                             arch.attention_dropout, site)
     attended = project("attention_output", ops.reshape(context, (rows, length, heads * size)))
     if arch.post_norms:

@@ -35,12 +35,13 @@ class Ops(Protocol):
     def embed(self, table: Any, ids: Any) -> Any:
         """table [V, H] (float32), ids int [...] -> rows [..., H] in the compute dtype, gathered from the float32
         table (its gradient, a scatter-add into the table, stays float32)."""
-    def attention(self, query: Any, key: Any, value: Any, mask: Any | None, scale: float, softcap: float,
+    def attention(self, query: Any, key: Any, value: Any, mask: Any, causal: bool, scale: float, softcap: float,
                   dropout: float, site: int) -> Any:
         """[B, T, heads, D] of query [B, T, heads, D] over key, value [B, S, kv_heads, D]: softmax(scale q k^T)
-        (capped at softcap * tanh(s / softcap) when softcap > 0) with attention dropout `dropout`. mask: None for
-        plain causal attention over T = S positions (the fused causal kernels), else bool [B or 1, T, S], True
-        where a query sees a key. A query that sees no key gets a uniform average, never a NaN."""
+        (capped at softcap * tanh(s / softcap) when softcap > 0) with attention dropout `dropout`. mask: bool
+        [B or 1, T, S], True where a query sees a key; causal: the mask is plain causal attention over T = S
+        positions, which a fused causal kernel may do without reading it. A query that sees no key gets a uniform
+        average, never a NaN."""
     def layer_norm(self, x: Any, weight: Any, bias: Any | None, eps: float) -> Any: ...
     def rms_norm(self, x: Any, weight: Any, eps: float, offset: float = 0.0) -> Any:
         """x / rms(x) * (offset + weight), the statistics in float32 (Gemma stores its scale less one: offset 1)."""

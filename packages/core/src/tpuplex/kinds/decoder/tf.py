@@ -32,13 +32,13 @@ class DecoderModel(keras.Model):
         self.arch, self.lora, self.names = arch, lora, names
         self.named = {name: self.add_weight(shape=shapes[hf], initializer="zeros", name=hf.replace(".", "_"))
                       for name, hf in names.items()}
-        self.compute_dtype_ = tf.bfloat16 if self.dtype_policy.compute_dtype == "bfloat16" else tf.float32
 
     def call(self, input_ids, seed: tf.Tensor | None = None, positions=None, cache=None, cache_index=0,
              key_mask=None):
         params = {name: variable.value for name, variable in self.named.items()}
-        return decoder.forward(TfOps(seed, self.compute_dtype_), params, self.arch, input_ids, lora=self.lora,
-                               positions=positions, cache=cache, cache_index=cache_index, key_mask=key_mask)
+        ops = TfOps(seed, tf.as_dtype(self.compute_dtype))
+        return decoder.forward(ops, params, self.arch, input_ids, lora=self.lora, positions=positions, cache=cache,
+                               cache_index=cache_index, key_mask=key_mask)
 
     def state_variables(self) -> dict[str, keras.Variable]:
         return {}
@@ -73,7 +73,7 @@ def decode(model: DecoderModel, ids: tf.Tensor, mask: tf.Tensor, uniforms: tf.Te
     pick = functools.partial(sample, temperature=temperature, top_k=top_k)
     tokens = tf.concat([ids, tf.zeros([rows, new_tokens], tf.int32)], axis=1)
     if cache:
-        empty = tuple((tf.zeros([rows, total, a.num_kv_heads, a.head_dim], model.compute_dtype_),) * 2
+        empty = tuple((tf.zeros([rows, total, a.num_kv_heads, a.head_dim], model.compute_dtype),) * 2
                       for _ in range(a.num_layers))
         logits, kv = model(ids, positions=positions[:, :length], cache=empty, cache_index=0, key_mask=key_mask)
     else:
