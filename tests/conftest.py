@@ -15,6 +15,9 @@ from hypothesis import settings
 settings.register_profile("tpuplex", derandomize=True, deadline=None)
 settings.load_profile("tpuplex")
 
+# Data preparation's progress lines (tpuplex.data.progress) stay off in tests, and in the processes they start.
+os.environ["TPUPLEX_PROGRESS_SECONDS"] = "0"
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 SHARED_GLUE = SHARED / "glue"

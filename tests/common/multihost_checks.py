@@ -288,8 +288,8 @@ class MultiProcessSuite:
     def test_two_processes_train_like_one(self, runs) -> None:
         folder, _, single, multi = runs
         check_same_run(folder / "one", folder / "two", single, multi)
-        assert multi["topology"].startswith(f"cpu x{2 * max(1, self.devices)} (2 hosts, process 0)")
-        assert single["topology"].startswith(f"cpu x{max(1, self.single_devices)} (1 host, process 0)")
+        assert multi["topology"].startswith(f"cpu x{2 * max(1, self.devices)} (process 0 of 2)")
+        assert single["topology"].startswith(f"cpu x{max(1, self.single_devices)} (1 process)")
 
     def test_preempted_then_killed_processes_resume_to_the_same_state(self, runs) -> None:
         folder, config, _, _ = runs

@@ -65,6 +65,31 @@ def test_a_run_evaluates_predicts_and_exports_as_the_cli_does(write_config, tiny
     assert (exported / "config.json").is_file() and exported == tmp_path / "hf"
 
 
+def test_predict_gives_scores_on_request_and_one_prediction_for_one_input(write_config, tiny_mrpc, tmp_path) -> None:
+    """`scores=True`: a record per input, HF's pipeline's label and score with every label's probability (the
+    softmax of the logits); a text given alone (a string) is one input and gives one prediction."""
+    from custom_files import FIRST, custom_fields, mrpc_splits, write_splits
+
+    run = tpuplex.train(write_config(train__max_steps=2), "numpy")
+    pairs = [("The cat sat.", "A cat was sitting."), ("It rained.", "Prices rose."), ("Yes.", "No.")]
+    records = run.predict(pairs, scores=True)
+    assert [record["label"] for record in records] == run.predict(pairs)
+    for record in records:
+        assert set(record) == {"label", "score", "scores"} and set(record["scores"]) == {"0", "1"}
+        assert record["score"] == max(record["scores"].values()) == record["scores"][record["label"]]
+        assert sum(record["scores"].values()) == pytest.approx(1.0)
+    assert len({round(record["score"], 9) for record in records}) == 3  # each input its own probabilities
+    with pytest.raises(tpuplex.DataError, match=r"Run.predict\(scores='yes'\): give True"):
+        run.predict(pairs, scores="yes")
+
+    paths = write_splits(tmp_path / "single", "csv", mrpc_splits(tiny_mrpc))  # one text column: MRPC's first
+    fields = {**custom_fields(paths), "task__text_columns": [FIRST], "runtime__output_dir": str(tmp_path / "one")}
+    single = tpuplex.train(write_config(train__max_steps=2, **fields), "numpy")
+    texts = ["Amrozi accused his brother.", "Shares rose."]
+    assert single.predict(texts[0]) == single.predict(texts)[0] and isinstance(single.predict(texts[0]), str)
+    assert single.predict(texts[1], scores=True) == single.predict(texts, scores=True)[1]
+
+
 @pytest.mark.parametrize("inputs", ["one string", ["a single text, not a pair"], [("a", "b", "c")], []])
 def test_inputs_the_task_cannot_predict_raise_a_data_error(write_config, inputs) -> None:
     run = tpuplex.train(write_config(train__max_steps=2), "numpy")

@@ -4,7 +4,9 @@ line number."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from chat_data import conversation, write_jsonl, write_tokenizer
 from tokenizers import Tokenizer
 
 from tpuplex.config import from_dict
+from tpuplex.data import progress
 from tpuplex.data.batching import Encoded
 from tpuplex.errors import TpuplexError
 from tpuplex.tasks.causal_lm import TASK, Options, chat
@@ -177,3 +180,34 @@ def test_templates_over_a_file_of_conversations_are_refused_naming_what_to_remov
     with pytest.raises(TpuplexError, match=r"chat.jsonl' holds conversations already: remove task.prompt_template "
                                            r"and task.answer_template"):
         TASK.check(config, Options(tokenizer="checkpoint", prompt_template=SST2_PROMPT, answer_template=SST2_ANSWER))
+
+
+def test_a_long_tokenization_says_how_far_it_is_and_a_short_one_nothing(tmp_path, monkeypatch, capsys) -> None:
+    """Progress lines every TPUPLEX_PROGRESS_SECONDS (here each second of a clock that ticks a second a read), none
+    when it is 0 (as in every test session), and none from a process other than 0."""
+    tokenizer_dir = write_tokenizer(tmp_path / "tokenizer")
+    path = write_jsonl(tmp_path / "chat.jsonl", [conversation(f"Say {w}.", w) for w in ["a", "b", "c"]])
+    encode_file(path, tokenizer_dir, 64)
+    assert capsys.readouterr().err == ""
+    ticks = iter(range(100))
+    monkeypatch.setattr(progress, "time", SimpleNamespace(monotonic=lambda: float(next(ticks))))
+    monkeypatch.setenv(progress.SECONDS_ENV, "2")
+    encode_file(path, tokenizer_dir, 64)
+    lines = capsys.readouterr().err.splitlines()
+    source = f"tokenizing {path} (data.train_file)"
+    assert lines == [f"{source}: 2 conversations in 2 s (1 a second)", f"{source}: done, 3 conversations in 4 s"]
+    monkeypatch.setenv("RANK", "1")
+    encode_file(path, tokenizer_dir, 64)
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_with_a_total_gives_the_share_and_the_time_left() -> None:
+    out, ticks = io.StringIO(), iter([0.0, 5.0, 30.0, 31.0])
+    counted = progress.Progress("tokenizing corpus/*.txt", "parts", total=40, every=10, clock=lambda: next(ticks),
+                                out=out)
+    counted.advance(4)  # 5 s: no line yet
+    counted.advance(8)  # 30 s
+    counted.close()
+    assert out.getvalue().splitlines() == ["tokenizing corpus/*.txt: 12 of 40 parts (30%) in 30 s, about 70 s left",
+                                           "tokenizing corpus/*.txt: done, 12 parts in 31 s"]
+    assert progress.interval({}) == 10 and progress.interval({progress.SECONDS_ENV: "0"}) == 0

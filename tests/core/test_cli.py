@@ -87,7 +87,7 @@ def test_devices_lists_core_discovery_and_each_backend(capsys) -> None:
     assert cli.main(["devices"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("core discovery: ")
-    assert any(line.startswith("backend numpy: cpu x1 (1 host, process 0) via numpy") for line in lines)
+    assert any(line.startswith("backend numpy: cpu x1 (1 process) via numpy") for line in lines)
     for name, command in registry.INSTALL.items():
         if name not in registry.available():
             assert f"backend {name}: not installed ({command})" in lines
@@ -222,6 +222,22 @@ def test_a_run_logged_to_a_file_prints_a_plain_progress_line_every_log_every_ste
     steps = json.loads((tmp_path / "run" / "results.json").read_text())["total_steps"]
     assert [line.split()[1] for line in progress] == [f"{step}/{steps}" for step in range(2, steps + 1, 2)]
     # MFU is left out of a window that beat the CPU's peak as measured under another load (`flops.rates`).
-    pattern = r"\(\d+%\) loss \d+\.\d{4} lr \d\.\d\de[-+]\d\d \d+\.\d ex/s [\d.e-]+ TFLOP/s( MFU \d+\.\d%)? eta"
+    pattern = (r"\(\d+%\) loss \d+\.\d{4} \(mean of 2 steps\) lr \d\.\d\de[-+]\d\d \d+\.\d ex/s [\d.e-]+ TFLOP/s"
+               r"( MFU \d+\.\d%)? eta")
     assert all(re.search(pattern, line) for line in progress), progress
     assert "eta 0:00:00" in progress[-1]
+
+
+def test_the_live_bar_says_its_loss_is_the_last_step_s(tmp_path) -> None:
+    """The bar's loss is one step's; the log's (run.history()'s, the plain lines') a window's mean: each is named."""
+    import io
+
+    from rich.console import Console
+
+    from tpuplex.engine.run_log import Reporter
+
+    shown = io.StringIO()
+    with Reporter(tmp_path, console=Console(file=shown, force_terminal=True, width=160)) as reporter:
+        reporter.start_progress(10, 0)
+        reporter.advance(1, 0.5, 10.0)
+    assert "last-step loss 0.5000" in shown.getvalue()

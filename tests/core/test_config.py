@@ -101,6 +101,17 @@ def test_hash_is_stable_and_sensitive() -> None:
     assert base.hash() != config_lib.load(None, ["train.seed=1"]).hash()
 
 
+def test_hash_leaves_out_how_long_to_train_and_the_cpu_devices() -> None:
+    """A run given more steps (or epochs, or another CPU mesh) resumes; tune's studies and the checkpoints written
+    before still see the hash with the length (`hash_with_length`, the former hash)."""
+    base = config_lib.load(None, ["train.max_steps=3"])
+    longer = config_lib.load(None, ["train.max_steps=6", "train.epochs=5", "runtime.cpu_devices=4"])
+    assert longer.hash() == base.hash() == config_lib.load(None).hash()
+    assert longer.hash_with_length() != base.hash_with_length() != config_lib.load(None).hash_with_length()
+    assert config_lib.load(None).hash_with_length() == config_lib.load(None).hash()  # no length given: as before
+    assert base.hash_matches(base.hash_with_length()) and not longer.hash_matches(base.hash_with_length())
+
+
 def test_hash_ignores_where_and_how_often_outputs_are_written() -> None:
     base = config_lib.load(None)
     elsewhere = config_lib.load(None, ['runtime.output_dir="runs/elsewhere"', 'data.cache_dir="/tmp/cache"',

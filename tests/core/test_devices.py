@@ -18,7 +18,7 @@ def bare_machine(monkeypatch):
 def test_nothing_found_is_one_cpu() -> None:
     topology = devices.discover(env={})
     assert (topology.kind, topology.device_count, topology.host_count) == ("cpu", 1, 1)
-    assert topology.report() == "cpu x1 (1 host, process 0) via the fallback (no TPU or GPU found)"
+    assert topology.report() == "cpu x1 (1 process) via the fallback (no TPU or GPU found)"
 
 
 @pytest.mark.parametrize(
@@ -94,4 +94,4 @@ def test_unknown_device_name() -> None:
 
 def test_report_is_one_line() -> None:
     topology = devices.Topology("tpu", 8, host_count=2, process_index=1, source="env TPU_NAME", detail="pmap")
-    assert topology.report() == "tpu x8 (2 hosts, process 1) via env TPU_NAME [pmap]"
+    assert topology.report() == "tpu x8 (process 1 of 2) via env TPU_NAME [pmap]"

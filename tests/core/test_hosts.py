@@ -19,7 +19,15 @@ from test_collate import encoded
 from tpuplex.data.batching import Batcher
 from tpuplex.errors import TpuplexError
 from tpuplex.hardware import Topology
-from tpuplex.hosts import HOST_LOST_EXIT, HostLost, Hosts, Watchdog, expected_processes, process_rows
+from tpuplex.hosts import (
+    HOST_LOST_EXIT,
+    HostLost,
+    Hosts,
+    Watchdog,
+    expected_process_index,
+    expected_processes,
+    process_rows,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -55,6 +63,14 @@ def test_expected_processes_reads_every_launcher_s_variables() -> None:
     assert expected_processes({"TPU_WORKER_HOSTNAMES": "a,b,c,d"}) == 4
     assert expected_processes({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:2", "c:3"]}}'}) == 3
     assert expected_processes({"TF_CONFIG": "not json"}) == 1
+
+
+def test_expected_process_index_reads_every_launcher_s_variables() -> None:
+    assert expected_process_index({}) == 0
+    assert expected_process_index({"RANK": "3", "WORLD_SIZE": "4"}) == 3
+    assert expected_process_index({"JAX_PROCESS_ID": "1"}) == expected_process_index({"TPU_WORKER_ID": "1"}) == 1
+    assert expected_process_index({"TF_CONFIG": '{"cluster": {}, "task": {"type": "worker", "index": 2}}'}) == 2
+    assert expected_process_index({"TF_CONFIG": "not json"}) == 0
 
 
 class FakeProcesses:

@@ -75,11 +75,30 @@ def test_resuming_with_another_config_is_refused(write_config, tmp_path, capsys)
     assert "was written with another configuration" in err and "set a new runtime.output_dir" in err
 
 
+def test_raising_max_steps_extends_a_finished_run_and_lowering_it_is_refused(write_config, tmp_path,
+                                                                              capsys) -> None:
+    path = write_config()
+    argv = ["train", str(path), "--backend", "numpy", "--set", "runtime.log_every=1"]
+    assert cli.main([*argv, "--set", "train.max_steps=3"]) == 0
+    first = logged_losses(tmp_path / "run")
+    capsys.readouterr()
+    assert cli.main([*argv, "--set", "train.max_steps=5"]) == 0
+    err = capsys.readouterr().err
+    assert ("the run now trains 5 steps, not 3 (train.max_steps = 5): its learning-rate schedule now spans 5 "
+            "steps (lr") in err
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["resumed_from"].endswith("step-00000003") and results["losses"]["first_step"] == 4
+    assert results["step"] == results["total_steps"] == 5
+    assert {step: loss for step, loss in logged_losses(tmp_path / "run").items() if step <= 3} == first
+    assert cli.main([*argv, "--set", "train.max_steps=4"]) == 2
+    err = capsys.readouterr().err
+    assert "is at step 5, past the 4 steps this config trains (train.max_steps = 4): raise it to at least 5" in err
+    assert json.loads((tmp_path / "run" / "results.json").read_text()) == results  # nothing rewritten
+
+
 def test_changing_only_the_output_cadence_resumes(write_config, tmp_path) -> None:
     path = write_config()
     assert cli.main(["train", str(path), "--backend", "numpy", "--set", "train.max_steps=3"]) == 0
-    assert cli.main(["train", str(path), "--backend", "numpy", "--set", "train.max_steps=6",
-                     "--set", "runtime.log_every=1"]) == 2  # max_steps is part of what the run computes
     assert cli.main(["train", str(path), "--backend", "numpy", "--set", "train.max_steps=3",
                      "--set", "runtime.log_every=1", "--set", "runtime.keep_checkpoints=4"]) == 0
     results = json.loads((tmp_path / "run" / "results.json").read_text())

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tpuplex import config, models, registry, sharding
-from tpuplex.errors import TpuplexError
+from tpuplex.data.batching import check_micro_batches
+from tpuplex.errors import MeshError, TpuplexError
 from tpuplex.sharding import Mesh
 
 
@@ -41,6 +42,25 @@ def test_a_mesh_that_does_not_fit_is_refused(request_, devices, message) -> None
 def test_a_bad_mesh_in_the_config_is_one_line(text, message) -> None:
     with pytest.raises(TpuplexError, match=message):
         config.load(None, [f"runtime.mesh={text}"])
+
+
+def test_a_mesh_that_does_not_fit_is_a_mesh_error_with_the_backend_s_fix() -> None:
+    with pytest.raises(MeshError, match=r"\(its axes multiply to 4\): make the axes multiply") as caught:
+        sharding.resolve({"fsdp": 4, "data": 1}, 2)
+    assert caught.value.problem == "runtime.mesh = {'fsdp': 4, 'data': 1} does not fit the 2 device(s) of this run " \
+                                   "(its axes multiply to 4)"
+    with pytest.raises(MeshError, match=r"does not divide them\): launch 2 processes$"):
+        sharding.resolve({"fsdp": 2}, 3, "launch {wanted} processes")
+
+
+def test_a_batch_that_does_not_split_over_the_mesh_names_its_fsdp_shards() -> None:
+    with pytest.raises(TpuplexError, match=r"train.global_batch = 12 does not divide by the 8 batch shards "
+                                           r"\(runtime.mesh data = 2 x fsdp = 4: each fsdp shard takes rows of its "
+                                           r"own\): use a "
+                                           r"multiple of 8, such as 8, 16, 32, 64"):
+        check_micro_batches(12, 8, 1, Mesh(2, 4, 1))
+    with pytest.raises(TpuplexError, match=r"does not divide by the 8 replicas: use"):
+        check_micro_batches(12, 8, 1, Mesh(8, 1, 1))
 
 
 def test_the_mesh_does_not_change_the_experiment() -> None:

@@ -102,8 +102,25 @@ def stereo(path):
     soundfile.write(path, np.stack([tone(0.5)] * 2, axis=1), RATE)
 
 
+def with_nan(path):
+    samples = tone(0.5)
+    samples[100] = np.nan
+    soundfile.write(path, samples, RATE, subtype="FLOAT")
+
+
+def cut_short(path):
+    """A wav whose header promises 0.5 s of samples, the file holding the first half of them (a copy cut off)."""
+    soundfile.write(path, tone(0.5), RATE, subtype="PCM_16")
+    whole = path.read_bytes()
+    path.write_bytes(whole[: 44 + RATE // 2])
+
+
 BAD = {
     "a missing file": (lambda folder: None, "missing.wav does not exist"),
+    "NaN samples": (lambda folder: with_nan(folder / "bad.wav"), "bad.wav holds 1 NaN or infinite sample"),
+    "a wav cut short": (lambda folder: cut_short(folder / "bad.wav"),
+                        r"bad.wav is cut short \(.*train.tsv line 3 of data.train_file\): its header promises 4000 "
+                        r"samples \(0.50 s\), the file holds 2000: copy the recording again whole"),
     "a truncated file": (lambda folder: (folder / "bad.wav").write_bytes(b"RIFF\x00\x00"),
                          "bad.wav cannot be read as audio"),
     "stereo": (lambda folder: stereo(folder / "bad.wav"), "bad.wav has 2 channels"),
@@ -177,3 +194,77 @@ def test_tpuplex_prepare_of_a_config_prepares_what_its_runs_read(tmp_path, capsy
     assert cli.main(["prepare", str(config), "--out", str(tmp_path / "out")]) == 2
     assert "takes its settings from the config, not --out" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_transcript_longer_than_its_audio_s_frames_is_one_line_from_the_cli(tmp_path, capsys) -> None:
+    """CTC cannot align more characters than the recording has frames (a transcript of another recording): `tpuplex
+    prepare` (and so train) exits 2 naming the file, not a ValueError from a later padding."""
+    from tpuplex.commands import cli
+
+    manifest = write_data(tmp_path / "audio", {"a.wav": (tone(0.5), "one"), "b.wav": (tone(0.3), "x" * 400)})
+    config = tmp_path / "speech.toml"
+    config.write_text(f'[task]\nname = "speech_recognition"\nsample_rate = {RATE}\nmel_bins = 16\n'
+                      'validation_fraction = 0.5\n'
+                      f'[model]\ncheckpoint = "{EXAMPLES / "speech" / "conformer-s"}"\n'
+                      f'[data]\ntrain_file = "{manifest}"\ncache_dir = "{tmp_path / "cache"}"\n')
+    assert cli.main(["prepare", str(config)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.endswith("b.wav (data.train_file) has a transcript of 400 characters, more than CTC can fit in the "
+                          "28 feature frames of its audio: it needs 799 (one a character, a blank between repeated "
+                          "ones): check that the transcript is this recording's, or remove the row from the manifest")
+    assert len(error.splitlines()) == 1
+
+
+def speech_config(tmp_path, folder, **data):
+    return from_dict({"task": {"name": "speech_recognition", "sample_rate": RATE, "mel_bins": 16},
+                      "data": {"train_file": str(folder / "train.tsv"), "eval_files": [str(folder / "dev.tsv")],
+                               "cache_dir": str(tmp_path / "cache"), **data}})
+
+
+def test_predict_takes_a_folder_of_recordings_and_reads_data_dir_s_manifests(tmp_path) -> None:
+    """`tpuplex predict --split` names a split of the run, or recordings (a file, or every .wav/.flac/.ogg under a
+    folder); `--data-dir` is the folder the run's evaluation manifests are read from by name, their recordings
+    checked as training's are. (tests/torch/test_speech.py transcribes both through the CLI.)"""
+    folder = tmp_path / "audio"
+    write_data(folder, {"a.wav": (tone(0.5), "one"), "b.wav": (tone(0.5), "two")})
+    (folder / "dev.tsv").write_text("path\ttext\nb.wav\ttwo\n")
+    mine = tmp_path / "my_wavs"
+    (mine / "more").mkdir(parents=True)
+    soundfile.write(mine / "z.wav", tone(0.4), RATE)
+    soundfile.write(mine / "more" / "a.flac", tone(0.4), RATE)
+    (mine / "notes.txt").write_text("not audio")
+    config = speech_config(tmp_path, folder)
+    assert TASK.prediction_sources(config, "dev") == {"dev": None}
+    assert TASK.prediction_sources(config, str(mine)) == {"my_wavs": [mine / "more" / "a.flac", mine / "z.wav"]}
+    assert TASK.prediction_sources(config, str(mine / "z.wav")) == {"z": [mine / "z.wav"]}
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TpuplexError, match=r"empty holds no .wav/.flac/.ogg recording: give an audio file or a folder"):
+        TASK.prediction_sources(config, str(tmp_path / "empty"))
+    with pytest.raises(TpuplexError, match=r"--split 'nope' is neither an evaluation split of the run \(dev\) nor an "
+                                           "audio file or a folder of them"):
+        TASK.prediction_sources(config, "nope")
+
+    other = tmp_path / "other"
+    other.mkdir()
+    moved = speech_config(tmp_path, folder, data_dir=str(other))
+    with pytest.raises(TpuplexError, match=r"data.data_dir .*other \(--data-dir\) holds no dev.tsv, the run's "
+                                           r"data.eval_files\[0\]: give the folder that holds it"):
+        TASK.prediction_sources(moved, "dev")
+    with pytest.raises(TpuplexError, match="names recordings already: drop --data-dir"):
+        TASK.prediction_sources(moved, str(mine))
+    with pytest.raises(TpuplexError, match="holds its validation split out of data.train_file"):
+        TASK.prediction_sources(dataclasses.replace(moved, data=dataclasses.replace(moved.data, eval_files=())), "dev")
+
+    soundfile.write(other / "c.wav", tone(0.6), RATE)
+    stereo(other / "d.wav")
+    (other / "dev.tsv").write_text("path\ttext\nc.wav\tone\nd.wav\ttwo\n")
+    assert TASK.prediction_sources(moved, "dev") == {"dev": None}
+    chosen = options(TASK, moved.task.options)
+    TASK.check(moved, chosen)
+    with pytest.raises(TpuplexError, match=r"other/d.wav has 2 channels \(.*other/dev.tsv line 3 of "
+                                           r"data.eval_files\[0\] in "
+                                           r"data.data_dir\): tpuplex reads mono recordings"):
+        TASK.prepare(moved, chosen, None)
+    (other / "dev.tsv").write_text("path\ttext\nc.wav\tone\n")
+    data = TASK.prepare(moved, chosen, None)
+    assert data.eval["dev"].paths == (str((other / "c.wav").resolve()),) and len(data.train) == 2

@@ -16,7 +16,9 @@ from safetensors.numpy import load_file
 from test_cli import run_module
 from tiny_glue import mrpc_rows, write_tiny_model_reading
 
-from tpuplex.commands import cli, export, run_folder, sweep
+import tpuplex
+from tpuplex import config as config_lib
+from tpuplex.commands import cli, export, run, run_folder, sweep
 from tpuplex.errors import TpuplexError
 
 TEST_HEADER = "index\t#1 ID\t#2 ID\t#1 String\t#2 String"
@@ -58,6 +60,24 @@ def test_eval_of_the_final_checkpoint_gives_the_training_run_s_metrics(trained, 
     for name, value in expected["dev"].items():
         assert written["metrics"]["dev"][name] == pytest.approx(value, abs=1e-6)
     assert f"dev: accuracy {expected['dev']['accuracy']:.6f}" in capsys.readouterr().out
+
+
+def test_a_sharded_run_evaluates_on_the_devices_there_are(trained, capsys) -> None:
+    """A run trained on `runtime.mesh = {fsdp = 2}` over CPU devices (its run.json says so) evaluates where that
+    layout does not fit (here a backend that keeps parameters whole): on the devices there are, said in one line;
+    training on that layout is still refused."""
+    recorded = json.loads((trained / "run.json").read_text())
+    recorded["config"]["runtime"].update(mesh={"fsdp": 2}, cpu_devices=2)
+    (trained / "run.json").write_text(json.dumps(recorded))
+    expected = json.loads((trained / "results.json").read_text())["metrics"]["dev"]["accuracy"]
+    assert cli.main(["eval", str(trained), "--backend", "numpy"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("tpuplex: runtime.mesh = {'fsdp': 2} splits parameters, which the numpy "
+                                     "backend keeps whole; the checkpoint is read on the 1 cpu device(s) of the numpy "
+                                     "backend instead") in err
+    assert tpuplex.Run.open(trained).evaluate(backend="numpy")["metrics"]["dev"]["accuracy"] == pytest.approx(expected)
+    with pytest.raises(TpuplexError, match="splits parameters over fsdp or tensor"):
+        run.prepare(config_lib.from_dict(recorded["config"]), "numpy")
 
 
 def test_predict_writes_the_glue_submission_file(trained, with_test_file) -> None:

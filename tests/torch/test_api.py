@@ -71,10 +71,16 @@ def predict_or_generate(run: tpuplex.Run, task: str) -> None:
         assert [word for word, _ in tagged[0]] == "Alice flew to Paris on Monday".split()
         assert [word for word, _ in tagged[1]] == ["New", "York"]
         assert all(tag in run.config.task.options["tags"] for sentence in tagged for _, tag in sentence)
+        scored = run.predict("Alice flew to Paris on Monday", scores=True)  # one sentence: its words' records
+        assert [(word["word"], word["tag"]) for word in scored] == tagged[0]
+        assert all(word["score"] == max(word["scores"].values()) for word in scored)
     elif task == "image_classification":
         images = [CIFAR_TEST / "cat" / "0000.jpg", CIFAR_TEST / "ship" / "0000.jpg"]
         classes = run.predict(images)
         assert len(classes) == 2 and set(classes) <= set(run.config.task.options["classes"])
+        scored = run.predict(images, scores=True)
+        assert [record["label"] for record in scored] == classes and run.predict(images[1]) == classes[1]
+        assert all(sum(record["scores"].values()) == pytest.approx(1.0) for record in scored)
     elif task == "speech_recognition":
         transcripts = run.predict([RECORDINGS[0], str(RECORDINGS[1])])
         assert len(transcripts) == 2 and all(isinstance(text, str) for text in transcripts)

@@ -27,6 +27,7 @@ from helpers import tiny_spec
 from kill_campaign import run_campaign
 
 import torch
+import tpuplex
 from tpuplex import models
 from tpuplex.commands import cli
 from tpuplex.data.corpus import prepare_corpus
@@ -187,3 +188,30 @@ def test_a_llama_learns_the_answers_of_conversations(tmp_path, capsys):
     assert cli.main(["generate", str(tmp_path / "run"), "--backend", "torch", "--chat", "--tokens", "12",
                      "--prompt", "Say apple.", "--prompt", "Say tiger."]) == 0
     assert capsys.readouterr().out.splitlines() == ["apple", "tiger"]
+
+
+def test_chat_prompts_take_a_system_message_and_what_the_model_can_take(tmp_path, capsys):
+    """A run trained one step at data.max_length = 48 answers --chat prompts over half of it (a system message
+    adds 22 tokens here, as SmolLM2's template adds its own) in a wider window, up to half the model's 128
+    positions; one over those is refused in one line, and so is --system without --chat."""
+    write_jsonl(tmp_path / "chat.jsonl", [conversation(f"Say {word}.", word) for word in ["apple", "river"] * 4])
+    model = write_tokenizer(tmp_path / "model")
+    (model / "config.json").write_text(json.dumps({**CONFIGS["llama"], "vocab_size": 258,
+                                                   "max_position_embeddings": 128}))
+    (tmp_path / "config.toml").write_text(
+        '[task]\nname = "causal_lm"\nvalidation_fraction = 0.25\n'
+        f'[model]\ncheckpoint = {json.dumps(str(model))}\n'
+        f'[data]\ndataset = "say"\ntrain_file = {json.dumps(str(tmp_path / "chat.jsonl"))}\nmax_length = 48\n'
+        '[train]\nmax_steps = 1\nglobal_batch = 2\n'
+        f'[runtime]\noutput_dir = {json.dumps(str(tmp_path / "run"))}\n')
+    assert cli.main(["train", str(tmp_path / "config.toml"), "--backend", "torch"]) == 0
+    run = tpuplex.Run.open(tmp_path / "run")
+    system = "Be a parrot."
+    assert isinstance(run.generate("Say apple.", tokens=4, chat=True, system=system), str)  # 51 tokens > 24
+    capsys.readouterr()
+    assert cli.main(["generate", str(tmp_path / "run"), "--chat", "--system", system * 4, "--tokens", "2",
+                     "--prompt", "Say apple."]) == 2
+    assert ("a --chat prompt is 87 tokens in the chat template, more than half the 128 positions the model takes"
+            in capsys.readouterr().err)
+    with pytest.raises(TpuplexError, match="a system message .* is a chat's: add --chat"):
+        run.generate("Say apple.", system=system)

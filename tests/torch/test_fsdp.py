@@ -12,9 +12,10 @@ import pytest
 from llama_runs import train_losses, write_llama_run
 from multihost_checks import finish, launch_args, tpuplex
 
+from tpuplex import registry
 from tpuplex.config import RuntimeConfig
 from tpuplex.engine import checkpoint
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import MeshError, TpuplexError
 from tpuplex_torch import devices
 
 STEPS = 6
@@ -81,3 +82,10 @@ def test_lora_over_a_base_sharded_by_fsdp_trains_as_replicated(config, tmp_path)
 def test_a_tensor_axis_is_refused_in_one_line() -> None:
     with pytest.raises(TpuplexError, match=r"has tensor = 2, which the torch backend does not split .*--backend jax"):
         devices.mesh_of(RuntimeConfig(mesh={"fsdp": 2, "tensor": 2}), 4)
+
+
+def test_a_mesh_above_one_process_names_the_launch_that_gives_its_devices() -> None:
+    with pytest.raises(MeshError, match=r"runtime.mesh = \{'fsdp': 4\} does not fit the 1 device\(s\) of this run "
+                                        r"\(the other axes' 4 does not divide them\): eager torch runs one device "
+                                        r"per process: start 4 with tpuplex launch --processes 4 -- train \.\.\."):
+        registry.create("torch", RuntimeConfig(mesh={"fsdp": 4}))

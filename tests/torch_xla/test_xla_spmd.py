@@ -156,7 +156,7 @@ def test_eager_mode_is_refused_where_torch_xla_already_runs():
 
 def test_topology_names_spmd_and_why():
     report = backend("xla", 4).topology().report()
-    assert report.startswith("cpu x4 (1 host, process 0) via torch_xla PJRT CPU")
+    assert report.startswith("cpu x4 (1 process) via torch_xla PJRT CPU")
     assert "torch_xla SPMD, mesh data=4 x copy=1; runtime.torch_mode = xla" in report
 
 

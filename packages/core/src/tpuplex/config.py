@@ -181,12 +181,27 @@ class Config:
 
     def hash(self) -> str:
         """A short stable hash of what the run computes, recorded in checkpoints and results: every field that
-        differs from its default, except where outputs go and how often they are written (`OUTPUT_FIELDS`), so
-        changing those still resumes. Fields at their default are left out, so a new option never changes the
-        identity of an existing experiment."""
+        differs from its default, except where outputs go, how often they are written and how the devices are laid
+        out (`OUTPUT_FIELDS`), and how long to train (`LENGTH_FIELDS`), so changing those still resumes (raising
+        train.max_steps or train.epochs extends a run). Fields at their default are left out, so a new option never
+        changes the identity of an existing experiment."""
+        return self._hash(OUTPUT_FIELDS + LENGTH_FIELDS)
+
+    def hash_with_length(self) -> str:
+        """`hash` with the training length (and runtime.cpu_devices) in it: what a tune study is for, whose scores
+        depend on how long each trial trains; and the hash that runs recorded before those fields left `hash`,
+        which their checkpoints still resume and evaluate with (`hash_matches`)."""
+        return self._hash(tuple(field for field in OUTPUT_FIELDS if field != ("runtime", "cpu_devices")))
+
+    def hash_matches(self, recorded: object) -> bool:
+        """Whether a checkpoint's recorded config hash is this config's: `hash`, or `hash_with_length` (written by
+        a tpuplex whose hash still held the training length)."""
+        return recorded in (self.hash(), self.hash_with_length())
+
+    def _hash(self, left_out: tuple[tuple[str, str], ...]) -> str:
         defaults = Config().to_dict()
         computed = {section: {name: value for name, value in fields.items()
-                              if (section, name) not in OUTPUT_FIELDS and value != defaults[section].get(name, _UNSET)}
+                              if (section, name) not in left_out and value != defaults[section].get(name, _UNSET)}
                     for section, fields in self.to_dict().items()}
         if not computed["task"]:  # the section came after the others: at its default it leaves hashes as they were
             del computed["task"]
@@ -219,10 +234,15 @@ _UNSET = object()  # a task option has no default in Config(): any value given c
 OUTPUT_FIELDS = (("data", "cache_dir"), ("runtime", "output_dir"), ("runtime", "eval_every"),
                  ("runtime", "checkpoint_every"), ("runtime", "keep_checkpoints"), ("runtime", "log_every"),
                  ("runtime", "profile_steps"), ("runtime", "on_preempt"), ("runtime", "host_timeout"),
-                 ("runtime", "start_timeout"), ("runtime", "prefetch"), ("runtime", "peak_tflops"), ("runtime", "mesh"))
+                 ("runtime", "start_timeout"), ("runtime", "prefetch"), ("runtime", "peak_tflops"), ("runtime", "mesh"),
+                 ("runtime", "cpu_devices"))
 """Fields that change where results go, when they are written, how long processes wait for each other, how far
-ahead batches are prepared or how the state is laid out over the devices (a checkpoint resumes on any mesh), never
-the parameters or metrics computed (beyond the order of float sums)."""
+ahead batches are prepared or how the state is laid out over the devices (a checkpoint resumes on any mesh, and on
+any count of CPU devices), never the parameters or metrics computed (beyond the order of float sums)."""
+LENGTH_FIELDS = (("train", "epochs"), ("train", "max_steps"))
+"""Fields that only say how long to train: a run resumed with more steps continues from its last checkpoint (its
+learning-rate schedule then spans the new length, as HF's `resume_from_checkpoint` with more steps does); one with
+fewer steps than its checkpoint is refused (`Trainer.find_resume_point`)."""
 
 
 _CHOICES = {

@@ -2,6 +2,7 @@
 
     TpuplexError        any bad input (the CLI prints its message and exits with 2; the API raises it)
       ConfigError       a config's sections, fields and values (and the names they give: backend, task, plugin)
+        MeshError       a device layout (runtime.mesh, runtime.cpu_devices) that does not fit the devices or backend
       DataError         reading the data a config names: missing, unreadable or malformed files and rows
       CheckpointError   reading a checkpoint or pretrained weights: missing, damaged, or of another run
 
@@ -23,6 +24,17 @@ class TpuplexError(Exception):
 class ConfigError(TpuplexError):
     """A config that cannot run: an unknown section or field, a value of the wrong type or out of range, a
     combination of fields that contradict each other, an unknown backend, task or plugin."""
+
+
+class MeshError(ConfigError):
+    """A device layout the backend cannot give: `runtime.mesh` does not fit the devices there are, splits
+    parameters on a backend that keeps them whole, or `runtime.cpu_devices` asks for CPU devices the backend does not
+    split. A run's checkpoint reads on any layout, so evaluating it falls back to the devices there are
+    (`tpuplex.commands.run.create_backend`). `problem`: what does not fit, without the fix (which is for a run)."""
+
+    def __init__(self, message: str, problem: str = ""):
+        super().__init__(message)
+        self.problem = problem or message
 
 
 class DataError(TpuplexError):

@@ -56,9 +56,10 @@ class Topology:
         return self.mesh.batch_shards if self.mesh else self.device_count
 
     def report(self) -> str:
-        """One line for logs: `tpu x8 (1 host, process 0) via env TPU_NAME [TPUStrategy] mesh data=2 fsdp=4`."""
-        hosts = f"{self.host_count} host{'s' if self.host_count != 1 else ''}"
-        line = f"{self.kind} x{self.device_count} ({hosts}, process {self.process_index}) via {self.source or '?'}"
+        """One line for logs: `tpu x8 (1 process) via env TPU_NAME [TPUStrategy] mesh data=2 fsdp=4`, or `cpu x4
+        (process 0 of 4) via ...` for one of several processes (on one machine or many: the count says no more)."""
+        processes = f"process {self.process_index} of {self.host_count}" if self.host_count > 1 else "1 process"
+        line = f"{self.kind} x{self.device_count} ({processes}) via {self.source or '?'}"
         line = f"{line} [{self.detail}]" if self.detail else line
         return f"{line} mesh {self.mesh.report()}" if self.mesh else line
 

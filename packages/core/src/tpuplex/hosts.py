@@ -68,6 +68,23 @@ def expected_processes(env: Mapping[str, str] | None = None) -> int:
     return max([1, *counts])
 
 
+PROCESS_INDEX_ENV = ("RANK", "JAX_PROCESS_ID", "TPU_WORKER_ID")
+
+
+def expected_process_index(env: Mapping[str, str] | None = None) -> int:
+    """This process's index among the run's as the environment says it (0 when it says nothing): torchrun's RANK,
+    JAX_PROCESS_ID, a TPU VM's TPU_WORKER_ID or TF_CONFIG's task index. What prints once per run (the CLI's
+    results) prints on process 0 alone."""
+    env = os.environ if env is None else env
+    indices = [int(env[name]) for name in PROCESS_INDEX_ENV if env.get(name, "").isdigit()]
+    if env.get("TF_CONFIG"):
+        try:
+            indices.append(int(json.loads(env["TF_CONFIG"]).get("task", {}).get("index", 0)))
+        except (ValueError, TypeError, AttributeError):
+            pass  # the tf backend reports a malformed TF_CONFIG itself
+    return max([0, *indices])
+
+
 class HostLost(Exception):
     """Another process of the run stopped or never arrived; this one stops too (exit `HOST_LOST_EXIT`)."""
 

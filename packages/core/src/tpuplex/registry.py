@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 
 from tpuplex import sharding
 from tpuplex.config import RuntimeConfig
-from tpuplex.errors import ConfigError
+from tpuplex.errors import ConfigError, MeshError
 from tpuplex.protocol import Backend
 
 GROUP = "tpuplex.backends"
@@ -50,10 +50,11 @@ def create(name: str, runtime: RuntimeConfig) -> Backend:
             f"backend {name!r} is installed but cannot be imported ({error}): reinstall it with {INSTALL.get(name)}"
         ) from None
     if not getattr(cls, "shards_parameters", False) and sharding.asks_to_shard(runtime.mesh):
-        raise ConfigError(
+        raise MeshError(
             f"runtime.mesh = {runtime.mesh} splits parameters over fsdp or tensor, which the {name} backend does not "
             "do (it keeps every parameter whole on each device): train this mesh with --backend jax, or set "
-            "runtime.mesh = {data = -1} (docs/sharding.md)")
+            "runtime.mesh = {data = -1} (docs/sharding.md)",
+            f"runtime.mesh = {runtime.mesh} splits parameters, which the {name} backend keeps whole")
     if runtime.torch_mode != "auto" and name != "torch":  # one config serves every backend: a warning, not an error
         print(f"tpuplex: warning: runtime.torch_mode = {runtime.torch_mode!r} sets how the torch backend runs; the "
               f"{name} backend ignores it", file=sys.stderr)

@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from tpuplex.errors import ConfigError
+from tpuplex.errors import ConfigError, MeshError
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
 """The mesh's axes, outermost first: devices that share a `data` index are neighbours (a host's chips on a pod)."""
@@ -88,9 +88,11 @@ def asks_to_shard(request: Mapping[str, int]) -> bool:
     return any(request.get(axis, 1) != 1 for axis in ("fsdp", "tensor"))
 
 
-def resolve(request: Mapping[str, int], devices: int) -> Mesh:
+def resolve(request: Mapping[str, int], devices: int, fix: str = "") -> Mesh:
     """The mesh `request` (a checked `runtime.mesh`) asks for over `devices` devices of all processes; `data` fills
-    with the devices left when no axis is -1 and `data` is not given."""
+    with the devices left when no axis is -1 and `data` is not given. A mesh that does not fit is a `MeshError`
+    whose fix is `fix` when given ("{wanted}" in it: the fewest devices the mesh fits, e.g. the processes a backend
+    of one device per process needs), else "make the axes multiply to the device count"."""
     sizes = {axis: request.get(axis, 1) for axis in MESH_AXES}
     if -1 not in request.values() and "data" not in request:
         sizes["data"] = -1
@@ -98,16 +100,17 @@ def resolve(request: Mapping[str, int], devices: int) -> Mesh:
     filled = [axis for axis, size in sizes.items() if size == -1]
     if filled:
         if devices % fixed:
-            raise ConfigError(_mismatch(request, devices, f"the other axes' {fixed} does not divide them"))
+            raise _mismatch(request, devices, f"the other axes' {fixed} does not divide them", fix, fixed)
         sizes[filled[0]] = devices // fixed
     elif fixed != devices:
-        raise ConfigError(_mismatch(request, devices, f"its axes multiply to {fixed}"))
+        raise _mismatch(request, devices, f"its axes multiply to {fixed}", fix, fixed)
     return Mesh(**sizes)
 
 
-def _mismatch(request: Mapping[str, int], devices: int, why: str) -> str:
-    return (f"runtime.mesh = {dict(request)} does not fit the {devices} device(s) of this run ({why}): make the "
-            "axes multiply to the device count, or let one be -1")
+def _mismatch(request: Mapping[str, int], devices: int, why: str, fix: str, wanted: int) -> MeshError:
+    fix = fix.format(wanted=wanted) if fix else "make the axes multiply to the device count, or let one be -1"
+    problem = f"runtime.mesh = {dict(request)} does not fit the {devices} device(s) of this run ({why})"
+    return MeshError(f"{problem}: {fix}", problem)
 
 
 def layout(name: str, shape: tuple[int, ...], mesh: Mesh, tensor_dim: int | None = None) -> Layout:

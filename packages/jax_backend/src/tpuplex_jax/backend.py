@@ -192,7 +192,7 @@ class JaxBackend(BackendBase):
                      keys: tuple[str, ...]) -> dict[str, jax.Array]:
         """A global batch [B, ...] as arrays split over the mesh's batch axes, from this process's rows."""
         global_batch, length = batch_rows(batch), np.shape(batch[programs.inputs[0]])[1]
-        check_micro_batches(global_batch, self._topology.batch_shards, grad_accum)
+        check_micro_batches(global_batch, self._topology.batch_shards, grad_accum, self._topology.mesh)
         if length > programs.max_length:
             raise TpuplexError(
                 f"batches of length {length} exceed the model's {programs.max_length} positions: set "

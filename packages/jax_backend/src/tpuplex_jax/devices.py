@@ -18,7 +18,7 @@ from jax.experimental import mesh_utils
 import jax
 from tpuplex import sharding
 from tpuplex.config import RuntimeConfig
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import MeshError, TpuplexError
 from tpuplex.hardware import OVERRIDE_ENV, Topology, discover
 
 DETAIL = "jax.jit GSPMD"
@@ -99,16 +99,16 @@ def _cpu_devices(count: int) -> list[jax.Device]:
     available = jax.devices("cpu")
     local = [device for device in available if device.process_index == jax.process_index()]
     if count > len(local):
-        raise TpuplexError(
+        raise MeshError(
             f"runtime.cpu_devices = {count} but JAX already runs with {len(local)} CPU device(s): set "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={count} before the process starts, "
-            f"or use at most {len(local)}"
-        )
+            f"or use at most {len(local)}",
+            f"runtime.cpu_devices = {count}, but JAX already runs with {len(local)} CPU device(s)")
     if count == 0 or count == len(local):
         return available
     if jax.process_count() > 1:
-        raise TpuplexError(f"runtime.cpu_devices = {count} but every process of this run has {len(local)} CPU "
-                           f"devices: set runtime.cpu_devices = {len(local)}, or 0")
+        raise MeshError(f"runtime.cpu_devices = {count} but every process of this run has {len(local)} CPU "
+                        f"devices: set runtime.cpu_devices = {len(local)}, or 0")
     return available[:count]
 
 

@@ -19,7 +19,7 @@ import os
 import tensorflow as tf
 
 from tpuplex.config import RuntimeConfig
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import MeshError, TpuplexError
 from tpuplex.hardware import Topology, discover
 
 JIT_ENV = "TPUPLEX_TF_JIT"
@@ -39,11 +39,11 @@ def split_host_cpu(count: int) -> list[tf.config.LogicalDevice]:
         pass  # already initialised: use the logical devices it has
     logical = tf.config.list_logical_devices("CPU")
     if len(logical) < count:
-        raise TpuplexError(
+        raise MeshError(
             f"runtime.cpu_devices = {count}, but TensorFlow was initialised earlier in this process with "
             f"{len(logical)} CPU device(s): set runtime.cpu_devices before anything else uses TensorFlow, "
-            f"or use at most {len(logical)}"
-        )
+            f"or use at most {len(logical)}",
+            f"runtime.cpu_devices = {count}, but TensorFlow already has {len(logical)} CPU device(s) in this process")
     return logical[:count]
 
 
@@ -102,8 +102,10 @@ def _multi_worker(runtime: RuntimeConfig, found: Topology,
 
     `runtime.collective_timeout` bounds every collective, so a lost worker ends the others with an error."""
     if runtime.cpu_devices > 1:
-        raise TpuplexError(f"runtime.cpu_devices = {runtime.cpu_devices}, but MultiWorkerMirroredStrategy gives "
-                           "each worker one CPU device: set runtime.cpu_devices = 0 and start more processes")
+        raise MeshError(f"runtime.cpu_devices = {runtime.cpu_devices}, but MultiWorkerMirroredStrategy gives "
+                        "each worker one CPU device: set runtime.cpu_devices = 0 and start more processes",
+                        f"runtime.cpu_devices = {runtime.cpu_devices} splits the CPU, which a worker of several "
+                        "does not")
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=runtime.collective_timeout)
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)

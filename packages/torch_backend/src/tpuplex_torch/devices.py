@@ -42,7 +42,7 @@ from tpuplex import hardware as core_devices
 from tpuplex import sharding
 from tpuplex.config import RuntimeConfig
 from tpuplex.data.batching import check_divisible
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import MeshError, TpuplexError
 from tpuplex.hardware import Topology
 from tpuplex.hosts import process_rows
 from tpuplex.layers.torch import layers
@@ -197,10 +197,12 @@ class EagerPlacement(Placement):
 
     def __init__(self, runtime: RuntimeConfig, found: Topology, why: str):
         if runtime.cpu_devices > 1:
-            raise TpuplexError(
+            raise MeshError(
                 f"runtime.cpu_devices = {runtime.cpu_devices} needs torch_mode = \"xla\": eager PyTorch runs one "
                 f"device per process (set runtime.torch_mode = \"xla\" with {XLA_INSTALL}, or "
-                "launch N processes with accelerate launch --cpu --num_processes N)")
+                "start N processes with tpuplex launch --processes N)",
+                f"runtime.cpu_devices = {runtime.cpu_devices} splits the CPU, which eager torch does not (one device "
+                "per process)")
         if "torch_xla" not in sys.modules:
             os.environ["USE_TORCH_XLA"] = "0"  # read when accelerate is first imported, just below
         import accelerate
@@ -224,7 +226,7 @@ class EagerPlacement(Placement):
         self.device = self.accelerator.device
         self.row_processes = state.num_processes
         self.replicas_in_view = 1
-        mesh = mesh_of(runtime, self.row_processes)
+        mesh = mesh_of(runtime, self.row_processes, one_per_process=True)
         self.device_mesh = (torch.distributed.device_mesh.init_device_mesh(
             self.device.type, (mesh.data, mesh.fsdp), mesh_dim_names=("data", "fsdp"))
             if mesh.shards_parameters else None)
@@ -355,14 +357,18 @@ class EagerPlacement(Placement):
             self._profiler = None
 
 
-def mesh_of(runtime: RuntimeConfig, devices: int) -> sharding.Mesh:
+def mesh_of(runtime: RuntimeConfig, devices: int, one_per_process: bool = False) -> sharding.Mesh:
     """The mesh `runtime.mesh` asks for over `devices`; `tensor` above 1 is refused (torch splits no weight
-    Megatron's way yet)."""
-    mesh = sharding.resolve(runtime.mesh, devices)
+    Megatron's way yet). `one_per_process`: eager torch, whose devices are its processes, so a mesh that does not
+    fit names the `tpuplex launch` that gives it its devices."""
+    fix = ("eager torch runs one device per process: start {wanted} with tpuplex launch --processes {wanted} -- "
+           "train ... (docs/sharding.md), or make the axes multiply to the device count" if one_per_process else "")
+    mesh = sharding.resolve(runtime.mesh, devices, fix)
     if mesh.tensor > 1:
-        raise TpuplexError(f"runtime.mesh = {runtime.mesh} has tensor = {mesh.tensor}, which the torch backend does "
-                           "not split (it shards over fsdp): train a tensor axis with --backend jax, or move those "
-                           "devices to fsdp")
+        raise MeshError(f"runtime.mesh = {runtime.mesh} has tensor = {mesh.tensor}, which the torch backend does "
+                        "not split (it shards over fsdp): train a tensor axis with --backend jax, or move those "
+                        "devices to fsdp",
+                        f"runtime.mesh = {runtime.mesh} has a tensor axis, which torch does not split")
     return mesh
 
 

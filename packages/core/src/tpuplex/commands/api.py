@@ -35,6 +35,7 @@ from tpuplex.engine.preemption import Preempted
 from tpuplex.engine.run_log import LOG_FILE
 from tpuplex.errors import CheckpointError, ConfigError, DataError, TpuplexError
 from tpuplex.hardware import Topology
+from tpuplex.tasks.base import Task
 
 if TYPE_CHECKING:
     from tpuplex.commands.tune import Tuned
@@ -144,7 +145,9 @@ class Run:
         return None if self.results is None else self.results["metrics"]
 
     def history(self, event: str = "train") -> list[dict[str, Any]]:
-        """The log's records of `event`, oldest first: "train" (step, loss, learning_rate, examples_per_s, ...),
+        """The log's records of `event`, oldest first: "train" (step, loss: the mean over the `runtime.log_every`
+        steps up to `step`, as the plain progress lines give it (the live bar shows the last step's), learning_rate,
+        examples_per_s, ...),
         "eval" (step, split, metrics), "checkpoint", "epoch", "start", "preempted" or "error"."""
         path = self.folder / LOG_FILE
         lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
@@ -175,14 +178,30 @@ class Run:
             return workflow.evaluate(self._target, backend or self._backend(), split, str(data_dir), out)
         return workflow.evaluate_restored(self._located(), *self._restore(backend), split, out)
 
-    def predict(self, inputs: Sequence[Any], backend: str | None = None) -> list[Any]:
+    def predict(self, inputs: Any, backend: str | None = None, scores: bool = False) -> Any:
         """Predictions of `inputs`, in memory, one per input: texts or (text, text) pairs -> labels (sequence
         classification); sentences (strings or word lists) -> (word, tag) pairs (token classification); image
-        files -> class names; audio files -> transcripts. Runs on `backend` (default: the one it trained on)."""
+        files -> class names; audio files -> transcripts. One input given alone (a string, a path) gives one
+        prediction, as `generate` does. Runs on `backend` (default: the one it trained on).
+
+        `scores=True`: each prediction is a record with the model's scores, as HF's pipelines give them:
+        classification `{"label", "score", "scores"}` (the label, its probability, every label's probability by
+        name; a regression's label and score are its value); token classification one `{"word", "tag", "score",
+        "scores"}` per word; speech `{"transcript", "log_probability"}` (CTC's, over the transcript's
+        alignments)."""
+        if not isinstance(scores, bool):
+            raise DataError(f"Run.predict(scores={reprlib.repr(scores)}): give True (records with the model's scores) "
+                            "or False (the predictions alone)")
+        single = isinstance(inputs, str | os.PathLike)
         config = self.config
-        checked = tasks.get(config.task.name).prediction_inputs(config, inputs)  # before any backend starts
+        task = tasks.get(config.task.name)
+        checked = task.prediction_inputs(config, [inputs] if single else inputs)  # before any backend starts
+        if scores and type(task).scored_predictions_of is Task.scored_predictions_of:
+            task.scored_predictions_of(None, None, checked)  # the task's refusal, before the backend starts
         experiment, state = self._restore(backend)
-        return experiment.task.predictions_of(experiment, state, checked)
+        predicted = (experiment.task.scored_predictions_of if scores else experiment.task.predictions_of)(
+            experiment, state, checked)
+        return predicted[0] if single else predicted
 
     def write_predictions(self, split: str = "test", backend: str | None = None, data_dir: str | Path | None = None,
                           out: str | Path | None = None) -> dict[str, Path]:
@@ -192,10 +211,12 @@ class Run:
                                 None if data_dir is None else str(data_dir), None if out is None else Path(out))
 
     def generate(self, prompts: str | Sequence[str], backend: str | None = None, tokens: int = 100,
-                 temperature: float = 0.0, top_k: int = 0, seed: int = 0, chat: bool = False) -> str | list[str]:
+                 temperature: float = 0.0, top_k: int = 0, seed: int = 0, chat: bool = False,
+                 system: str | None = None) -> str | list[str]:
         """A causal_lm run's continuation of each prompt (a string for one prompt given as a string): greedy at
         temperature 0, else sampled from `seed` (the same text on every backend); `chat`: each prompt is a user's
-        message in the checkpoint's chat template, and the answer is returned."""
+        message in the checkpoint's chat template, after the system message `system` when given, and the answer
+        is returned."""
         from tpuplex.commands import generate
 
         single = isinstance(prompts, str)
@@ -203,10 +224,10 @@ class Run:
             raise DataError(f"Run.generate takes a prompt (a string) or a list of them, not {type(prompts).__name__} "
                             f"{reprlib.repr(prompts)}: e.g. run.generate(\"ROMEO:\")")
         listed = [prompts] if single else list(prompts)
-        generate.check_options(tokens, temperature, top_k, seed, listed)
+        generate.check_options(tokens, temperature, top_k, seed, listed, chat, system)
         generate.check_run(self._located())
         texts = generate.generate_restored(self._located(), *self._restore(backend, model_only=True), listed, tokens,
-                                           temperature, top_k, seed, chat=chat).texts
+                                           temperature, top_k, seed, chat=chat, system=system).texts
         return texts[0] if single else texts
 
     def export(self, format: str, out: str | Path | None = None, merge: bool = False) -> Path:

@@ -35,7 +35,7 @@ from tpuplex import __version__, hardware, registry
 from tpuplex.engine.preemption import PREEMPTED_EXIT, Preempted
 from tpuplex.engine.run_log import headline
 from tpuplex.errors import TpuplexError, absence
-from tpuplex.hosts import HOST_LOST_EXIT, HostLost, expected_processes
+from tpuplex.hosts import HOST_LOST_EXIT, HostLost, expected_process_index, expected_processes
 
 USAGE_ERROR = 2
 INTERNAL_ERROR = 1
@@ -144,7 +144,8 @@ def _parser() -> argparse.ArgumentParser:
 
     predict = commands.add_parser("predict", help="write predictions (GLUE submission files for test splits)")
     _checkpoint_arguments(predict)
-    predict.add_argument("--split", default="test", help="test (every test file) or an evaluation split")
+    predict.add_argument("--split", default="test", help="test (every test file) or an evaluation split; an image or "
+                                                          "speech run: also a file or folder of images or recordings")
     predict.add_argument("--out", type=Path, help="folder (default: <run>/predictions/<step>-<backend>/)")
     predict.set_defaults(command=_predict)
 
@@ -162,6 +163,8 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--no-cache", action="store_true", help="recompute every step (no key/value cache)")
     generate.add_argument("--chat", action="store_true",
                           help="each prompt is a user's message in the checkpoint's chat template; print the answers")
+    generate.add_argument("--system", metavar="TEXT", help="with --chat: the system message before each prompt, as "
+                          "the chat template renders one (without it, the template's own default, if any)")
     generate.set_defaults(command=_generate)
 
     export = commands.add_parser("export", help="an HF folder or a TF SavedModel of a checkpoint")
@@ -211,6 +214,8 @@ def _train(args: argparse.Namespace) -> int:
     from tpuplex.commands.run import RESULTS_FILE
 
     run = api.train(args.config, args.backend, data_dir=args.data_dir, overrides=args.overrides)
+    if expected_process_index() != 0:  # one of several processes: process 0 prints the run's results
+        return 0
     for split, metrics in run.metrics.items():
         print(f"{split}: {headline(metrics)}")
     print(f"results: {run.folder / RESULTS_FILE}")
@@ -286,7 +291,8 @@ def _checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT", help="a run folder or a checkpoints/step-* folder")
     parser.add_argument("--backend", help="framework backend (default: the one the run trained on; any: "
                                           "checkpoints are portable)")
-    parser.add_argument("--data-dir", help="folder with the task's GLUE files (replaces the run's data.data_dir)")
+    parser.add_argument("--data-dir", help="folder with the task's GLUE files (replaces the run's data.data_dir); a "
+                                           "speech run reads its evaluation manifests from it, by their names")
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -308,7 +314,7 @@ def _generate(args: argparse.Namespace) -> int:
         raise TpuplexError(f"--prompt-file {args.prompt_file} {absence(args.prompt_file)}: give a UTF-8 text file")
     prompts = args.prompt + ([read_utf8(args.prompt_file)] if args.prompt_file else [])
     result = generate(args.checkpoint, args.backend, prompts, args.tokens, args.temperature, args.top_k, args.seed,
-                      cache=not args.no_cache, chat=args.chat)
+                      cache=not args.no_cache, chat=args.chat, system=args.system)
     for prompt, text in zip(result.prompts, result.texts, strict=True):
         print(text if args.chat else prompt + text)
     tokens = sum(len(ids) for ids in result.ids)

@@ -10,7 +10,10 @@ compiled loop with a key/value cache; the next window continues from the last C 
 program for the first bucket and one for every later window, whatever the prompts' lengths. The draws come from
 `numpy.random.default_rng(seed)` (`tpuplex.protocol.Prompts`): a seed gives the same text on every backend.
 With `chat`, each prompt is a user's message rendered by the checkpoint's chat template (ending in the assistant's
-turn), and each answer ends at the end-of-text token.
+turn; after a `system` message when one is given), and each answer ends at the end-of-text token. A chat prompt is
+never cropped (it would lose the template's start): one longer than C / 2 decodes in a wider window, up to what the
+model takes (its positions, `DecoderArch.max_length`), so a run fine-tuned at a short data.max_length still answers
+a template that adds its own system prompt; a prompt over half the model's positions is refused.
 """
 
 from __future__ import annotations
@@ -64,19 +67,24 @@ def left_padded(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndar
 
 def generate(path: str | Path, backend_name: str | None, prompts: list[str], new_tokens: int,
              temperature: float = 0.0, top_k: int = 0, seed: int = 0, cache: bool = True,
-             chat: bool = False) -> Generated:
+             chat: bool = False, system: str | None = None) -> Generated:
     """`new_tokens` tokens after each of `prompts` from the checkpoint `path` names (see the module), on
-    `backend_name` (None: the one the run trained on)."""
-    check_options(new_tokens, temperature, top_k, seed, prompts)
+    `backend_name` (None: the one the run trained on); `system`: the system message of every `chat` prompt."""
+    check_options(new_tokens, temperature, top_k, seed, prompts, chat, system)
     found = run_folder.locate(path)
     check_run(found)
     backend_name = backend_name or run_folder.trained_backend(found.run_dir)
     return generate_restored(found, *workflow.restore(found, backend_name, model_only=True), prompts, new_tokens,
-                             temperature, top_k, seed, cache, chat)
+                             temperature, top_k, seed, cache, chat, system)
 
 
-def check_options(new_tokens: int, temperature: float, top_k: int, seed: int, prompts: list[str]) -> None:
+def check_options(new_tokens: int, temperature: float, top_k: int, seed: int, prompts: list[str],
+                  chat: bool = False, system: str | None = None) -> None:
     """The sampling options and the prompts, checked before the run is read."""
+    if system is not None and not chat:
+        raise TpuplexError("a system message (--system, system=) is a chat's: add --chat (chat=True), or leave it out")
+    if system is not None and not isinstance(system, str):
+        raise TpuplexError(f"system = {system!r}: give the system message as text")
     if new_tokens < 1:
         raise TpuplexError(f"--tokens {new_tokens}: generate at least 1 token")
     if not (math.isfinite(temperature) and temperature >= 0) or top_k < 0:
@@ -101,19 +109,18 @@ def check_run(found: run_folder.Found) -> None:
 
 def generate_restored(found: run_folder.Found, experiment: Any, state: Any, prompts: list[str], new_tokens: int,
                       temperature: float = 0.0, top_k: int = 0, seed: int = 0, cache: bool = True,
-                      chat: bool = False) -> Generated:
+                      chat: bool = False, system: str | None = None) -> Generated:
     """`generate` with the checkpoint already restored (`workflow.restore`) and checked (`check_options`,
     `check_run`)."""
     context = found.config.data.max_length
-    template = conversations.user_turn(resolve_checkpoint(found.config.model.checkpoint)) if chat else None
+    template = (conversations.user_turn(resolve_checkpoint(found.config.model.checkpoint), system) if chat
+                else None)
     vocabulary = experiment.data.vocabulary
     rows = [vocabulary.encode(template(prompt) if template else prompt, "the prompt") for prompt in prompts]
     if not all(len(row) for row in rows):
         raise TpuplexError("a prompt gives no tokens: give each prompt some text")
-    if chat and max(map(len, rows)) > context // 2:  # cropped, it would lose the template's start
-        raise TpuplexError(f"a --chat prompt is {max(map(len, rows))} tokens in the chat template, more than half the "
-                           f"run's context (data.max_length = {context}): shorten it, or train with a longer "
-                           "data.max_length")
+    if chat:  # cropped, a prompt would lose the template's start: the window grows to hold it instead
+        context = chat_context(max(map(len, rows)), context, model_positions(experiment, context))
     rng = np.random.default_rng(seed)
     generated: list[np.ndarray] = [np.zeros(0, np.int32) for _ in rows]
     width = bucket(max(map(len, rows)), context)
@@ -131,3 +138,24 @@ def generate_restored(found: run_folder.Found, experiment: Any, state: Any, prom
     if chat:  # an answer ends at the end-of-text token
         generated = [ids[: np.flatnonzero(np.append(ids == vocabulary.end_of_text, True))[0]] for ids in generated]
     return Generated(prompts, [vocabulary.decode(ids) for ids in generated], generated, seconds)
+
+
+def model_positions(experiment: Any, context: int) -> int:
+    """The longest sequence the run's model takes (a decoder's position table, or its configured context for rotary
+    positions); `context` where the model does not say."""
+    arch = getattr(getattr(experiment.trainer, "model", None), "arch", None)
+    positions = getattr(arch, "max_length", None)
+    return positions if isinstance(positions, int) and positions > 0 else context
+
+
+def chat_context(longest: int, context: int, positions: int) -> int:
+    """The decoding window for chat prompts of at most `longest` tokens: the run's `context` (data.max_length)
+    where half of it holds them, else one whose half does (twice their bucket), at most the model's `positions`; a
+    prompt over half of those leaves too little room for an answer and is refused."""
+    if longest <= context // 2:
+        return context
+    if longest > positions // 2:
+        raise TpuplexError(f"a --chat prompt is {longest} tokens in the chat template, more than half the "
+                           f"{positions} positions the model takes (the rest is for the answer): shorten it (or its "
+                           "system message)")
+    return min(positions, max(context, 2 * bucket(longest, 2 * positions)))

@@ -13,6 +13,12 @@ backends join the run exactly as they do on a cluster:
 every child, which then stop together after the same step (`tpuplex.hosts`). The launcher exits with the first
 non-zero status of a child, or 0; it never kills a child itself: a child that loses a peer ends on its own within
 `runtime.host_timeout`.
+
+One voice from several processes: with more than one, each child's output comes through the launcher line by line,
+each line whole and ending in a newline, so two processes' lines never run together; every stderr line (and any
+stdout line of a process other than 0) starts with `[process i] `; process 0's stdout (the results, which only
+process 0 prints) comes as it is. A torch run's threads are set once here (`OMP_NUM_THREADS`: the cores shared
+among the processes, the choice accelerate would make and warn about in every process) when the variable is unset.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO, TextIO
 
 from tpuplex.engine.preemption import SIGNALS
 from tpuplex.errors import TpuplexError
@@ -59,8 +67,18 @@ def launch(command: Sequence[str], processes: int, cpu_devices: int = 0) -> int:
     if processes < 1:
         raise TpuplexError(f"--processes {processes}: use 1 or more")
     argv = child_command(command, cpu_devices)
-    children = [subprocess.Popen(argv, env={**os.environ, **env})
+    shared = {**os.environ, **torch_threads(command, processes)}
+    relayed = processes > 1
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE} if relayed else {}
+    children = [subprocess.Popen(argv, env={**shared, **env}, **pipes)
                 for env in environments(processes, free_ports(processes + 2))]
+    lock = threading.Lock()
+    relays = [threading.Thread(target=relay, args=(stream, target, prefix, lock), daemon=True)
+              for index, child in enumerate(children) if relayed
+              for stream, target, prefix in ((child.stdout, sys.stdout, "" if index == 0 else f"[process {index}] "),
+                                             (child.stderr, sys.stderr, f"[process {index}] "))]
+    for thread in relays:
+        thread.start()
 
     def forward(number: int, frame: object) -> None:
         for child in children:
@@ -70,11 +88,53 @@ def launch(command: Sequence[str], processes: int, cpu_devices: int = 0) -> int:
     previous = {number: signal.signal(number, forward) for number in SIGNALS}
     try:
         statuses = [child.wait() for child in children]
+        for thread in relays:  # a grandchild that outlives its process (and holds its pipe) is not waited for
+            thread.join(timeout=10)
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
     failed = next((status for status in statuses if status != 0), 0)
     return failed if failed >= 0 else 128 - failed  # killed by signal N: 128 + N, as a shell reports it
+
+
+def relay(stream: BinaryIO, target: TextIO, prefix: str, lock: threading.Lock) -> None:
+    """Copy `stream` to the text stream `target` line by line, each line whole, after `prefix` and ending in a
+    newline (a last line without one gets it), under `lock` so that no two relays' lines run together."""
+    start = prefix.encode()
+    for line in iter(stream.readline, b""):
+        text = start + line.rstrip(b"\n") + b"\n"
+        with lock:
+            target.flush()
+            out = getattr(target, "buffer", None)
+            if out is not None:
+                out.write(text)
+                out.flush()
+            else:  # a text stream without bytes (a test's capture)
+                target.write(text.decode(errors="replace"))
+                target.flush()
+    stream.close()
+
+
+def torch_threads(command: Sequence[str], processes: int) -> dict[str, str]:
+    """OMP_NUM_THREADS for a torch run's children when it is unset ({} otherwise): the cores this launcher may
+    use shared among the processes, said once here rather than in accelerate's warning from every process."""
+    if processes < 2 or os.environ.get("OMP_NUM_THREADS") or _backend(command) != "torch":
+        return {}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // processes)
+    print(f"tpuplex launch: OMP_NUM_THREADS is unset: each of the {processes} torch processes uses {threads} "
+          f"thread(s), {cores} cores shared among them (set OMP_NUM_THREADS to choose)", file=sys.stderr, flush=True)
+    return {"OMP_NUM_THREADS": str(threads)}
+
+
+def _backend(command: Sequence[str]) -> str:
+    """The value of the command's --backend ("" when it gives none)."""
+    for index, part in enumerate(command):
+        if part == "--backend" and index + 1 < len(command):
+            return command[index + 1]
+        if part.startswith("--backend="):
+            return part.partition("=")[2]
+    return ""
 
 
 def free_ports(count: int) -> list[int]:

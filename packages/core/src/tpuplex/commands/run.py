@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +32,7 @@ from tpuplex.config import Config
 from tpuplex.data.batching import check_divisible, check_micro_batches
 from tpuplex.engine.run_log import LOG_FILE, TENSORBOARD_DIR, Reporter
 from tpuplex.engine.trainer import Trainer, TrainResult
-from tpuplex.errors import ConfigError, TpuplexError
+from tpuplex.errors import ConfigError, MeshError, TpuplexError
 from tpuplex.hardware import Topology
 from tpuplex.plugins import add_search_path
 from tpuplex.protocol import Backend, ModelSpec, OptimizerSpec
@@ -62,13 +63,15 @@ class Experiment:
     for an image model of your own (`tpuplex.kinds.ModelKind.checkpoint_dir`)."""
 
 
-def prepare(config: Config, backend_name: str, config_path: Path | None = None, model_only: bool = False
-            ) -> Experiment:
+def prepare(config: Config, backend_name: str, config_path: Path | None = None, model_only: bool = False,
+            any_layout: bool = False) -> Experiment:
     """Check the config against the task, devices, backend, checkpoint and data, then build the model state.
 
     A user model (`model.architecture`) imports from the current directory or the config file's folder, and so
     does a task of your own (`task.name`). `model_only`: a trained run's model to generate with, built without
     reading any split where the task can (`Task.model_data`); its Trainer then trains and evaluates nothing.
+    `any_layout`: a trained run's checkpoint read here (eval, predict, generate, export), on its own
+    runtime.mesh and cpu_devices where they fit, else on the devices there are (`create_backend`).
 
     Creates no output directory: bad input leaves nothing behind (only the tokenization cache may be written).
     """
@@ -82,9 +85,9 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None, 
     watchdog = hosts.Watchdog(config.runtime.host_timeout, -1, processes, enabled=processes > 1,
                               start_timeout=config.runtime.start_timeout)
     with watchdog.watch(f"the start of the {backend_name} backend"):
-        backend = registry.create(backend_name, config.runtime)
+        backend, config = create_backend(config, backend_name, any_layout)
     topology = backend.topology()
-    _check_batch_sizes(config, topology.batch_shards)
+    _check_batch_sizes(config, topology)
 
     data = (task.model_data(config, options, kind.checkpoint_dir) if model_only else None) or task.prepare(
         config, options, kind.checkpoint_dir)
@@ -95,6 +98,27 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None, 
         state = backend.init(model, optimizer_spec(config))
     return Experiment(config, task, data, backend_name, backend, topology, discovered, trainer, state, output_dir,
                       started, kind.checkpoint_dir)
+
+
+def create_backend(config: Config, backend_name: str, any_layout: bool = False) -> tuple[Backend, Config]:
+    """The backend of `config`, and the config it runs. `any_layout`: a layout this backend or these devices cannot
+    give (a `MeshError`: runtime.mesh over other devices, fsdp on a data-only backend, CPU devices it does not
+    split) gives way to data parallelism over the devices there are, every parameter whole on each (a checkpoint
+    reads on any mesh), said in one line; the config returned then has runtime.mesh = {} and cpu_devices = 0."""
+    try:
+        return registry.create(backend_name, config.runtime), config
+    except MeshError as error:
+        anywhere = dataclasses.replace(config.runtime, mesh={}, cpu_devices=0)
+        if not any_layout or anywhere == config.runtime:
+            raise
+        problem = error.problem
+    backend = registry.create(backend_name, anywhere)
+    topology = backend.topology()
+    if topology.process_index == 0:
+        print(f"tpuplex: {problem}; the checkpoint is read on the {topology.device_count} {topology.kind} "
+              f"device(s) of the {backend_name} backend instead, every parameter whole on each (a checkpoint reads "
+              "on any mesh)", file=sys.stderr, flush=True)
+    return backend, dataclasses.replace(config, runtime=anywhere)
 
 
 def checked_task(config: Config, config_path: Path | None, check_data: bool = True) -> tuple[Any, Any, Any]:
@@ -297,8 +321,8 @@ def write_json_atomic(path: Path, content: dict[str, Any]) -> Path:
     return path
 
 
-def _check_batch_sizes(config: Config, replicas: int) -> None:
-    train = config.train
-    check_micro_batches(train.global_batch, replicas, train.grad_accum)
+def _check_batch_sizes(config: Config, topology: Topology) -> None:
+    train, replicas = config.train, topology.batch_shards
+    check_micro_batches(train.global_batch, replicas, train.grad_accum, topology.mesh)
     if train.eval_batch:
-        check_divisible(train.eval_batch, replicas, field="train.eval_batch")
+        check_divisible(train.eval_batch, replicas, field="train.eval_batch", mesh=topology.mesh)

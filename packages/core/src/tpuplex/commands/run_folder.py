@@ -42,12 +42,18 @@ the run wrote there."""
 @dataclasses.dataclass(frozen=True)
 class Found:
     """A checkpoint of a run. config: the run's config with its relative paths resolved; config_hash: the hash
-    the run recorded (of the config as given)."""
+    the run recorded (of the config as given); hash_with_length: that config's `Config.hash_with_length`, which
+    checkpoints written before the training length left the hash recorded."""
 
     run_dir: Path
     checkpoint: Path
     config: Config
     config_hash: str
+    hash_with_length: str = ""
+
+    def written_by_this_run(self, recorded: object) -> bool:
+        """Whether a checkpoint's recorded config hash is this run's (`Config.hash_matches`)."""
+        return recorded in (self.config_hash, self.hash_with_length or self.config_hash)
 
 
 MODEL_DIR = "model"
@@ -132,7 +138,7 @@ def locate(path: str | Path, data_dir: str | None = None) -> Found:
     if _moved_away(config.model.checkpoint) and (run_dir / MODEL_DIR / "config.json").is_file():
         config = dataclasses.replace(config, model=dataclasses.replace(config.model,
                                                                        checkpoint=str(run_dir / MODEL_DIR)))
-    return Found(run_dir, step_dir, config, given.hash())
+    return Found(run_dir, step_dir, config, given.hash(), given.hash_with_length())
 
 
 def trained_backend(run_dir: Path) -> str:

@@ -474,7 +474,7 @@ class _Worker:
         optuna, plan = self.optuna, self.plan
         study = optuna.create_study(storage=storage, study_name=plan.study, direction=plan.direction,
                                     sampler=self._sampler(), pruner=self._pruner(), load_if_exists=True)
-        wanted = json.loads(json.dumps(plan.fingerprint(self.base.hash(), self.backend)))
+        wanted = json.loads(json.dumps(plan.fingerprint(self.base.hash_with_length(), self.backend)))
         recorded = study.user_attrs.get(SPEC_ATTR)
         counted = [t for t in study.get_trials(deepcopy=False) if not _left_out(t)]
         if recorded is not None and recorded != wanted and counted:

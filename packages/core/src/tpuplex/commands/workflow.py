@@ -26,13 +26,15 @@ PREDICTIONS_DIR = "predictions"
 
 def restore(found: run_folder.Found, backend_name: str, model_only: bool = False) -> tuple[Experiment, Any]:
     """The run's experiment built on `backend_name` with its state set to the checkpoint; `model_only`: without
-    reading its data where the task can (to generate: `run.prepare`)."""
+    reading its data where the task can (to generate: `run.prepare`). The run's runtime.mesh is kept where it fits
+    the backend and its devices; elsewhere the checkpoint is read replicated over the devices there are
+    (`run.create_backend`), so a sharded run evaluates on any backend and any mesh."""
     arrays, info = checkpoint.load(found.checkpoint, verified=True)
-    if info.get("config_hash") != found.config_hash:
+    if not found.written_by_this_run(info.get("config_hash")):
         raise CheckpointError(f"{found.checkpoint} was written with config hash {info.get('config_hash')}, but "
                               f"{found.run_dir / run_folder.RUN_FILE} has {found.config_hash}: give a checkpoint of "
                               "this run")
-    experiment = prepare(found.config, backend_name, model_only=model_only)
+    experiment = prepare(found.config, backend_name, model_only=model_only, any_layout=True)
     arrays = experiment.trainer.with_frozen(arrays, info, found.checkpoint)
     return experiment, experiment.backend.state_from_arrays(experiment.state, arrays)
 

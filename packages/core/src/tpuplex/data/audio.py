@@ -33,6 +33,8 @@ from tpuplex.errors import DataError, absence
 EPSILON = 1e-6
 FORMAT = "speech"
 """The `meta["task"]` of a prepared speech folder."""
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
+"""The recordings a folder given to `tpuplex predict --split` is searched for."""
 NORMALIZATIONS = ("none", "utterance")
 """`LogMel.normalize`'s values (the speech task's `task.normalize`)."""
 
@@ -100,8 +102,9 @@ def require_soundfile() -> Any:
 def read_recording(path: Path, settings: LogMel, max_seconds: float, where: str) -> np.ndarray:
     """Mono samples float32 [n] at `settings.sample_rate` of the audio file at `path` (WAV, FLAC, OGG: what
     libsndfile reads; resampled when recorded at another rate), checked: one DataError naming the file (and
-    `where`, its manifest row) for a file that is missing or unreadable, not mono, shorter than one feature frame or
-    longer than `max_seconds`."""
+    `where`, its manifest row) for a file that is missing or unreadable, cut short (a WAV whose header promises more
+    samples than it holds: libsndfile reads what is there), not mono, holding NaN or infinite samples (a float
+    file), shorter than one feature frame or longer than `max_seconds`."""
     soundfile = require_soundfile()
     if not path.is_file():
         raise DataError(f"{path} {absence(path)} ({where}): give audio paths relative to the manifest's folder")
@@ -110,9 +113,19 @@ def read_recording(path: Path, settings: LogMel, max_seconds: float, where: str)
     except (RuntimeError, soundfile.LibsndfileError, ValueError) as error:
         raise DataError(f"{path} cannot be read as audio ({where}: {error}): give a WAV, FLAC or OGG file, "
                         "whole") from None
+    promised = wav_promised_frames(path)
+    if promised is not None and promised > len(audio):
+        raise DataError(f"{path} is cut short ({where}): its header promises {promised} samples "
+                        f"({promised / rate:.2f} s), the file holds {len(audio)}: copy the recording again whole, or "
+                        "remove it from the manifest")
     if audio.shape[1] != 1:
         raise DataError(f"{path} has {audio.shape[1]} channels ({where}): tpuplex reads mono recordings; mix it "
                         "down (e.g. sox in.wav -c 1 out.wav)")
+    if not np.isfinite(audio).all():
+        bad = int(np.size(audio) - np.isfinite(audio).sum())
+        raise DataError(f"{path} holds {bad} NaN or infinite sample(s) ({where}), which would make the loss nan: "
+                        "fix or re-export the recording (samples are numbers in [-1, 1]), or remove it from the "
+                        "manifest")
     samples = audio[:, 0] if rate == settings.sample_rate else resampled(audio[:, 0], rate, settings.sample_rate)
     seconds = len(audio) / rate
     if settings.frames(len(samples)) == 0:
@@ -122,6 +135,30 @@ def read_recording(path: Path, settings: LogMel, max_seconds: float, where: str)
         raise DataError(f"{path} lasts {seconds:.1f} s, more than task.max_seconds = {max_seconds:g} ({where}): "
                         "cut it into utterances, or raise task.max_seconds (every batch is padded to the longest)")
     return samples
+
+
+def wav_promised_frames(path: Path) -> int | None:
+    """The sample frames a RIFF WAV file's header promises (its `data` chunk's size over the block size), or None
+    for another format, a header that leaves the size open (0 or 0xFFFFFFFF, as streaming writers put) or one this
+    cannot follow."""
+    with path.open("rb") as handle:
+        head = handle.read(12)
+        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return None
+        block = 0
+        while True:
+            chunk = handle.read(8)
+            if len(chunk) < 8:
+                return None
+            name, size = chunk[:4], int.from_bytes(chunk[4:], "little")
+            if name == b"data":
+                return size // block if block and size not in (0, 0xFFFFFFFF) else None
+            if name == b"fmt ":
+                fmt = handle.read(size)
+                block = int.from_bytes(fmt[12:14], "little") if len(fmt) >= 14 else 0
+                handle.seek(size % 2, 1)
+            else:
+                handle.seek(size + size % 2, 1)
 
 
 def resampled(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
@@ -203,6 +240,17 @@ def prepared(manifest: Manifest, cache: Path, settings: LogMel, max_seconds: flo
     if shards.is_prepared(folder):
         return shards.open_shards(folder)
     return prepare(manifest, folder, settings, max_seconds)
+
+
+def audio_paths(path: Path) -> list[Path]:
+    """The recordings to transcribe at `path`: the file itself, or every .wav/.flac/.ogg under the folder (any
+    depth), sorted; a DataError when there is none."""
+    found = [path] if path.is_file() else sorted(
+        file for file in path.rglob("*") if file.is_file() and file.suffix.lower() in AUDIO_SUFFIXES)
+    if not found:
+        raise DataError(f"{path} holds no {'/'.join(AUDIO_SUFFIXES)} recording: give an audio file or a folder of "
+                        "them")
+    return found
 
 
 def characters(texts: Sequence[str]) -> str:

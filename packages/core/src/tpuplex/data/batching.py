@@ -26,6 +26,7 @@ import numpy as np
 from tpuplex.errors import ConfigError, DataError
 from tpuplex.hosts import process_rows
 from tpuplex.protocol import Batch
+from tpuplex.sharding import Mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,27 +151,38 @@ class Permutation:
         return (left << half) | right
 
 
-def check_divisible(global_batch: int, replicas: int, field: str = "train.global_batch") -> None:
-    """Raise a TpuplexError listing batch sizes that work when `global_batch` does not divide by `replicas`."""
+def check_divisible(global_batch: int, replicas: int, field: str = "train.global_batch",
+                    mesh: Mesh | None = None) -> None:
+    """Raise a TpuplexError listing batch sizes that work when `global_batch` does not divide by `replicas` (the
+    batch shards of `mesh` when given: its fsdp devices take rows of their own too, which the message says)."""
     if global_batch <= 0 or global_batch % replicas:
         lower = max(replicas, global_batch // replicas * replicas)
         options = sorted({lower, lower + replicas, 4 * replicas, 8 * replicas} - {global_batch})[:4]
         raise ConfigError(
-            f"{field} = {global_batch} does not divide by the {replicas} replicas: use a multiple of {replicas}, "
-            f"such as {', '.join(map(str, options))}"
+            f"{field} = {global_batch} does not divide by the {_shards(replicas, mesh)}: use a multiple of "
+            f"{replicas}, such as {', '.join(map(str, options))}"
         )
 
 
-def check_micro_batches(global_batch: int, replicas: int, grad_accum: int) -> None:
+def check_micro_batches(global_batch: int, replicas: int, grad_accum: int, mesh: Mesh | None = None) -> None:
     """`check_divisible`, then a TpuplexError unless each replica's rows split into `grad_accum` equal micro-batches."""
-    check_divisible(global_batch, replicas)
+    check_divisible(global_batch, replicas, mesh=mesh)
     per_replica = global_batch // replicas
     if per_replica % grad_accum:
         raise ConfigError(
-            f"train.grad_accum = {grad_accum} does not divide the {per_replica} rows each of the {replicas} replicas "
-            f"gets (train.global_batch = {global_batch}): use a grad_accum that divides {per_replica}, or a global "
-            f"batch that is a multiple of {replicas * grad_accum}"
+            f"train.grad_accum = {grad_accum} does not divide the {per_replica} rows each of the "
+            f"{_shards(replicas, mesh)} gets (train.global_batch = {global_batch}): use a grad_accum that divides "
+            f"{per_replica}, or a global batch that is a multiple of {replicas * grad_accum}"
         )
+
+
+def _shards(replicas: int, mesh: Mesh | None) -> str:
+    """"8 replicas", or for a mesh with fsdp "8 batch shards (runtime.mesh data = 2 x fsdp = 4: each fsdp shard
+    takes rows of its own)"."""
+    if mesh is None or mesh.fsdp == 1:
+        return f"{replicas} replicas"
+    return (f"{replicas} batch shards (runtime.mesh data = {mesh.data} x fsdp = {mesh.fsdp}: each fsdp shard takes "
+            "rows of its own)")
 
 
 def fit_buckets(lengths: np.ndarray, max_length: int, count: int, multiple: int = 1) -> tuple[int, ...]:

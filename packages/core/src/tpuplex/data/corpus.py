@@ -39,6 +39,7 @@ import numpy as np
 
 from tpuplex.data.batching import Encoded
 from tpuplex.data.prepared_tokens import PreparedTokens, open_tokens, write_tokens
+from tpuplex.data.progress import Progress
 from tpuplex.data.shards import is_prepared
 from tpuplex.data.tokenize import PAD_ID
 from tpuplex.errors import DataError
@@ -244,14 +245,17 @@ def prepare_corpus(pattern: str, out: str | Path, encoder: DocumentEncoder, max_
                   encoder, text_column, None if documents is None else (documents[0] - int(firsts[index]),
                                                                         documents[1] - int(firsts[index])))
                  for index in pending]
+    progress = Progress(f"tokenizing {pattern}", "parts", total=len(arguments))
     if workers == 1:  # nothing to share out: no interpreters to start
         for unit_arguments in arguments:
             _tokenize_unit(unit_arguments)
+            progress.advance()
     else:
         context = multiprocessing.get_context("spawn")  # no inherited threads (tokenizers', a backend's)
         with context.Pool(workers, initializer=_single_threaded) as pool:
             for _ in pool.imap_unordered(_tokenize_unit, arguments):
-                pass
+                progress.advance()
+    progress.close()
     tokens = sum(int(np.load(_unit_file(work, index), mmap_mode="r").shape[0]) for index in range(len(units)))
     if not tokens:
         raise DataError(f"{pattern} has no text: give a file with at least one non-blank line")

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tpuplex.data.progress import Progress
 from tpuplex.data.shards import MANIFEST, Field, Shards, ShardWriter, is_prepared, open_shards
 from tpuplex.errors import DataError, absence
 
@@ -298,6 +299,7 @@ def prepare(images: ImageList, folder: str | Path, size: tuple[int, int] | None,
         data = path.read_bytes()
         return data, decode(data, size, str(path))
 
+    progress = Progress(f"decoding the images of {images.origin}", "images", total=len(images))
     try:
         with concurrent.futures.ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
             for begin in range(0, len(images), DECODE_CHUNK):
@@ -315,6 +317,8 @@ def prepare(images: ImageList, folder: str | Path, size: tuple[int, int] | None,
                                         "task.image_size) so every image is resized to it")
                     decoded.append(image)
                 writer.add(images=np.stack(decoded), labels=images.labels[begin : begin + DECODE_CHUNK])
+                progress.advance(len(decoded))
+        progress.close()
         counts = np.bincount(images.labels, minlength=len(images.classes))
         writer.meta.update(kind=KIND, format=PREPARED_FORMAT, classes=list(images.classes), image_shape=list(shape),
                            class_counts=dict(zip(images.classes, counts.tolist(), strict=True)),

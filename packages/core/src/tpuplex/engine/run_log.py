@@ -63,7 +63,9 @@ TENSORBOARD_DIR = "tensorboard"
 class Reporter:
     """Writes every record to the JSONL log and its numbers to TensorBoard; drives the progress bar, or, when
     stderr is not a terminal (a batch job's log file, nohup, a cluster's log), prints each "train" record as one
-    plain line: `step 200/2000 (10%) loss 1.2345 lr 1.00e-03 512.3 ex/s 98.2 TFLOP/s MFU 9.9% eta 0:05:12`.
+    plain line: `step 200/2000 (10%) loss 1.2345 (mean of 10 steps) lr 1.00e-03 512.3 ex/s 98.2 TFLOP/s MFU 9.9%
+    eta 0:05:12`. Which loss is which is said: a line's (and `Run.history()`'s) is the mean over its log window, the
+    live bar's ("last-step loss") the last step's alone.
 
     Use as a context manager so files are flushed and closed even when training stops with an error.
     """
@@ -79,12 +81,13 @@ class Reporter:
         live = write and (self.console.is_terminal or (self.console.is_jupyter and _has_widgets()))
         self._progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+            TextColumn("last-step loss {task.fields[loss]}"), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
             console=self.console, disable=not live,
         )
         self._bar = None
         self._plain_progress = write and not live
         self._total, self._first, self._since = 0, 0, time.perf_counter()
+        self._last_logged = 0  # the step of the last "train" record: a record's window is the steps since
 
     def __enter__(self) -> Self:
         return self
@@ -115,13 +118,17 @@ class Reporter:
 
     def start_progress(self, total_steps: int, done: int) -> None:
         self._total, self._first, self._since = total_steps, done, time.perf_counter()
+        self._last_logged = done
         self._bar = self._progress.add_task("train", total=total_steps, completed=done, loss="-", rate="-")
         self._progress.start()
 
     def _progress_line(self, step: int, fields: dict[str, Any]) -> str:
-        """The progress bar's figures as one line: step, share done, the window's loss, learning rate and
-        examples/s, and the time left at this run's pace so far."""
+        """The progress bar's figures as one line: step, share done, the window's mean loss (said so when the
+        window holds more than one step), learning rate and examples/s, and the time left at this run's pace."""
+        window, self._last_logged = step - self._last_logged, step
         line = f"step {step}/{self._total} ({100 * step // max(self._total, 1)}%) loss {fields['loss']:.4f}"
+        if window > 1:
+            line += f" (mean of {window} steps)"
         if "learning_rate" in fields:
             line += f" lr {fields['learning_rate']:.2e}"
         line += f" {fields.get('examples_per_s', 0.0):.1f} ex/s"

@@ -21,7 +21,9 @@ Resume: `<output_dir>/checkpoints/step-*` holds the state plus `trainer.json` (s
 already consumed in that epoch, seed, config hash, training data fingerprint, metrics); the run continues with
 batch `position` of `epoch`, so a resumed run sees exactly the batches and learning rates an uninterrupted one
 would. It starts from the newest checkpoint that verifies against its manifest; damaged newer ones are reported
-and skipped. Another config hash or other training data is refused.
+and skipped. Another config hash or other training data is refused; the hash leaves out how long to train
+(`tpuplex.config.LENGTH_FIELDS`), so raising train.max_steps or train.epochs continues a finished run from its last
+checkpoint, the learning-rate schedule then spanning the new length.
 
 Preemption (`runtime.on_preempt = "checkpoint"`): a SIGTERM or SIGINT ends the run after the current step or group
 with a checkpoint of that step, then `tpuplex.engine.preemption.Preempted` (see that module).
@@ -232,6 +234,10 @@ class Trainer:
         if resume is not None:
             run.last_checkpoint_step = at.step
             reporter.say(f"resuming from {resume.path} (step {at.step}, epoch {at.epoch}, batch {at.position})")
+            if resume.total_steps not in (None, self.total_steps) and at.step < self.total_steps:
+                reporter.say(f"the run now trains {self.total_steps} steps, not {resume.total_steps} "
+                             f"({_length(self.config)}): its learning-rate schedule now spans {self.total_steps} "
+                             f"steps (lr {self.learning_rate(at.step + 1):.2e} at step {at.step + 1})")
         reporter.start_progress(self.total_steps, at.step)
         first_step = at.step + 1
         # A signal during the final evaluation or save is recorded and ignored: the run is about to end anyway.
@@ -257,7 +263,7 @@ class Trainer:
         hosts = self.hosts
         if self._processes_agree or hosts.count == 1:
             return
-        hosts.agree("the configuration", self.config.hash(),
+        hosts.agree("the configuration", f"{self.config.hash()} for {self.total_steps} steps",
                     "start every process with the same config file, --set options and data directory")
         data = [self.train_data_fingerprint, *(b.data.fingerprint() for b in self.eval_batchers.values())]
         hosts.agree("the tokenized data", ",".join(data), "give every process the same data files and tokenizer")
@@ -279,17 +285,24 @@ class Trainer:
         if path is None:
             return None
         arrays, info = checkpoint.load(path, verified=True)
-        if info.get("config_hash") != self.config.hash():
+        if not self.config.hash_matches(info.get("config_hash")):
             raise CheckpointError(
                 f"{path} was written with another configuration (hash {info.get('config_hash')}, now "
                 f"{self.config.hash()}): restore that configuration to resume, or set a new runtime.output_dir"
             )
+        if int(info["step"]) > self.total_steps:
+            raise CheckpointError(
+                f"{path} is at step {info['step']}, past the {self.total_steps} steps this config trains "
+                f"({_length(self.config)}): raise it to at least {info['step']} to resume (a longer run continues "
+                "from this checkpoint), evaluate the checkpoint with tpuplex eval, or set a new runtime.output_dir")
         if info.get("train_data") != self.train_data_fingerprint:
             raise CheckpointError(
                 f"{path} was trained on other training data (tokens and labels differ): restore that data to "
                 "resume, or set a new runtime.output_dir")
         at = _Position(int(info["step"]), int(info["epoch"]), int(info["position"]))
-        return ResumePoint(path, self.with_frozen(arrays, info, path), at, tuple(damaged))
+        total = info.get("total_steps")
+        return ResumePoint(path, self.with_frozen(arrays, info, path), at, tuple(damaged),
+                           int(total) if isinstance(total, int) else None)
 
     def without_frozen(self, state: PortableState) -> PortableState:
         """What a checkpoint holds of `state`: the trained parameters; a LoRA run's frozen base is recorded by its
@@ -344,7 +357,8 @@ class Trainer:
             np.add.at(seen, item.index[real], 1)
             for key, values in (("outputs", output), ("labels", batch["labels"]), ("weight", batch["weight"])):
                 values = values[real]
-                if self.data.per_token and values.ndim > 1:
+                # (a row as wide in every batch stays so: a speech split's labels, its run's longest transcript)
+                if self.data.per_token and values.ndim > 1 and values.shape[1] < length:
                     values = np.pad(values, [(0, 0), (0, length - values.shape[1])] + [(0, 0)] * (values.ndim - 2))
                 if key not in gathered:
                     gathered[key] = np.zeros((count, *values.shape[1:]), values.dtype)
@@ -372,6 +386,14 @@ class ResumePoint:
     arrays: PortableState
     at: _Position
     damaged: tuple[str, ...]
+    total_steps: int | None = None
+    """The steps the run that wrote the checkpoint was to train (None: not recorded, an older checkpoint)."""
+
+
+def _length(config: Config) -> str:
+    """The config's fields that set the run's length, as "train.max_steps = 6" or "train.epochs = 3"."""
+    train = config.train
+    return f"train.max_steps = {train.max_steps}" if train.max_steps else f"train.epochs = {train.epochs}"
 
 
 class _Cadence:
@@ -631,6 +653,7 @@ class _Run:
                                f"the trainer ran {at.step}")
         trainer_state = {"step": at.step, "epoch": at.epoch, "position": at.position,
                          "seed": trainer.config.train.seed, "config_hash": trainer.config.hash(),
+                         "total_steps": trainer.total_steps,
                          "train_data": trainer.train_data_fingerprint,
                          "metrics": self.metrics}
         if trainer.model is not None and trainer.model.frozen:

@@ -207,6 +207,12 @@ class Task:
         prediction files state them (a label, tags of words, a transcript)."""
         raise TpuplexError(f"the {self.name} task predicts nothing from inputs")
 
+    def scored_predictions_of(self, experiment: Any, state: Any, inputs: Any) -> list[Any]:
+        """`Run.predict(inputs, scores=True)`: each prediction as a record with the model's scores (a label with its
+        probability and every class's, a transcript with its log-probability)."""
+        raise TpuplexError(f"the {self.name} task gives no scores with its predictions: call Run.predict without "
+                           "scores=True")
+
 
 def check_inputs(inputs: Sequence[Any], kinds: type | tuple[type, ...], wanted: str) -> list[Any]:
     """`inputs` as a list, each of `kinds`; a DataError naming the first that is not, and what to give."""
@@ -216,6 +222,22 @@ def check_inputs(inputs: Sequence[Any], kinds: type | tuple[type, ...], wanted: 
         if not isinstance(item, kinds):
             raise DataError(f"inputs[{index}] = {_shown(item)}: give {wanted}")
     return list(inputs)
+
+
+def probabilities(logits: np.ndarray) -> np.ndarray:
+    """The softmax of `logits` over their last axis (the classes), in float64."""
+    shifted = np.asarray(logits, np.float64) - np.max(logits, axis=-1, keepdims=True)
+    exponent = np.exp(shifted)
+    return exponent / exponent.sum(axis=-1, keepdims=True)
+
+
+def scored_label(probability: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
+    """A prediction with its scores from one row of class probabilities [C] (classes `names`): `label` (the most
+    likely class), `score` (its probability) and `scores` (every class's, by name), as HF's classification
+    pipelines give them with `top_k=None`."""
+    best = int(np.argmax(probability))
+    return {"label": names[best], "score": float(probability[best]),
+            "scores": {name: float(value) for name, value in zip(names, probability, strict=True)}}
 
 
 def _shown(value: Any) -> str:

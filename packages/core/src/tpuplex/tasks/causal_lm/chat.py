@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from tpuplex.data.batching import Encoded
+from tpuplex.data.progress import Progress
 from tpuplex.data.tables import DataFile, read_table
 from tpuplex.errors import CheckpointError, DataError
 from tpuplex.tasks.causal_lm.data import CheckpointTokenizer, next_token_rows
@@ -101,7 +102,9 @@ def encode(records: Iterable[tuple[str, dict[str, Any]]], source: str, tokenizer
     tokenizer = CheckpointTokenizer(tokenizer_dir)
     render = _renderer(tokenizer_dir)
     rows, answers = [], []
+    progress = Progress(f"tokenizing {source}", "conversations")
     for where, record in records:
+        progress.advance()
         text, spans = _text_and_answers(record, render, where)
         encoding = tokenizer.tokenizer.encode(text, add_special_tokens=False)
         ids = np.asarray(encoding.ids, np.int32)
@@ -120,6 +123,7 @@ def encode(records: Iterable[tuple[str, dict[str, Any]]], source: str, tokenizer
                             "token): give each conversation an assistant answer")
         rows.append(ids)
         answers.append(mask)
+    progress.close()
     if not rows:
         raise DataError(f"{source} has no conversations: give one JSON record per line")
     width = max_length + 1
@@ -263,13 +267,16 @@ def _render_row(template: Any, values: dict[str, Any], option: str, where: str) 
         raise DataError(f"{option} cannot render {where} ({error}): fix the template") from None
 
 
-def user_turn(tokenizer_dir: Path) -> Callable[[str], str]:
-    """A user's message -> the prompt the checkpoint's chat template makes of it, ending in the assistant's turn."""
+def user_turn(tokenizer_dir: Path, system: str | None = None) -> Callable[[str], str]:
+    """A user's message -> the prompt the checkpoint's chat template makes of it, ending in the assistant's turn;
+    after the system message `system` when given (None: none, so a template's own default applies, as
+    transformers' `apply_chat_template` does without one)."""
     render = _renderer(tokenizer_dir)
     if render is None:
         raise DataError(f"the checkpoint's tokenizer ({tokenizer_dir}) has no chat template (chat_template in "
                         "tokenizer_config.json): generate without --chat")
-    return lambda message: render([{"role": "user", "content": message}], add_generation_prompt=True)
+    first = [] if system is None else [{"role": "system", "content": system}]
+    return lambda message: render([*first, {"role": "user", "content": message}], add_generation_prompt=True)
 
 
 def _renderer(tokenizer_dir: Path) -> _Template | None:

@@ -38,7 +38,15 @@ from tpuplex.errors import DataError, TpuplexError, absence
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import ImageFamily
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, check_held_out, check_inputs, check_split_names, framework_modules
+from tpuplex.tasks.base import (
+    Task,
+    TaskData,
+    check_held_out,
+    check_inputs,
+    check_split_names,
+    framework_modules,
+    scored_label,
+)
 from tpuplex.tasks.image_classification.data import ImageSplit, augment, held_out
 from tpuplex.tasks.sequence_classification.heads import ClassifierHead
 from tpuplex.text_files import staged_text
@@ -213,6 +221,12 @@ class ImageClassification(Task):
         """Each image's class name."""
         logits = _logits_of_files(experiment, state, inputs, "inputs")
         return [experiment.data.classes[index] for index in logits.argmax(axis=1)]
+
+    def scored_predictions_of(self, experiment: Any, state: Any, inputs: list[Path]) -> list[dict[str, Any]]:
+        """Each image's class (`label`), its probability (`score`) and every class's (`scores`: the softmax of the
+        logits, as the prediction files write them)."""
+        logits = _logits_of_files(experiment, state, inputs, "inputs")
+        return [scored_label(row, experiment.data.classes) for row in softmax(logits)]
 
 
 def _logits_of_files(experiment: Any, state: Any, files: Sequence[Path], name: str) -> np.ndarray:

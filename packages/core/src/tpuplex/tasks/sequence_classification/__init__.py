@@ -21,7 +21,15 @@ from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.errors import DataError
 from tpuplex.metrics import compute, cross_entropy
 from tpuplex.models import Architecture, Family
-from tpuplex.tasks.base import Task, TaskData, check_inputs, framework_modules, matmul_weights
+from tpuplex.tasks.base import (
+    Task,
+    TaskData,
+    check_inputs,
+    framework_modules,
+    matmul_weights,
+    probabilities,
+    scored_label,
+)
 from tpuplex.tasks.sequence_classification.custom import CustomData, LabelledTable, dataset_sources
 from tpuplex.tasks.sequence_classification.features import encode, encode_cached
 from tpuplex.tasks.sequence_classification.glue import Dataset, GlueData, Source
@@ -125,12 +133,25 @@ class SequenceClassification(Task):
 
     def predictions_of(self, experiment: Any, state: Any, inputs: Examples) -> list[str | float]:
         """Each input's label (or, for a regression task, its score)."""
-        max_length, trainer = experiment.config.data.max_length, experiment.trainer
-        encoded = encode(inputs, load_tokenizer(experiment.model_dir, max_length), max_length)
-        logits, _ = trainer.predict(state, trainer.batcher(encoded))
+        logits = _logits_of(experiment, state, inputs)
         if experiment.data.dataset.is_regression:
             return [float(score) for score in logits[:, 0]]
         return predictions(experiment.data.dataset, logits)
+
+    def scored_predictions_of(self, experiment: Any, state: Any, inputs: Examples) -> list[dict[str, Any]]:
+        """Each input's `label`, `score` (its probability) and `scores` (every label's: the softmax of the logits);
+        a regression task's `label` and `score` are both the predicted value."""
+        logits, dataset = _logits_of(experiment, state, inputs), experiment.data.dataset
+        if dataset.is_regression:
+            return [{"label": float(value), "score": float(value)} for value in logits[:, 0]]
+        return [scored_label(row, dataset.labels) for row in probabilities(logits)]
+
+
+def _logits_of(experiment: Any, state: Any, inputs: Examples) -> np.ndarray:
+    """The logits [N, labels] of texts given in memory, tokenized as the run's data."""
+    max_length, trainer = experiment.config.data.max_length, experiment.trainer
+    encoded = encode(inputs, load_tokenizer(experiment.model_dir, max_length), max_length)
+    return trainer.predict(state, trainer.batcher(encoded))[0]
 
 
 def _options(task: Task, config: Any) -> Options:

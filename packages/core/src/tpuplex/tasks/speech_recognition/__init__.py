@@ -24,14 +24,17 @@ ids, 0 after the transcript; U the longest transcript of the run), weight [B]. T
 [B, T', V], output_lengths [B]); the loss of an utterance is its CTC loss divided by its transcript's length (HF's
 `ctc_loss_reduction = "mean"`), infinities zeroed. Evaluation decodes greedily (each frame's most likely symbol,
 repeats merged, blanks dropped) and reports `wer` and `cer` (jiwer) and the `loss`, every utterance once.
-`tpuplex predict RUN --split dev` writes `path<TAB>transcript`.
+`tpuplex predict RUN --split dev` writes `path<TAB>transcript`; `--split my_wavs/` transcribes every recording under
+a folder of your own (`my_wavs.tsv`), and `--data-dir DIR` (predict and eval) reads the run's evaluation manifests
+from DIR by their names (`DIR/dev.tsv`), each recording checked as training checks it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -39,14 +42,23 @@ import numpy as np
 
 from tpuplex.data import audio
 from tpuplex.data.tables import DataFile, resolve_file
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import DataError, TpuplexError, absence
 from tpuplex.protocol import Batch
 from tpuplex.tasks.base import Task, TaskData, check_held_out, check_inputs, check_split_names, framework_modules
-from tpuplex.tasks.speech_recognition.data import SpeechSplit, Vocabulary, error_rates, spec_augment, split_of
+from tpuplex.tasks.speech_recognition.data import (
+    SpeechSplit,
+    Vocabulary,
+    check_alignable,
+    error_rates,
+    spec_augment,
+    split_of,
+)
 from tpuplex.text_files import staged_text
 
 TRAIN_STREAM = 1
 """SpecAugment draws from `default_rng([seed, TRAIN_STREAM, step])`."""
+INPUTS = "Run.predict"
+"""Where recordings given to `Run.predict` come from, in messages ("inputs[2] of Run.predict")."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +163,8 @@ class SpeechRecognition(Task):
             raise TpuplexError("data.train_file is empty: name a manifest (.tsv/.csv/.jsonl) of audio paths and "
                                "transcripts")
         resolve_file("data.train_file", config.data.train_file)
-        for index, spec in enumerate(config.data.eval_files):
-            resolve_file(f"data.eval_files[{index}]", spec)
+        for field, spec in evaluation_manifests(config.data):
+            resolve_file(field, spec)
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path | None) -> SpeechData:
         data, settings = config.data, options.features
@@ -171,10 +183,10 @@ class SpeechRecognition(Task):
         held: dict[str, tuple[Any, np.ndarray, str]] = {}
         every = np.arange(len(train_shards), dtype=np.int64)
         if data.eval_files:
-            names = [resolve_file(f"data.eval_files[{i}]", spec).name for i, spec in enumerate(data.eval_files)]
+            manifests = evaluation_manifests(data)
+            names = [resolve_file(field, spec).name for field, spec in manifests]
             check_split_names(data.eval_files, names)
-            for index, (spec, name) in enumerate(zip(data.eval_files, names, strict=True)):
-                field = f"data.eval_files[{index}]"
+            for (field, spec), name in zip(manifests, names, strict=True):
                 shards = audio.prepared(manifest(field, spec), cache, settings, options.max_seconds)
                 held[name] = (shards, np.arange(len(shards), dtype=np.int64), field)
             train_rows = every
@@ -193,6 +205,8 @@ class SpeechRecognition(Task):
         train = split_of(train_shards, train_rows, vocabulary, label_length, "data.train_file")
         evaluation = {name: split_of(shards, members, vocabulary, label_length, field)
                       for name, (shards, members, field) in held.items()}
+        for split in (train, *evaluation.values()):
+            check_alignable(split)
         return SpeechData(data.dataset, train, evaluation, vocabulary, options, config.train.seed)
 
     def head(self, family: Any, arch: Any, hf_config: Mapping[str, Any], data: SpeechData) -> SpeechHead:
@@ -217,26 +231,44 @@ class SpeechRecognition(Task):
         raise TpuplexError("a speech model has no transformers class to export to: use tpuplex export --format "
                            "torch_export or saved_model")
 
-    def prediction_sources(self, config: Any, split: str) -> dict[str, Any]:
-        """`tpuplex predict --split`: an evaluation split of the run."""
-        held_out = [resolve_file(f"data.eval_files[{i}]", spec).name for i, spec in enumerate(config.data.eval_files)]
+    def prediction_sources(self, config: Any, split: str) -> dict[str, list[Path] | None]:
+        """`tpuplex predict --split`: an evaluation split of the run (None: its utterances; with `--data-dir`, its
+        manifest read from that folder), or an audio file or a folder of them (every .wav/.flac/.ogg under it),
+        each recording read and checked as the run's manifests are."""
+        path = Path(split).expanduser()
+        both = TpuplexError(f"--data-dir is where a speech run's evaluation manifests are read, but --split {split} "
+                            "names recordings already: drop --data-dir")
+        try:
+            held_out = [resolve_file(field, spec).name for field, spec in evaluation_manifests(config.data)]
+        except DataError:
+            if config.data.data_dir and path.exists():
+                raise both from None
+            raise
         held_out = held_out or ["validation"]
-        if split not in held_out:
-            raise TpuplexError(f"--split {split!r} is not an evaluation split of the run: use one of "
-                               f"{', '.join(held_out)}")
-        return {split: None}
+        if split in held_out:
+            return {split: None}
+        if not path.exists():
+            raise TpuplexError(f"--split {split!r} is neither an evaluation split of the run ({', '.join(held_out)}) "
+                               "nor an audio file or a folder of them")
+        if config.data.data_dir:
+            raise both
+        return {path.stem or path.name: audio.audio_paths(path)}
 
-    def write_predictions(self, experiment: Any, state: Any, sources: dict[str, Any], out: Path,
+    def write_predictions(self, experiment: Any, state: Any, sources: dict[str, list[Path] | None], out: Path,
                           write: bool) -> dict[str, Path]:
-        """One TSV per split: each recording's path and its greedy transcript, in the manifest's order."""
+        """One TSV per split: each recording's path and its greedy transcript, in the manifest's order (a folder's
+        recordings sorted by path)."""
         data, trainer, written = experiment.data, experiment.trainer, {}
-        for name in sources:
-            split = data.eval[name]
-            outputs, _ = trainer.predict(state, trainer.batcher(split))
+        for name, files in sources.items():
+            if files is None:
+                split = data.eval[name]
+                paths, transcripts = split.paths, data.transcripts(trainer.predict(state, trainer.batcher(split))[0])
+            else:
+                paths, transcripts = tuple(map(str, files)), _transcribed(experiment, state, files, f"--split {name}")
             if write:
                 with staged_text(out / f"{name}.tsv") as staging:
                     staging.write("path\ttranscript\n")
-                    for path, text in zip(split.paths, data.transcripts(outputs), strict=True):
+                    for path, text in zip(paths, transcripts, strict=True):
                         staging.write(f"{path}\t{text}\n")
                 written[name] = out / f"{name}.tsv"
         return written
@@ -247,16 +279,66 @@ class SpeechRecognition(Task):
 
     def predictions_of(self, experiment: Any, state: Any, inputs: list[Path]) -> list[str]:
         """Each recording's greedy transcript."""
-        data, trainer = experiment.data, experiment.trainer
-        listed = DataFile("Run.predict", "inputs", Path("inputs"), "", "inputs")
-        manifest = audio.Manifest(listed, tuple(inputs), ("",) * len(inputs),
-                                  tuple(f"inputs[{index}]" for index in range(len(inputs))))
-        with tempfile.TemporaryDirectory() as folder:
-            shards = audio.prepare(manifest, Path(folder) / "features", data.options.features, data.options.max_seconds)
-            split = split_of(shards, np.arange(len(inputs), dtype=np.int64), data.vocabulary,
-                             data.train.labels.shape[1], "Run.predict")
-            outputs, _ = trainer.predict(state, trainer.batcher(split))
-        return data.transcripts(outputs)
+        return _transcribed(experiment, state, inputs, INPUTS)
 
+    def scored_predictions_of(self, experiment: Any, state: Any, inputs: list[Path]) -> list[dict[str, Any]]:
+        """Each recording's greedy transcript and its `log_probability` under the model (CTC's: summed over every
+        alignment of the transcript to the recording's frames; a second pass with the transcripts as labels)."""
+        trainer = experiment.trainer
+        transcripts = _transcribed(experiment, state, inputs, INPUTS)
+        with _files_split(experiment, inputs, INPUTS, transcripts) as split:
+            losses = trainer.predict(state, trainer.batcher(split))[0][:, 0, 1]  # CTC over the transcript's length
+        return [{"transcript": text, "log_probability": -float(loss) * max(len(text), 1)}
+                for text, loss in zip(transcripts, losses, strict=True)]
+
+
+@contextlib.contextmanager
+def _files_split(experiment: Any, files: Sequence[Path], field: str,
+                 texts: Sequence[str] | None = None) -> Iterator[SpeechSplit]:
+    """The recordings `files` as a SpeechSplit prepared in a temporary folder, each read and checked as the run's
+    manifests are (messages name a file and where it was given: "inputs[2] of Run.predict", "recording 2 of
+    --split my_wavs/"); `texts`: their transcripts (the labels), else none."""
+    data, texts = experiment.data, tuple(texts) if texts is not None else ("",) * len(files)
+    listed = DataFile(field, field, Path(field), "", field)
+    rows = tuple(f"inputs[{index}]" if field == INPUTS else f"recording {index + 1}" for index in range(len(files)))
+    manifest = audio.Manifest(listed, tuple(files), texts, rows)
+    with tempfile.TemporaryDirectory() as folder:
+        shards = audio.prepare(manifest, Path(folder) / "features", data.options.features, data.options.max_seconds)
+        length = max([data.train.labels.shape[1], *map(len, texts)])
+        yield split_of(shards, np.arange(len(files), dtype=np.int64), data.vocabulary, length, field)
+
+
+def _transcribed(experiment: Any, state: Any, files: Sequence[Path], field: str) -> list[str]:
+    """The greedy transcripts of the recordings `files` (`field` names them in messages)."""
+    trainer = experiment.trainer
+    with _files_split(experiment, files, field) as split:
+        outputs, _ = trainer.predict(state, trainer.batcher(split))
+    return experiment.data.transcripts(outputs)
+
+
+def evaluation_manifests(data: Any) -> list[tuple[str, str]]:
+    """(field, path) of each evaluation manifest of `data` (a DataConfig): data.eval_files, or, with data.data_dir
+    (`tpuplex eval` / `tpuplex predict --data-dir`), the files of their names in that folder, the recordings they
+    list relative to them and checked as training checks them."""
+    fields = [(f"data.eval_files[{index}]", spec) for index, spec in enumerate(data.eval_files)]
+    if not data.data_dir:
+        return fields
+    folder = Path(data.data_dir).expanduser()
+    if not fields:
+        raise DataError(f"data.data_dir = {data.data_dir!r} (--data-dir) is where a speech run reads its evaluation "
+                        "manifests, by name, but this run holds its validation split out of data.train_file: remove "
+                        "it (to transcribe recordings of your own: tpuplex predict RUN --split FOLDER)")
+    if not folder.is_dir():
+        raise DataError(f"data.data_dir {folder} {absence(folder)} (--data-dir): give the folder that holds the run's "
+                        f"evaluation manifests ({', '.join(Path(spec).name for _, spec in fields)})")
+    moved = []
+    for field, spec in fields:
+        path = folder / Path(spec).name
+        if not path.exists() and not (":" in path.name and (folder / path.name.rpartition(":")[0]).is_dir()):
+            raise DataError(f"data.data_dir {folder} (--data-dir) holds no {path.name}, the run's {field}: give the "
+                            "folder that holds it (its audio paths relative to it), or transcribe a folder of "
+                            "recordings with tpuplex predict RUN --split FOLDER")
+        moved.append((f"{field} in data.data_dir", str(path)))
+    return moved
 
 TASK = SpeechRecognition()

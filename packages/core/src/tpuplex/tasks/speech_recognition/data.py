@@ -57,6 +57,8 @@ class SpeechSplit:
     labels: np.ndarray
     texts: tuple[str, ...]
     paths: tuple[str, ...]
+    where: str = ""
+    """Where the split came from (`data.eval_files[0]`), for messages."""
 
     def __len__(self) -> int:
         return len(self.members)
@@ -102,7 +104,31 @@ def split_of(shards: Shards, members: np.ndarray, vocabulary: Vocabulary, label_
     for row, (text, path) in enumerate(zip(texts, paths, strict=True)):
         ids = vocabulary.encode(text, f"{path} ({where})")
         labels[row, : len(ids)] = ids
-    return SpeechSplit(shards, members, labels, tuple(texts), tuple(paths))
+    return SpeechSplit(shards, members, labels, tuple(texts), tuple(paths), where)
+
+
+def ctc_symbols(labels: np.ndarray) -> np.ndarray:
+    """int64 [N]: the fewest frames CTC aligns each row of `labels` [N, U] (0 after the transcript) to: one a
+    character, and a blank between two equal ones (the backends' `feasible`)."""
+    repeats = ((labels[:, 1:] == labels[:, :-1]) & (labels[:, 1:] != BLANK)).sum(axis=1)
+    return (labels != BLANK).sum(axis=1).astype(np.int64) + repeats
+
+
+def check_alignable(split: SpeechSplit) -> None:
+    """A DataError naming the first utterance of `split` whose transcript needs more frames than its recording has
+    feature frames, which no CTC model aligns (none makes more frames than it is given): a transcript of another
+    recording, or of a longer one. (A transcript that fits the features but not the fewer frames a model makes of
+    them, as the Conformer's subsampling does, is a fast speaker's: its loss is 0, as HF's `ctc_zero_infinity`.)"""
+    needed = ctc_symbols(split.labels)
+    short = np.flatnonzero(split.lengths < needed)
+    if not short.size:
+        return
+    row = int(short[0])
+    more = f"; {short.size - 1} more utterance(s) of the split alike" if short.size > 1 else ""
+    raise DataError(f"{split.paths[row]} ({split.where}) has a transcript of {len(split.texts[row])} characters, more "
+                    f"than CTC can fit in the {int(split.lengths[row])} feature frames of its audio: it needs "
+                    f"{int(needed[row])} (one a character, a blank between repeated ones){more}: check that the "
+                    "transcript is this recording's, or remove the row from the manifest")
 
 
 def spec_augment(features: np.ndarray, frames: np.ndarray, rng: np.random.Generator, time_masks: int,

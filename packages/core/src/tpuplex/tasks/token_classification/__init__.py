@@ -38,7 +38,16 @@ from tpuplex.errors import TpuplexError
 from tpuplex.metrics import cross_entropy
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Task, TaskData, check_inputs, check_split_names, framework_modules, matmul_weights
+from tpuplex.tasks.base import (
+    Task,
+    TaskData,
+    check_inputs,
+    check_split_names,
+    framework_modules,
+    matmul_weights,
+    probabilities,
+    scored_label,
+)
 from tpuplex.tasks.token_classification import data as tagged
 from tpuplex.tasks.token_classification.entities import check_scheme, scores
 from tpuplex.tasks.token_classification.heads import FAMILY_HEADS, TokenClassifierHead, token_classifier_head
@@ -194,11 +203,26 @@ class TokenClassification(Task):
 
     def predictions_of(self, experiment: Any, state: Any, inputs: tagged.Sentences) -> list[list[tuple[str, str]]]:
         """Each sentence's (word, tag) pairs."""
-        data, trainer, max_length = experiment.data, experiment.trainer, experiment.config.data.max_length
-        aligned = tagged.align(inputs, load_tokenizer(experiment.model_dir, max_length), max_length, data.tags)
-        logits, _ = trainer.predict(state, trainer.batcher(aligned.encoded))
+        aligned, logits = _logits_of(experiment, state, inputs)
         return [list(zip(words, tags, strict=True))
-                for words, tags in zip(inputs.words, data.word_tags(aligned, logits), strict=True)]
+                for words, tags in zip(inputs.words, experiment.data.word_tags(aligned, logits), strict=True)]
+
+    def scored_predictions_of(self, experiment: Any, state: Any,
+                              inputs: tagged.Sentences) -> list[list[dict[str, Any]]]:
+        """Each sentence's words as records: `word`, `tag`, `score` (the tag's probability at the word's first
+        sub-token) and `scores` (every tag's); a word cut off at max_length is tagged O with `score` and `scores`
+        None."""
+        aligned, logits = _logits_of(experiment, state, inputs)
+        tags, chances = experiment.data.tags, probabilities(logits)
+
+        def record(word: str, row: int, start: int) -> dict[str, Any]:
+            if start < 0:
+                return {"word": word, "tag": OUTSIDE, "score": None, "scores": None}
+            scored = scored_label(chances[row, start], tags)
+            return {"word": word, "tag": scored["label"], "score": scored["score"], "scores": scored["scores"]}
+
+        return [[record(word, row, int(start)) for word, start in zip(words, starts, strict=True)]
+                for row, (words, starts) in enumerate(zip(inputs.words, aligned.word_starts, strict=True))]
 
     def _files(self, config: Any) -> dict[str, DataFile]:
         """train, each eval file (by its name: `devel.tsv` is the split "devel", `test.tsv` "test") and
@@ -218,6 +242,13 @@ class TokenClassification(Task):
 
     def _read(self, file: DataFile, options: Options, require_tags: bool) -> tagged.Sentences:
         return tagged.read_sentences(file, options.tag_column, options.words_field, options.tags_field, require_tags)
+
+
+def _logits_of(experiment: Any, state: Any, inputs: tagged.Sentences) -> tuple[tagged.Aligned, np.ndarray]:
+    """Sentences given in memory aligned to the run's tokenizer, and their logits [N, max_length, tags]."""
+    data, trainer, max_length = experiment.data, experiment.trainer, experiment.config.data.max_length
+    aligned = tagged.align(inputs, load_tokenizer(experiment.model_dir, max_length), max_length, data.tags)
+    return aligned, trainer.predict(state, trainer.batcher(aligned.encoded))[0]
 
 
 def _check_words_kept(train: tagged.Aligned, max_length: int) -> None:
