@@ -44,7 +44,9 @@ def test_a_whole_run_writes_results_logs_tensorboard_and_checkpoints(write_confi
     # The model's FLOPs over the training seconds, and their share of this CPU's measured peak.
     train, peak = results["train"], results["peak"]
     assert "measured" in peak["source"] and train["model_tflops_per_s"] > 0 and results["eval"]["mfu"] is None
-    assert train["mfu"] == pytest.approx(train["model_tflops_per_s"] / peak["tflops_per_s"], rel=2e-3)
+    share = train["model_tflops_per_s"] / peak["tflops_per_s"]
+    # A peak measured under one load cannot bound seconds run under a heavier one: a share above 1 is left out.
+    assert train["mfu"] == pytest.approx(share, rel=2e-3) if share <= 1 else train["mfu"] is None
     assert 0 < results["padding_efficiency"]["train"] <= 1 and 0 < results["padding_efficiency"]["dev"] <= 1
     # Train and predict programs, each for at most every bucket length (16, 24 and max_length 32).
     assert 1 <= results["compile_count"] <= 2 * 3
