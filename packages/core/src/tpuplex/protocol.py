@@ -197,6 +197,8 @@ class Prompts:
         distribution's CDF over token ids (so one seed gives the same tokens on every backend).
     cache: keep each layer's keys and values (a key/value cache of P + N positions); False recomputes the whole
         sequence at every step (for comparison).
+    beams: an encoder-decoder's beam search of this many beams when > 1 (`tpuplex.models.search.beam`), scored
+        by summed log-probability / length ** length_penalty.
     """
 
     ids: np.ndarray
@@ -206,6 +208,8 @@ class Prompts:
     top_k: int
     uniforms: np.ndarray
     cache: bool = True
+    beams: int = 1
+    length_penalty: float = 1.0
 
 
 @runtime_checkable

@@ -200,10 +200,10 @@ class JaxOps:
     def embed(self, table, ids):
         return jnp.take(table, ids, axis=0).astype(self.dtype)
 
-    def attention(self, query, key, value, mask, causal, scale, softcap, dropout, site):
+    def attention(self, query, key, value, mask, causal, scale, softcap, dropout, site, bias=None):
         rate = 0.0 if self.deterministic else dropout
         heads, kv = query.shape[2], key.shape[2]
-        if (causal and not rate and not softcap and jax.default_backend() == "gpu"
+        if (causal and not rate and not softcap and bias is None and jax.default_backend() == "gpu"
                 and query.dtype in (jnp.bfloat16, jnp.float16) and query.shape[-1] in CUDNN_HEAD_DIMS):
             return jax.nn.dot_product_attention(query, key, value, scale=scale, is_causal=True,
                                                 implementation="cudnn")
@@ -213,6 +213,8 @@ class JaxOps:
         scores = jnp.einsum("btkgd,bskd->bkgts", grouped, key).astype(jnp.float32) * scale
         if softcap:
             scores = jnp.tanh(scores / softcap) * softcap
+        if bias is not None:
+            scores = scores + bias.astype(jnp.float32).reshape(bias.shape[0], kv, heads // kv, *bias.shape[2:])
         scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
         probs = self.dropout(jax.nn.softmax(scores, axis=-1), rate, site)
         return jnp.einsum("bkgts,bskd->btkgd", probs.astype(value.dtype), value).reshape(rows, length, heads, size)

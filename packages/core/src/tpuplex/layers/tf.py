@@ -94,7 +94,7 @@ class TfOps:
     def embed(self, table, ids):
         return tf.cast(tf.gather(tf.cast(table, tf.float32), ids), self.dtype)
 
-    def attention(self, query, key, value, mask, causal, scale, softcap, dropout, site):
+    def attention(self, query, key, value, mask, causal, scale, softcap, dropout, site, bias=None):
         rows, length, heads, size = self.shape(query)
         kv = key.shape[2]
         # Grouped-query attention: query head h reads key/value head h // (heads / kv), as HF's repeat_kv.
@@ -102,6 +102,8 @@ class TfOps:
         scores = tf.cast(tf.einsum("btkgd,bskd->bkgts", grouped, key), tf.float32) * scale
         if softcap:
             scores = tf.tanh(scores / softcap) * softcap
+        if bias is not None:
+            scores = scores + tf.reshape(tf.cast(bias, tf.float32), [1, kv, heads // kv, *self.shape(bias)[2:]])
         scores = tf.where(mask[:, None, None], scores, scores.dtype.min)
         probs = tf.cast(self.dropout(tf.nn.softmax(scores, axis=-1), dropout, site), value.dtype)
         return tf.reshape(tf.einsum("bkgts,bskd->btkgd", probs, value), [rows, length, heads, size])

@@ -96,16 +96,16 @@ class TorchOps:
     def embed(self, table, ids):
         return F.embedding(ids, table)
 
-    def attention(self, query, key, value, mask, causal, scale, softcap, dropout, site):
+    def attention(self, query, key, value, mask, causal, scale, softcap, dropout, site, bias=None):
         query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # [B, heads, T, D]
         rate = dropout if self.training else 0.0
-        if causal and not softcap:
+        if causal and not softcap and bias is None:
             return F.scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=True, scale=scale,
                                                   dropout_p=rate, enable_gqa=key.shape[1] != query.shape[1]
                                                   ).transpose(1, 2)
         # Hidden keys get the dtype's most negative number, not -inf, so a query that sees none stays finite.
-        additive = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
-            ~mask, torch.finfo(query.dtype).min)[:, None]
+        hidden = torch.tensor(torch.finfo(query.dtype).min, dtype=query.dtype, device=query.device)
+        additive = torch.where(mask[:, None], 0.0 if bias is None else bias.to(query.dtype), hidden)
         if not softcap:
             return F.scaled_dot_product_attention(query, key, value, attn_mask=additive, is_causal=False, scale=scale,
                                                   dropout_p=rate, enable_gqa=key.shape[1] != query.shape[1]

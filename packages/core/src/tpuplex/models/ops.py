@@ -36,11 +36,12 @@ class Ops(Protocol):
         """table [V, H] (float32), ids int [...] -> rows [..., H] in the compute dtype, gathered from the float32
         table (its gradient, a scatter-add into the table, stays float32)."""
     def attention(self, query: Any, key: Any, value: Any, mask: Any, causal: bool, scale: float, softcap: float,
-                  dropout: float, site: int) -> Any:
-        """[B, T, heads, D] of query [B, T, heads, D] over key, value [B, S, kv_heads, D]: softmax(scale q k^T)
-        (capped at softcap * tanh(s / softcap) when softcap > 0) with attention dropout `dropout`. mask: bool
-        [B or 1, T, S], True where a query sees a key; causal: the mask is plain causal attention over T = S
-        positions, which a fused causal kernel may do without reading it. A query that sees no key gets a uniform
+                  dropout: float, site: int, bias: Any = None) -> Any:
+        """[B, T, heads, D] of query [B, T, heads, D] over key, value [B, S, kv_heads, D]: softmax(scale q k^T
+        [+ bias]) (the scores capped at softcap * tanh(s / softcap) when softcap > 0) with attention dropout
+        `dropout`. mask: bool [B or 1, T or 1, S], True where a query sees a key; causal: the mask is plain causal
+        attention over T = S positions, which a fused causal kernel may do without reading it; bias: None, or float
+        [1, heads, T, S] added to the scores (T5's relative positions). A query that sees no key gets a uniform
         average, never a NaN."""
     def layer_norm(self, x: Any, weight: Any, bias: Any | None, eps: float) -> Any: ...
     def rms_norm(self, x: Any, weight: Any, eps: float, offset: float = 0.0) -> Any:
