@@ -3,6 +3,7 @@
     text    an HF text encoder family (BERT, RoBERTa, DistilBERT, ELECTRA, ALBERT) with the task's head
     image   an HF image family (ResNet, ViT)
     decoder an HF decoder language model family (GPT-2, Llama, Qwen2, Mistral, Gemma 2, Phi-3)
+    encoder_decoder  an HF encoder-decoder (T5)
     speech  a speech model family (a Conformer for CTC)
     own     your own network (`model.architecture`) in the backend's framework (`tpuplex.models.user`)
 
@@ -115,11 +116,12 @@ def with_adapters(spec: ModelSpec, lora: Lora, seed: int) -> ModelSpec:
 def family_kinds() -> tuple[type[ModelKind], ...]:
     """The kinds a checkpoint's family resolves to, in the order they are asked."""
     from tpuplex.kinds.decoder import Decoders
+    from tpuplex.kinds.encoder_decoder import EncoderDecoders
     from tpuplex.kinds.image import ImageFamilies
     from tpuplex.kinds.speech import SpeechFamilies
     from tpuplex.kinds.text import TextEncoders
 
-    return TextEncoders, ImageFamilies, Decoders, SpeechFamilies
+    return TextEncoders, ImageFamilies, Decoders, SpeechFamilies, EncoderDecoders
 
 
 def resolve(config: Any, task: Any) -> ModelKind:

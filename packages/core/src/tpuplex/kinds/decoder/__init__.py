@@ -14,7 +14,7 @@ same seed gives the same tokens on every backend.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -80,12 +80,16 @@ class Decoders(ModelKind):
         return self.family.hf_weights(self.arch, weights)
 
 
-def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: int) -> dict[str, SliceReader]:
-    """Every parameter of the decoder (HF names, HF layout, float32): the folder's weights, or, without a weights
-    file, drawn (`tpuplex.models.decoder.initial_params`, keyed by `seed`, each drawn a block at a time when read);
-    an untied LM head a base model's folder lacks is taken from that draw, as `from_pretrained` draws it anew."""
+def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: int,
+                           draw: Callable[[Any, int], dict[str, SliceReader]] = initial_params
+                           ) -> dict[str, SliceReader]:
+    """Every parameter of the model (HF names, HF layout, float32): the folder's weights, or, without a weights
+    file, drawn (`draw`: `tpuplex.models.decoder.initial_params`, or T5's, keyed by `seed`, each drawn a block at
+    a time when read); an untied LM head a base model's folder lacks is taken from that draw, as `from_pretrained`
+    draws it anew."""
     def drawn() -> dict[str, SliceReader]:
-        return {family.hf_name(name): array for name, array in initial_params(arch, seed).items()}
+        names = family.hf_names(arch)
+        return {names[name]: array for name, array in draw(arch, seed).items()}
 
     folder = Path(checkpoint_dir)
     if not any((folder / name).is_file() for name in (SAFETENSORS, PICKLE)):

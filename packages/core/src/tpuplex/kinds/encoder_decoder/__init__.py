@@ -1,0 +1,77 @@
+"""Encoder-decoder models (`tpuplex.models.ENCODER_DECODER_FAMILIES`: T5), described once as a `T5Arch` and run by
+the forward pass written once (`tpuplex.models.t5`); `tf.py`, `jax.py`, `torch.py` here hold the parameters and
+each framework's decoding loop.
+
+A config.json alone is a model to train from scratch, drawn by the core as HF initialises T5; with weights
+(`model.safetensors` or `pytorch_model.bin`), they are read. The model is called with the task's
+(input_ids, attention_mask, decoder_input_ids) and gives next-token logits [B, T, V] over the targets.
+
+Every framework module also decodes (`generate`): the inputs [B, S] through the encoder once, each decoder layer's
+cross-attention keys and values once, then N tokens from `decoder_start_id` over a self-attention cache of N
+positions, in one compiled loop, greedy or sampled as the decoders sample, or by beam search
+(`tpuplex.models.beam`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tpuplex import models
+from tpuplex.errors import TpuplexError
+from tpuplex.kinds import ModelKind
+from tpuplex.kinds.decoder import initial_decoder_params
+from tpuplex.models import t5
+from tpuplex.slices import SliceReader
+
+
+class EncoderDecoders(ModelKind):
+    name: ClassVar[str] = "encoder_decoder"
+    families: ClassVar[tuple[Any, ...]] = models.ENCODER_DECODER_FAMILIES
+    frameworks: ClassVar[dict[str, str]] = {framework: f"{__name__}.{framework}:EncoderDecoder"
+                                            for framework in ("jax", "tf", "torch")}
+
+    def tensor_dims(self) -> dict[str, int]:
+        return self.family.tensor_dims(self.arch)
+
+    def check_data(self, data: Any) -> None:
+        """A config.json without `vocab_size` takes the size of the run's tokenizer; token ids beyond the embedding
+        table would index out of range deep inside a framework."""
+        if not self.arch.vocab_size:
+            size = data.vocabulary_size()
+            if not size:
+                raise TpuplexError(f"{self.checkpoint_dir / 'config.json'} has no vocab_size and the run's "
+                                   "tokenizer gives it none: set vocab_size there")
+            self.arch = dataclasses.replace(self.arch, vocab_size=size)
+            self.hf_config = {**self.hf_config, "vocab_size": size}
+        for split, encoded in data.splits().items():
+            if encoded.max_token_id >= self.arch.vocab_size:
+                raise TpuplexError(f"the tokenizer gives token id {encoded.max_token_id} on {split}, but the model "
+                                   f"has {self.arch.vocab_size} word embeddings: set vocab_size in "
+                                   f"{self.checkpoint_dir / 'config.json'} to at least {encoded.max_token_id + 1}")
+
+    def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        return initial_decoder_params(self.checkpoint_dir, self.family, self.arch, seed, t5.initial_params), {}
+
+    def forward_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
+        rows, source = np.shape(batch["input_ids"])
+        return self.arch.forward_flops(rows, source, np.shape(batch["decoder_input_ids"])[1])
+
+    def hf_class(self, config: Any, task: Any) -> str:
+        return self.family.hf_class
+
+    def hf_weights(self, weights: dict[str, SliceReader]) -> dict[str, SliceReader]:
+        return self.family.hf_weights(self.arch, weights)
+
+
+def parameter_names(spec: Any) -> dict[str, str]:
+    """Canonical -> HF name of every parameter the model of `spec` (a `ModelSpec`) builds."""
+    return spec.family.hf_names(spec.arch)
+
+
+def parameter_shapes(spec: Any) -> dict[str, tuple[int, ...]]:
+    """HF name -> portable shape of every parameter the model of `spec` builds."""
+    return spec.family.hf_shapes(spec.arch)
