@@ -205,7 +205,7 @@ MODEL = {
     "config.json Latin-1": Case(in_model(write_file("config.json", '{"model_type": "b\xe9rt"}'.encode("latin-1"))),
                                 "config.json"),
     "no model_type": Case(in_model(hf_config(model_type=None)), "model_type"),
-    "unknown model_type": Case(in_model(hf_config(model_type="t5")), "'t5'"),
+    "unknown model_type": Case(in_model(hf_config(model_type="bart")), "'bart'"),
     "an image model for a text task": Case(in_model(hf_config(model_type="resnet", hidden_act="relu")),
                                            "is a resnet model, which the sequence_classification task cannot train"),
     "unknown ResNet layer": Case(in_model(hf_config(model_type="resnet", hidden_act="relu", layer_type="wide")),

@@ -129,7 +129,7 @@ def test_a_missing_encoder_weight_is_named(tmp_path):
 
 
 @pytest.mark.parametrize(("config", "fragment"), [
-    ({**CONFIGS["bert"], "model_type": "t5"}, "model_type 't5' in"),
+    ({**CONFIGS["bert"], "model_type": "bart"}, "model_type 'bart' in"),
     ({k: v for k, v in CONFIGS["bert"].items() if k != "hidden_size"}, "lacks 'hidden_size'"),
     ({**CONFIGS["bert"], "hidden_size": 9}, "not divisible by 2 attention heads"),
     ({**CONFIGS["bert"], "hidden_act": "swish"}, "hidden_act = 'swish'"),
@@ -144,16 +144,16 @@ def test_bad_config_json_is_one_clear_error(tmp_path, config, fragment):
 
 
 def test_an_unsupported_model_type_is_one_line_naming_the_supported(write_config, tiny_model, tmp_path, capsys):
-    model = tmp_path / "t5"
+    model = tmp_path / "bart"
     model.mkdir()
     for name in ("model.safetensors", "tokenizer.json", "vocab.txt"):
         if (tiny_model / name).exists():
             (model / name).write_bytes((tiny_model / name).read_bytes())
-    (model / "config.json").write_text(json.dumps({**CONFIGS["bert"], "model_type": "t5"}))
+    (model / "config.json").write_text(json.dumps({**CONFIGS["bert"], "model_type": "bart"}))
     code = cli.main(["train", str(write_config(model__checkpoint=str(model))), "--backend", "numpy"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
-    assert "model_type 't5'" in err and "bert, roberta, xlm-roberta, distilbert, electra, albert" in err
+    assert "model_type 'bart'" in err and "bert, roberta, xlm-roberta, distilbert, electra, albert" in err
     assert not (tmp_path / "run").exists()
 
 

@@ -140,6 +140,8 @@ def prepare_data(config: Config, config_path: Path | None = None) -> Any:
     features, images, tokenized text): the task's data, with no backend, model or run folder."""
     task, options, kind = checked_task(config, config_path)
     check_writable_folder(Path(config.data.cache_dir).expanduser(), "data.cache_dir")  # all that prepare writes
+    if added := task.prepare_checkpoint(config, options, kind.checkpoint_dir):
+        print(f"{kind.checkpoint_dir}: {added}")
     data = task.prepare(config, options, kind.checkpoint_dir)
     kind.check_data(data)
     return data

@@ -24,6 +24,8 @@ BUILTIN: dict[str, str] = {
     "token_classification": "tpuplex.tasks.token_classification:TASK",
     "image_classification": "tpuplex.tasks.image_classification:TASK",
     "causal_lm": "tpuplex.tasks.causal_lm:TASK",
+    "seq2seq": "tpuplex.tasks.seq2seq:TASK",
+    "span_corruption": "tpuplex.tasks.span_corruption:TASK",
     "speech_recognition": "tpuplex.tasks.speech_recognition:TASK",
 }
 

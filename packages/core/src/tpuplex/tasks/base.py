@@ -144,6 +144,11 @@ class Task:
     def check(self, config: Any, options: Any) -> None:
         """Cheap checks of the run's data settings (fields, files exist), before any backend starts."""
 
+    def prepare_checkpoint(self, config: Any, options: Any, checkpoint_dir: Path | None) -> str | None:
+        """What `tpuplex prepare CONFIG` adds to model.checkpoint before the data is read (span corruption: a
+        tokenizer trained on the corpus, where the folder has none), said in a line; None: nothing (the default)."""
+        return None
+
     def prepare(self, config: Any, options: Any, tokenizer_dir: Path | None) -> TaskData:
         """Read and encode the run's data (`config.data`), checking it first; `tokenizer_dir` is the model's
         checkpoint folder (a text task's tokenizer)."""

@@ -75,7 +75,7 @@ def table_records(file: DataFile, prompt: str, answer: str, tokenizer_dir: Path)
     `prompt` and `answer` over its columns (task.prompt_template and task.answer_template, as lm-evaluation-
     harness's doc_to_text and doc_to_target): the user's message and the assistant's answer, or, for a tokenizer
     without a chat template, a prompt and its completion."""
-    templates = _row_templates(prompt, answer)
+    templates = row_templates({"task.prompt_template": prompt, "task.answer_template": answer})
     table = read_table(file, (), optional=sorted(set().union(*(names for _, names in templates.values()))))
     for option, (_, names) in templates.items():
         if missing := sorted(names - set(table.columns)):
@@ -85,7 +85,7 @@ def table_records(file: DataFile, prompt: str, answer: str, tokenizer_dir: Path)
     for row in range(len(table)):
         values = {column: values[row] for column, values in table.columns.items()}
         where = f"{table.where(row)} ({file.field})"
-        question, reply = (_render_row(template, values, option, where)
+        question, reply = (render_row(template, values, option, where)
                            for option, (template, _) in templates.items())
         if not reply.strip():
             raise DataError(f"{where}: task.answer_template renders an empty answer, nothing to learn: fix the "
@@ -240,15 +240,15 @@ class _Template:
                                   f"({type(error).__name__}: {error}): fix the template") from None
 
 
-def _row_templates(prompt: str, answer: str) -> dict[str, tuple[Any, set[str]]]:
-    """task.prompt_template and task.answer_template compiled (a column name they misspell fails when rendered),
-    each with the columns it reads."""
+def row_templates(sources: dict[str, str]) -> dict[str, tuple[Any, set[str]]]:
+    """Templates over a table's columns (option -> jinja2 source: task.prompt_template, task.answer_template)
+    compiled (a column name they misspell fails when rendered), each with the columns it reads."""
     from jinja2 import StrictUndefined, TemplateSyntaxError, meta
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     environment = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
     compiled = {}
-    for option, source in (("task.prompt_template", prompt), ("task.answer_template", answer)):
+    for option, source in sources.items():
         try:
             parsed = environment.parse(source)
             compiled[option] = environment.from_string(source), meta.find_undeclared_variables(parsed)
@@ -258,7 +258,7 @@ def _row_templates(prompt: str, answer: str) -> dict[str, tuple[Any, set[str]]]:
     return compiled
 
 
-def _render_row(template: Any, values: dict[str, Any], option: str, where: str) -> str:
+def render_row(template: Any, values: dict[str, Any], option: str, where: str) -> str:
     from jinja2 import TemplateError
 
     try:
