@@ -212,11 +212,12 @@ class Run:
 
     def generate(self, prompts: str | Sequence[str], backend: str | None = None, tokens: int = 100,
                  temperature: float = 0.0, top_k: int = 0, seed: int = 0, chat: bool = False,
-                 system: str | None = None) -> str | list[str]:
-        """A causal_lm run's continuation of each prompt (a string for one prompt given as a string): greedy at
-        temperature 0, else sampled from `seed` (the same text on every backend); `chat`: each prompt is a user's
-        message in the checkpoint's chat template, after the system message `system` when given, and the answer
-        is returned."""
+                 system: str | None = None, beams: int = 1, length_penalty: float = 1.0) -> str | list[str]:
+        """A causal_lm run's continuation of each prompt (a string for one prompt given as a string), or a
+        text-to-text run's text for each input: greedy at temperature 0, else sampled from `seed` (the same text
+        on every backend); `chat`: each prompt is a user's message in the checkpoint's chat template, after the
+        system message `system` when given, and the answer is returned; `beams` > 1: a text-to-text run's beam
+        search, scored by log-probability / length ** length_penalty."""
         from tpuplex.commands import generate
 
         single = isinstance(prompts, str)
@@ -224,10 +225,11 @@ class Run:
             raise DataError(f"Run.generate takes a prompt (a string) or a list of them, not {type(prompts).__name__} "
                             f"{reprlib.repr(prompts)}: e.g. run.generate(\"ROMEO:\")")
         listed = [prompts] if single else list(prompts)
-        generate.check_options(tokens, temperature, top_k, seed, listed, chat, system)
-        generate.check_run(self._located())
+        generate.check_options(tokens, temperature, top_k, seed, listed, chat, system, beams, length_penalty)
+        generate.check_run(self._located(), beams)
         texts = generate.generate_restored(self._located(), *self._restore(backend, model_only=True), listed, tokens,
-                                           temperature, top_k, seed, chat=chat, system=system).texts
+                                           temperature, top_k, seed, chat=chat, system=system, beams=beams,
+                                           length_penalty=length_penalty).texts
         return texts[0] if single else texts
 
     def export(self, format: str, out: str | Path | None = None, merge: bool = False) -> Path:

@@ -149,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--out", type=Path, help="folder (default: <run>/predictions/<step>-<backend>/)")
     predict.set_defaults(command=_predict)
 
-    generate = commands.add_parser("generate", help="continue a prompt with a causal_lm run (any backend)",
+    generate = commands.add_parser("generate", help="continue a prompt with a causal_lm run, or write a text-to-text "
+                                   "run's output (any backend)",
                                    description="Continue prompts with a causal_lm checkpoint: greedy (temperature 0, "
                                    "the default) or sampled (temperature, top-k) from --seed, the same tokens on "
                                    "every backend (see tpuplex.commands.generate).")
@@ -163,6 +164,10 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--no-cache", action="store_true", help="recompute every step (no key/value cache)")
     generate.add_argument("--chat", action="store_true",
                           help="each prompt is a user's message in the checkpoint's chat template; print the answers")
+    generate.add_argument("--beams", type=int, default=1, help="a text-to-text run (T5): beam search of N beams "
+                          "(default 1: greedy, or sampled with --temperature)")
+    generate.add_argument("--length-penalty", type=float, default=1.0,
+                          help="with --beams: a beam's score is its log-probability / length ** this (default 1.0)")
     generate.add_argument("--system", metavar="TEXT", help="with --chat: the system message before each prompt, as "
                           "the chat template renders one (without it, the template's own default, if any)")
     generate.set_defaults(command=_generate)
@@ -307,16 +312,19 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from tpuplex.commands.generate import generate
+    from tpuplex.commands import run_folder
+    from tpuplex.commands.generate import TEXT_TO_TEXT, generate
     from tpuplex.text_files import read_utf8
 
     if args.prompt_file and not args.prompt_file.is_file():
         raise TpuplexError(f"--prompt-file {args.prompt_file} {absence(args.prompt_file)}: give a UTF-8 text file")
     prompts = args.prompt + ([read_utf8(args.prompt_file)] if args.prompt_file else [])
     result = generate(args.checkpoint, args.backend, prompts, args.tokens, args.temperature, args.top_k, args.seed,
-                      cache=not args.no_cache, chat=args.chat, system=args.system)
+                      cache=not args.no_cache, chat=args.chat, system=args.system, beams=args.beams,
+                      length_penalty=args.length_penalty)
+    text_to_text = run_folder.locate(args.checkpoint).config.task.name in TEXT_TO_TEXT
     for prompt, text in zip(result.prompts, result.texts, strict=True):
-        print(text if args.chat else prompt + text)
+        print(text if args.chat or text_to_text else prompt + text)
     tokens = sum(len(ids) for ids in result.ids)
     print(f"{tokens} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s, "
           f"{'with' if not args.no_cache else 'without'} the key/value cache)", file=sys.stderr)

@@ -14,6 +14,11 @@ turn; after a `system` message when one is given), and each answer ends at the e
 never cropped (it would lose the template's start): one longer than C / 2 decodes in a wider window, up to what the
 model takes (its positions, `DecoderArch.max_length`), so a run fine-tuned at a short data.max_length still answers
 a template that adds its own system prompt; a prompt over half the model's positions is refused.
+
+A text-to-text run (seq2seq, span_corruption: an encoder-decoder) writes a text for each input instead: the
+inputs right-padded to a bucket (a power of two, at least 8, at most data.max_length; longer ones cut, their
+end-of-text kept), one compiled encoder and decoder step for the batch, greedy, sampled, or by beam search
+(`beams` > 1, scored by log-probability / length ** length_penalty); each text ends at the end-of-text token.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from tpuplex.protocol import Prompts
 from tpuplex.tasks.causal_lm import chat as conversations
 
 SMALLEST_BUCKET = 8
+TEXT_TO_TEXT = ("seq2seq", "span_corruption")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,20 +73,31 @@ def left_padded(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndar
 
 def generate(path: str | Path, backend_name: str | None, prompts: list[str], new_tokens: int,
              temperature: float = 0.0, top_k: int = 0, seed: int = 0, cache: bool = True,
-             chat: bool = False, system: str | None = None) -> Generated:
+             chat: bool = False, system: str | None = None, beams: int = 1,
+             length_penalty: float = 1.0) -> Generated:
     """`new_tokens` tokens after each of `prompts` from the checkpoint `path` names (see the module), on
-    `backend_name` (None: the one the run trained on); `system`: the system message of every `chat` prompt."""
-    check_options(new_tokens, temperature, top_k, seed, prompts, chat, system)
+    `backend_name` (None: the one the run trained on); `system`: the system message of every `chat` prompt;
+    `beams`, `length_penalty`: a text-to-text run's beam search."""
+    check_options(new_tokens, temperature, top_k, seed, prompts, chat, system, beams, length_penalty)
     found = run_folder.locate(path)
-    check_run(found)
+    check_run(found, beams)
     backend_name = backend_name or run_folder.trained_backend(found.run_dir)
     return generate_restored(found, *workflow.restore(found, backend_name, model_only=True), prompts, new_tokens,
-                             temperature, top_k, seed, cache, chat, system)
+                             temperature, top_k, seed, cache, chat, system, beams, length_penalty)
 
 
 def check_options(new_tokens: int, temperature: float, top_k: int, seed: int, prompts: list[str],
-                  chat: bool = False, system: str | None = None) -> None:
+                  chat: bool = False, system: str | None = None, beams: int = 1,
+                  length_penalty: float = 1.0) -> None:
     """The sampling options and the prompts, checked before the run is read."""
+    if not isinstance(beams, int) or beams < 1:
+        raise TpuplexError(f"--beams {beams}: give 1 (no beam search) or more beams")
+    if beams > 1 and temperature:
+        raise TpuplexError(f"--beams {beams} --temperature {temperature}: beam search is not sampled: give "
+                           "--temperature 0 (the default) with beams")
+    if not math.isfinite(length_penalty):
+        raise TpuplexError(f"--length-penalty {length_penalty}: give a finite number (1.0: log-probability per "
+                           "token, 0: summed)")
     if system is not None and not chat:
         raise TpuplexError("a system message (--system, system=) is a chat's: add --chat (chat=True), or leave it out")
     if system is not None and not isinstance(system, str):
@@ -96,11 +113,18 @@ def check_options(new_tokens: int, temperature: float, top_k: int, seed: int, pr
         raise TpuplexError("give each prompt some text: --prompt TEXT (or --prompt-file FILE)")
 
 
-def check_run(found: run_folder.Found) -> None:
-    """The run can generate: a causal_lm run with a context of at least two prompt buckets."""
-    if found.config.task.name != "causal_lm":
-        raise TpuplexError(f"{found.run_dir} is a {found.config.task.name} run: tpuplex generate continues text with a "
-                           "causal_lm run (a GPT-2 or Llama model)")
+def check_run(found: run_folder.Found, beams: int = 1) -> None:
+    """The run can generate: a causal_lm run with a context of at least two prompt buckets, or a text-to-text run;
+    beam search is a text-to-text run's."""
+    task = found.config.task.name
+    if task in TEXT_TO_TEXT:
+        return
+    if task != "causal_lm":
+        raise TpuplexError(f"{found.run_dir} is a {task} run: tpuplex generate continues text with a causal_lm run "
+                           "(a decoder) or writes text with a seq2seq or span_corruption run (T5)")
+    if beams > 1:
+        raise TpuplexError(f"--beams {beams}: beam search decodes a text-to-text run (T5); a causal_lm run is greedy "
+                           "or sampled: leave --beams out")
     context = found.config.data.max_length
     if context < 2 * SMALLEST_BUCKET:
         raise TpuplexError(f"the run's context (data.max_length = {context}) is too short to generate in windows: "
@@ -109,9 +133,16 @@ def check_run(found: run_folder.Found) -> None:
 
 def generate_restored(found: run_folder.Found, experiment: Any, state: Any, prompts: list[str], new_tokens: int,
                       temperature: float = 0.0, top_k: int = 0, seed: int = 0, cache: bool = True,
-                      chat: bool = False, system: str | None = None) -> Generated:
+                      chat: bool = False, system: str | None = None, beams: int = 1,
+                      length_penalty: float = 1.0) -> Generated:
     """`generate` with the checkpoint already restored (`workflow.restore`) and checked (`check_options`,
     `check_run`)."""
+    if found.config.task.name in TEXT_TO_TEXT:
+        if chat:
+            raise TpuplexError("--chat renders a decoder's chat template: a text-to-text run takes its inputs as "
+                               "they are: leave --chat out")
+        return text_to_text(found, experiment, state, prompts, new_tokens, temperature, top_k, seed, beams,
+                            length_penalty)
     context = found.config.data.max_length
     template = (conversations.user_turn(resolve_checkpoint(found.config.model.checkpoint), system) if chat
                 else None)
@@ -138,6 +169,28 @@ def generate_restored(found: run_folder.Found, experiment: Any, state: Any, prom
     if chat:  # an answer ends at the end-of-text token
         generated = [ids[: np.flatnonzero(np.append(ids == vocabulary.end_of_text, True))[0]] for ids in generated]
     return Generated(prompts, [vocabulary.decode(ids) for ids in generated], generated, seconds)
+
+
+def text_to_text(found: run_folder.Found, experiment: Any, state: Any, inputs: list[str], new_tokens: int,
+                 temperature: float, top_k: int, seed: int, beams: int, length_penalty: float) -> Generated:
+    """The text an encoder-decoder writes for each input (see the module): at most `new_tokens` tokens, ending at
+    end-of-text."""
+    vocabulary = experiment.data.vocabulary
+    end = vocabulary.end_of_text
+    longest = found.config.data.max_length
+    rows = [np.append(vocabulary.encode(text, "the input")[: longest - 1], np.int32(end)) for text in inputs]
+    width = min(max(SMALLEST_BUCKET, 1 << (max(map(len, rows)) - 1).bit_length()), longest)
+    ids, mask = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), np.int32)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)], mask[index, : len(row)] = row, 1
+    uniforms = np.random.default_rng(seed).random((len(rows), new_tokens)).astype(np.float32)
+    started = time.perf_counter()
+    tokens = experiment.backend.generate(state, Prompts(ids, mask, new_tokens, temperature, top_k, uniforms,
+                                                        beams=beams, length_penalty=length_penalty))
+    seconds = time.perf_counter() - started
+    written = [row[: np.flatnonzero(np.append(row == end, True))[0]] for row in tokens]
+    return Generated(inputs, [vocabulary.tokenizer.decode([int(i) for i in row], skip_special_tokens=True)
+                              for row in written], written, seconds)
 
 
 def model_positions(experiment: Any, context: int) -> int:

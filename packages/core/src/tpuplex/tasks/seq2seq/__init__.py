@@ -169,13 +169,12 @@ class Seq2Seq(Task):
             raise TpuplexError(f"data.dataset = {config.data.dataset!r} is not a GLUE dataset T5 wrote as text "
                                f"({', '.join(T5_GLUE)}): name one, or give data.train_file with the templates")
 
+    def model_data(self, config: Any, options: Options, tokenizer_dir: Path) -> Seq2SeqData:
+        """Generation reads no table: the checkpoint's tokenizer and its decoder's start and padding ids."""
+        return Seq2SeqData(config.data.dataset, None, {}, *_tokenizer(tokenizer_dir))
+
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> Seq2SeqData:
-        tokenizer = CheckpointTokenizer(tokenizer_dir)
-        if tokenizer.end_of_text is None:
-            raise DataError(f"the tokenizer in {tokenizer_dir} has no end-of-text token (</s>): give a T5 "
-                            "tokenizer (tokenizer.json with </s>)")
-        model = json.loads((Path(tokenizer_dir) / "config.json").read_text(encoding="utf-8"))
-        start_id, pad_id = model.get("decoder_start_token_id", 0), model.get("pad_token_id", 0)
+        tokenizer, start_id, pad_id = _tokenizer(tokenizer_dir)
         if config.data.train_file:
             splits, glue = self._tables(config, options), ""
         else:
@@ -261,6 +260,16 @@ class Seq2Seq(Task):
 
     def hf_class(self, family: Family, model_type: str) -> str:
         return family.hf_class
+
+
+def _tokenizer(folder: Path) -> tuple[CheckpointTokenizer, int, int]:
+    """The checkpoint's tokenizer (which must end a text with </s>), its decoder's start and padding ids."""
+    tokenizer = CheckpointTokenizer(folder)
+    if tokenizer.end_of_text is None:
+        raise DataError(f"the tokenizer in {folder} has no end-of-text token (</s>): give a T5 tokenizer "
+                        "(tokenizer.json with </s>)")
+    model = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    return tokenizer, model.get("decoder_start_token_id", 0), model.get("pad_token_id", 0)
 
 
 def _pairs(inputs: Sequence[np.ndarray], targets: Sequence[np.ndarray], max_length: int, target_length: int,

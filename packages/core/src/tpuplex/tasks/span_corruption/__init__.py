@@ -114,6 +114,12 @@ class SpanCorruption(Task):
         t5_tokenizer.train_t5_tokenizer(texts, options.tokenizer_vocab_size, checkpoint_dir)
         return f"a T5 tokenizer of {options.tokenizer_vocab_size} ids trained on {config.data.train_file}"
 
+    def model_data(self, config: Any, options: Options, tokenizer_dir: Path) -> SpanCorruptionData:
+        """Generation reads no text: the checkpoint's tokenizer."""
+        return SpanCorruptionData(config.data.dataset, None, {}, CheckpointTokenizer(tokenizer_dir),
+                                  np.asarray(t5_tokenizer.sentinel_ids(tokenizer_dir), np.int64), options,
+                                  config.train.seed)
+
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> SpanCorruptionData:
         if not (tokenizer_dir / "tokenizer.json").is_file():
             raise DataError(f"model.checkpoint {tokenizer_dir} has no tokenizer.json: `tpuplex prepare CONFIG` "
