@@ -5,7 +5,10 @@
 - Three worker processes against a real PostgreSQL server (started here, on loopback, in a temporary folder):
   exactly N trials in all, none run twice, at least one pruned by the median pruner, and one worker SIGKILLed in
   the middle of a trial whose retry resumes that trial's run folder from its checkpoint.
-- Bad input is one line and exit 2 before any trial: the space, the metric, the storage.
+- The median pruner on a real search (one worker, SQLite): a hopeless trial stops at an evaluation, PRUNED in the
+  study and tune.json, its run folder no further than that step.
+- Bad input is one line and exit 2 before any trial: the space, the metric (known from the config through each
+  task's `metric_names`, which say what their evaluations report), the storage.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ import time
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tpuplex
+from tpuplex import tasks
 from tpuplex.commands import cli
+from tpuplex.config import Config
 
 optuna = pytest.importorskip("optuna")  # the core's [tune] extra; nox's tests-core installs it
 
@@ -105,6 +111,41 @@ def test_six_trials_on_sqlite_and_best_toml_trains_to_the_reported_metric(write_
     assert message.startswith("study 'tune' in sqlite:///") and "was created with another space" in message
 
 
+def test_the_median_pruner_stops_a_hopeless_trial_after_an_evaluation(write_config, tmp_path, capsys) -> None:
+    """A real search in which the median pruner prunes: learning rates from sensible to absurd (SPACE), six
+    evaluations a trial, the default sampler. A pruned trial is PRUNED in the study and in tune.json, was worse than
+    the median of the complete trials at that evaluation, and its run folder stopped there."""
+    config = tune_config(write_config, tmp_path, trials=6, pruner_startup_trials=2)
+    tuned = tpuplex.tune(config, "numpy")
+    out = capsys.readouterr().out
+    rows = tuned.trials
+    pruned = [row for row in rows if row["state"] == "pruned"]
+    complete = [row for row in rows if row["state"] == "complete"]
+    assert pruned and len(complete) >= 2 and len(pruned) + len(complete) == 6, rows
+    assert tuned.summary["counts"]["pruned"] == len(pruned)
+    study = optuna.load_study(study_name="tune", storage=f"sqlite:///{tmp_path / 'tune' / 'study.db'}")
+    states = {trial.number: trial.state.name for trial in study.get_trials()}
+    evaluations = {row["trial"]: {record["step"]: record["loss"] for record in tpuplex.Run.open(row["folder"])
+                                  .history("eval")} for row in rows}
+    for row in complete:
+        assert states[row["trial"]] == "COMPLETE" and row["steps"] == 24 and max(evaluations[row["trial"]]) == 24
+    for row in pruned:
+        number, step, folder = row["trial"], row["steps"], Path(row["folder"])
+        assert states[number] == "PRUNED"
+        assert f"tune: trial {number} pruned: dev.loss {row['value']:.6g} at step {step}," in out
+        records = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+        assert records[0]["event"] == "start" and records[0]["total_steps"] == 24
+        assert 0 < step < 24 and max(record["step"] for record in records) == step  # no step trained past it
+        assert max(evaluations[number]) == step and evaluations[number][step] == row["value"]
+        assert not (folder / "results.json").exists()  # the run did not finish
+        # Optuna's median rule: its best value so far is worse than the median of the trials complete before it at
+        # that step.
+        before = [evaluations[other["trial"]][step] for other in complete if other["trial"] < number]
+        assert len(before) >= 2 and min(evaluations[number].values()) > float(np.median(before))
+    markdown = (tmp_path / "tune" / "tune.md").read_text()
+    assert f"({len(complete)} complete, {len(pruned)} pruned)" in markdown
+
+
 # -- bad input -----------------------------------------------------------------------------------------------
 
 
@@ -133,16 +174,105 @@ def test_a_bad_search_is_one_line_before_anything_is_written(write_config, tmp_p
     assert not (tmp_path / "tune").exists()
 
 
-def test_a_metric_the_task_does_not_report_is_one_line(write_config, tmp_path, capsys) -> None:
-    config = tune_config(write_config, tmp_path, metric="dev.mcc")
-    message = cli_error(["tune", str(config), "--backend", "numpy"], capsys)
-    assert message.startswith("tune.metric = 'dev.mcc' is not reported by the task: its evaluations report ")
-    assert "dev.accuracy" in message and "dev.loss" in message
-    # Fixed, the same folder goes on: the refused trial is not one of the study's.
-    config.write_text(config.read_text().replace('"dev.mcc"', '"dev.accuracy"').replace("trials = 6", "trials = 1"))
+@pytest.mark.parametrize(("metric", "space", "message"), [
+    ("dev.mcc", "", "tune.metric = 'dev.mcc' is not reported by the sequence_classification task: its evaluations "
+     "report dev.accuracy, dev.f1, dev.score, dev.loss: name one of them"),
+    ("validation.accuracy", "", "tune.metric = 'validation.accuracy' names no evaluation split of the run: its "
+     "evaluation splits are dev: use e.g. 'dev.accuracy'"),
+    ("dev.f1", '"data.dataset" = {choice = ["mrpc", "cola"]}\n',
+     "tune.metric = 'dev.f1' is not reported by the sequence_classification task with data.dataset = 'cola': its "
+     "evaluations report dev.mcc, dev.score, dev.loss: name one of them"),
+])
+def test_a_metric_the_task_does_not_report_is_one_line_before_any_study(write_config, tmp_path, capsys, monkeypatch,
+                                                                        metric, space, message) -> None:
+    """Known from the config (`Task.metric_names`): refused before the study or any trial exists."""
+    from tpuplex.commands import run as run_lib
+
+    def no_trial(*args, **kwargs):
+        raise AssertionError("a trial ran")
+
+    monkeypatch.setattr(run_lib, "train", no_trial)
+    config = tune_config(write_config, tmp_path, metric=metric)
+    text = config.read_text()
+    config.write_text(text + space)
+    assert cli_error(["tune", str(config), "--backend", "numpy"], capsys) == message
+    assert not (tmp_path / "tune").exists()  # no study, no trial folder, no tune.json
+    monkeypatch.undo()
+    # Fixed, the same folder is a new search; what the trial's evaluations report is what metric_names said.
+    config.write_text(text.replace(f'"{metric}"', '"dev.accuracy"').replace("trials = 6", "trials = 1"))
     assert cli.main(["tune", str(config), "--backend", "numpy"]) == 0
     summary = json.loads((tmp_path / "tune" / "tune.json").read_text())
     assert [row["state"] for row in summary["trials"]] == ["complete"] and summary["metric"] == "dev.accuracy"
+    results = json.loads((tmp_path / "tune" / "trial-0" / "results.json").read_text())
+    task = tasks.get("sequence_classification")
+    said = task.metric_names(Config.from_dict(results["config"]), tasks.options(task, {}))
+    assert {split: sorted(names) for split, names in said.items()} == {"dev": sorted(results["metrics"]["dev"])}
+
+
+TOKENS = ("loss", "perplexity", "accuracy")
+SEQ2SEQ = ("loss", "token_accuracy", "exact_match")
+PER_TYPE = ("*/precision", "*/recall", "*/f1", "*/support")
+ENTITIES = ("precision", "recall", "f1", "accuracy", "loss", "cut_words", *PER_TYPE)
+
+
+@pytest.mark.parametrize(("task", "data", "options", "expected"), [
+    ("sequence_classification", {"dataset": "mnli"}, {},
+     {"dev_matched": ("accuracy", "score", "loss"), "dev_mismatched": ("accuracy", "score", "loss")}),
+    ("sequence_classification", {"dataset": "own", "train_file": "train.csv", "eval_files": ["held/dev.csv"]},
+     {"text_columns": ["text"], "labels": ["a", "b"], "metrics": ["mcc", "f1"]},
+     {"dev": ("mcc", "f1", "score", "loss")}),
+    ("causal_lm", {"train_file": "input.txt"}, {"tokenizer": "characters"}, {"validation": TOKENS}),
+    ("causal_lm", {"train_file": "input.txt", "eval_files": ["held/dev.txt", "test.csv"]}, {},
+     {"dev": TOKENS, "test": TOKENS}),
+    ("causal_lm", {"train_file": "train.csv", "eval_files": ["held/dev.csv"]},
+     {"prompt_template": "{{ text }}", "answer_template": "{{ label }}"}, {"dev": (*TOKENS, "answer_accuracy")}),
+    ("masked_lm", {"train_file": "input.txt"}, {}, {"validation": TOKENS}),
+    ("span_corruption", {"train_file": "input.txt", "eval_files": ["held/dev.txt"]}, {}, {"dev": TOKENS}),
+    ("seq2seq", {"dataset": "cola"}, {}, {"dev": (*SEQ2SEQ, "mcc", "score")}),
+    ("seq2seq", {"train_file": "train.csv", "eval_files": ["held/dev.csv"]},
+     {"input_template": "{{ text }}", "target_template": "{{ label }}"}, {"dev": SEQ2SEQ}),
+    ("token_classification", {"train_file": "train.conll", "eval_files": ["held/devel.conll"],
+                              "test_file": "test.conll"}, {}, {"devel": ENTITIES}),
+    ("image_classification", {"train_file": "images", "eval_files": ["held/val"]}, {}, {"val": ("accuracy", "loss")}),
+    ("image_classification", {"train_file": "images"}, {}, {"validation": ("accuracy", "loss")}),
+    ("speech_recognition", {"train_file": "train.tsv", "eval_files": ["held/dev.tsv"]}, {},
+     {"dev": ("wer", "cer", "loss")}),
+])
+def test_each_builtin_task_names_the_metrics_its_evaluations_report(tmp_path, monkeypatch, task, data, options,
+                                                                    expected) -> None:
+    """`Task.metric_names` from the config alone (files looked up, never read): each evaluation split, named as the
+    task's `prepare` names it, and the names its `TaskData.metrics` returns."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "held").mkdir()
+    for spec in (data.get("train_file"), *data.get("eval_files", ()), data.get("test_file")):
+        if spec and "." in Path(spec).name:
+            (tmp_path / spec).write_text("text,label\nsome words,a\n")
+    found = tasks.get(task)
+    config = Config.from_dict({"task": {"name": task, **options}, "data": data})
+    said = found.metric_names(config, tasks.options(found, config.task.options))
+    assert {split: tuple(names) for split, names in said.items()} == expected
+
+
+def test_the_metric_names_are_those_the_tasks_compute() -> None:
+    """What `metric_names` says against the tasks' own metric functions, on a few made-up predictions."""
+    import fnmatch
+    from types import SimpleNamespace
+
+    from tpuplex.tasks.base import token_metrics
+    from tpuplex.tasks.image_classification import ImageData
+    from tpuplex.tasks.seq2seq import Seq2SeqData
+    from tpuplex.tasks.token_classification.entities import scores
+
+    outputs, weight = np.zeros((2, 3, 2), np.float32), np.ones((2, 3), np.float32)
+    assert tuple(token_metrics(outputs, weight)) == TOKENS
+    assert tuple(Seq2SeqData.metrics(SimpleNamespace(classes=None), "dev", outputs, np.zeros((2, 3)), weight)) == (
+        SEQ2SEQ)
+    logits = np.zeros((2, 3), np.float32)
+    assert sorted(ImageData.metrics(None, "dev", logits, np.zeros(2, np.int64), np.ones(2))) == ["accuracy", "loss"]
+    found = [*scores([["B-PER", "O", "B-LOC"]], [["B-PER", "B-ORG", "O"]]), "loss", "cut_words"]
+    assert "PER/f1" in found and "ORG/precision" in found
+    assert all(any(fnmatch.fnmatchcase(name, pattern) for pattern in ENTITIES) for name in found)
+    assert set(ENTITIES) - set(PER_TYPE) <= set(found)
 
 
 def test_a_storage_that_cannot_be_reached_is_one_line_and_makes_nothing(write_config, tmp_path, capsys) -> None:

@@ -6,7 +6,7 @@ The search is the config's `[tune]` table (docs/tune.md); `tpuplex train` ignore
 run's config hash:
 
     [tune]
-    metric = "dev.accuracy"     <eval split>.<metric> of the task's evaluations
+    metric = "dev.accuracy"     <eval split>.<metric> of the task's evaluations (`Task.metric_names`, checked first)
     direction = "maximize"      or "minimize" (the default for a loss or an error rate)
     trials = 20                 trials in all, over every worker of the study (grid: its points by default)
     sampler = "tpe"             "random", or "grid" (every point of the choice and int dimensions)
@@ -45,6 +45,7 @@ that a lost one is retried rather than dropped.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import math
 import os
@@ -204,6 +205,7 @@ def tune(config: Config | str | Path, backend: str, *, search: Mapping[str, Any]
     tasks.options(task, base.task.options)
     root = Path(output).expanduser() if output is not None else run_lib.output_directory(base, backend)
     plan = parse_search(table, base, default_study=root.resolve().name)
+    check_metric(plan, task, base)
     if hosts.expected_processes() > 1:
         raise TpuplexError("tpuplex tune trains each trial in its one process, not under tpuplex launch: start one "
                            "tpuplex tune per host against one --storage instead")
@@ -361,6 +363,36 @@ def _check_value(where: str, base: Config, field: str, value: Any) -> None:
             tasks.options(tasks.get(changed.task.name), changed.task.options)
     except ConfigError as error:
         raise ConfigError(f"{where}: the value {value!r} is refused: {error}") from None
+
+
+def check_metric(plan: Search, task: tasks.Task, base: Config) -> None:
+    """tune.metric is one the task reports for `base` (`Task.metric_names`), and for each value of a `choice` of a
+    task or data field in the space: one ConfigError line naming what it does report, before any study or trial. A
+    task that cannot say (None) is checked at the first evaluation instead (`_metric`)."""
+    variants: list[tuple[str, Config]] = [("", base)]
+    for dim in plan.space:
+        if dim.kind == "choice" and dim.field.partition(".")[0] in ("task", "data"):
+            variants += [(f" with {dim.field} = {value!r}", base.override({dim.field: value})) for value in dim.values]
+    for where, config in variants:
+        reported = task.metric_names(config, tasks.options(task, config.task.options))
+        if reported is None:
+            continue
+        listing = ", ".join(f"{split}.{name}" for split, names in reported.items() for name in names)
+        names = reported.get(plan.split)
+        if names is None:
+            example = next((f"{split}.{plan.name if _reports(found, plan.name) else found[0]}"
+                            for split, found in reported.items() if found), None)
+            raise ConfigError(f"tune.metric = {plan.metric!r} names no evaluation split of the run{where}: its "
+                              f"evaluation splits are {', '.join(reported) or 'none'}"
+                              + (f": use e.g. {example!r}" if example else ""))
+        if not _reports(names, plan.name):
+            raise ConfigError(f"tune.metric = {plan.metric!r} is not reported by the {task.name} task{where}: its "
+                              f"evaluations report {listing}: name one of them")
+
+
+def _reports(names: Sequence[str], name: str) -> bool:
+    """Whether `name` is one of `names` (or matches one of their patterns, `*/f1`)."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in names)
 
 
 # -- the worker --------------------------------------------------------------------------------------------------
@@ -672,7 +704,8 @@ class _Reports:
 
 
 def _metric(metrics: dict[str, dict[str, float]], plan: Search, trial: Any) -> float:
-    """The searched metric of an evaluation; one the task does not report stops the command (bad input)."""
+    """The searched metric of an evaluation; one the task does not report stops the command (bad input: a task
+    whose `metric_names` could not say so before the first trial, or a per-type metric of a type the data lacks)."""
     value = metrics.get(plan.split, {}).get(plan.name)
     if value is None:
         reported = ", ".join(f"{split}.{name}" for split, names in metrics.items() for name in names)

@@ -23,7 +23,7 @@ model's inputs and targets (`protocol.head_inputs`) reaches the head as a keywor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -144,6 +144,15 @@ class Task:
     def check(self, config: Any, options: Any) -> None:
         """Cheap checks of the run's data settings (fields, files exist), before any backend starts."""
 
+    def metric_names(self, config: Any, options: Any) -> Mapping[str, Sequence[str]] | None:
+        """What each evaluation of a run of `config` will report, known from the config alone (no data is read: a
+        file is at most looked up, or its first record peeked at): evaluation split name -> the metric names
+        `TaskData.metrics` returns for it, the splits named as `prepare` names them. A name may be a pattern (`*/f1`,
+        fnmatch's) where the data decides the rest (token classification's entity types). None: the task cannot say
+        before its data is read (the default, a task of your own); `tpuplex tune` then finds a metric the task does
+        not report at its first evaluation instead of before any trial."""
+        return None
+
     def prepare_checkpoint(self, config: Any, options: Any, checkpoint_dir: Path | None) -> str | None:
         """What `tpuplex prepare CONFIG` adds to model.checkpoint before the data is read (span corruption: a
         tokenizer trained on the corpus, where the folder has none), said in a line; None: nothing (the default)."""
@@ -248,6 +257,17 @@ def scored_label(probability: np.ndarray, names: Sequence[str]) -> dict[str, Any
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+TOKEN_METRICS = ("loss", "perplexity", "accuracy")
+"""The names `token_metrics` returns."""
+
+
+def evaluation_splits(config: Any, name: Callable[[str, str], str], held_out: str = "validation") -> tuple[str, ...]:
+    """The evaluation splits of a task that names each `data.eval_files` entry after its file (`name(field, spec)`,
+    as its `prepare` does) and, without any, holds `held_out` out of the training data (`Task.metric_names`)."""
+    names = tuple(name(f"data.eval_files[{index}]", spec) for index, spec in enumerate(config.data.eval_files))
+    return names or (held_out,)
 
 
 def token_metrics(outputs: np.ndarray, weight: np.ndarray) -> dict[str, float]:

@@ -45,11 +45,13 @@ from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
 from tpuplex.tasks.base import (
+    TOKEN_METRICS,
     Head,
     Task,
     TaskData,
     check_held_out,
     check_split_names,
+    evaluation_splits,
     framework_modules,
     token_metrics,
 )
@@ -163,6 +165,16 @@ class CausalLM(Task):
     def conversations(config: Any, options: Options) -> bool:
         """Whether the run trains on conversations: a table with task.prompt_template, or a chat .jsonl."""
         return bool(options.prompt_template) or chat.is_chat(Path(config.data.train_file).expanduser())
+
+    def metric_names(self, config: Any, options: Options) -> dict[str, tuple[str, ...]]:
+        """`loss`, `perplexity` and `accuracy` on each held-out split (conversations: and `answer_accuracy`)."""
+        if not self.conversations(config, options):
+            splits = evaluation_splits(config, lambda field, spec: Path(spec).name if is_prepared(spec)
+                                       else text_file(field, spec).name)
+            return dict.fromkeys(splits, TOKEN_METRICS)
+        splits = evaluation_splits(config, lambda field, spec: resolve_file(field, spec).name
+                                   if options.prompt_template else Path(spec).stem)
+        return dict.fromkeys(splits, (*TOKEN_METRICS, "answer_accuracy"))
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> CausalLMData:
         if self.conversations(config, options):

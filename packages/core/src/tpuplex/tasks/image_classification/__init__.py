@@ -44,6 +44,7 @@ from tpuplex.tasks.base import (
     check_held_out,
     check_inputs,
     check_split_names,
+    evaluation_splits,
     framework_modules,
     scored_label,
 )
@@ -119,6 +120,9 @@ class ImageClassification(Task):
                             *((f"data.eval_files[{i}]", spec) for i, spec in enumerate(config.data.eval_files))):
             if not is_url(spec):
                 existing(field, spec)
+
+    def metric_names(self, config: Any, options: Options) -> dict[str, tuple[str, ...]]:
+        return dict.fromkeys(evaluation_splits(config, lambda field, spec: Path(spec).name), ("accuracy", "loss"))
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path | None) -> ImageData:
         data, size = config.data, image_size(options)

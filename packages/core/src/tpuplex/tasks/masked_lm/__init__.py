@@ -41,10 +41,12 @@ from tpuplex.errors import TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.protocol import Batch
 from tpuplex.tasks.base import (
+    TOKEN_METRICS,
     Task,
     TaskData,
     check_held_out,
     check_split_names,
+    evaluation_splits,
     framework_modules,
     matmul_weights,
     token_metrics,
@@ -120,6 +122,11 @@ class MaskedLM(Task):
         for index, spec in enumerate(config.data.eval_files):
             if not is_prepared(spec):
                 text_file(f"data.eval_files[{index}]", spec)
+
+    def metric_names(self, config: Any, options: Options) -> dict[str, tuple[str, ...]]:
+        splits = evaluation_splits(config, lambda field, spec: Path(spec).name if is_prepared(spec)
+                                   else text_file(field, spec).name)
+        return dict.fromkeys(splits, TOKEN_METRICS)
 
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> MaskedLMData:
         data = config.data

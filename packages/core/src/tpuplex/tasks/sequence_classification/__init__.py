@@ -69,6 +69,11 @@ class SequenceClassification(Task):
     def check(self, config: Any, options: Options) -> None:
         dataset_sources(config.data, options)
 
+    def metric_names(self, config: Any, options: Options) -> dict[str, tuple[str, ...]]:
+        """The dataset's official metrics, its `score` and `loss`, on each of its evaluation splits."""
+        dataset = dataset_sources(config.data, options).dataset
+        return dict.fromkeys(dataset.eval_splits, (*dataset.metrics, "score", "loss"))
+
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> ClassificationData:
         sources = dataset_sources(config.data, options)
         dataset = sources.dataset

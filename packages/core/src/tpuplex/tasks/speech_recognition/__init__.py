@@ -166,6 +166,10 @@ class SpeechRecognition(Task):
         for field, spec in evaluation_manifests(config.data):
             resolve_file(field, spec)
 
+    def metric_names(self, config: Any, options: Options) -> dict[str, tuple[str, ...]]:
+        splits = [resolve_file(field, spec).name for field, spec in evaluation_manifests(config.data)]
+        return dict.fromkeys(splits or ["validation"], ("wer", "cer", "loss"))
+
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path | None) -> SpeechData:
         data, settings = config.data, options.features
         cache = Path(data.cache_dir).expanduser() / "audio"

@@ -130,6 +130,14 @@ class TokenClassification(Task):
             check_scheme(options.tags, "task.tags")
         self._files(config)
 
+    def metric_names(self, config: Any, options: Options) -> dict[str, tuple[str, ...]]:
+        """Each tagged evaluation file's entity scores, overall and per entity type (`PER/f1`: the types are the
+        data's), word `accuracy`, `loss` and `cut_words`."""
+        test = "test" if config.data.test_file else None  # the one split that is not evaluated
+        splits = [name for name in self._files(config) if name not in ("train", test)]
+        per_type = tuple(f"*/{name}" for name in ("precision", "recall", "f1", "support"))
+        return dict.fromkeys(splits, ("precision", "recall", "f1", "accuracy", "loss", "cut_words", *per_type))
+
     def prepare(self, config: Any, options: Options, tokenizer_dir: Path) -> TokenData:
         files = self._files(config)
         test = "test" if config.data.test_file else None  # the one split that may have no tags
