@@ -33,9 +33,16 @@ def test_every_example_config_loads():
         assert loaded.train.global_batch > 0, path
 
 
+def reads_glue(loaded: config.Config) -> bool:
+    """The config trains on a GLUE dataset's files (data.data_dir): sequence classification, or text to text
+    without a table of its own."""
+    return (loaded.task.name == "sequence_classification"
+            or loaded.task.name == "seq2seq" and not loaded.data.train_file)
+
+
 def runnable(path: Path) -> bool:
     loaded = config.load(path)
-    return loaded.task.name != "sequence_classification" or loaded.data.dataset in GLUE_FOLDERS
+    return not reads_glue(loaded) or loaded.data.dataset in GLUE_FOLDERS
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +60,14 @@ RUNNABLE = [p for p in EXAMPLES if runnable(p)]
 LONG_EVEN_AS_SUBSET = {REPO / "examples" / "shakespeare_char" / "gpu.toml",
                        *(REPO / "examples" / "glue" / "configs" / f"{name}.toml" for name in ("sst2", "rte")),
                        *(REPO / "examples" / "smollm2" / f"sst2_{name}.toml" for name in ("lora", "full")),
-                       REPO / "examples" / "glue" / "configs" / "mrpc_tune.toml"}
+                       REPO / "examples" / "glue" / "configs" / "mrpc_tune.toml", REPO / "examples" / "t5" / "rte.toml"}
 """gpu.toml: two steps of 64 x 256 tokens on a 10.7M-parameter GPT take 30-40 s on 2 cores, and its torch_mode
 "cuda_graphs" compiles them here (cpu.toml covers the code). SST-2 and RTE: 30-46 s each, the same code and
 settings as the MRPC and WNLI configs but their files (tests/core/test_example_paths.py loads them). The SmolLM2
 examples: 135M parameters read and evaluated on 300 conversations, minutes; tests/torch/test_lora.py runs LoRA
 through the CLI on a small Llama, and each backend's SmolLM2 check reads the same model. mrpc_tune.toml: mrpc.toml
-with a [tune] table `train` ignores (25 s); tests/core/test_tune.py runs the search itself."""
+with a [tune] table `train` ignores (25 s); tests/core/test_tune.py runs the search itself. t5/rte.toml: t5/mrpc.toml
+on RTE's files."""
 THROUGH_THE_API = {REPO / name for name in ("examples/glue/configs/mrpc.toml", "examples/ner/wnut17.toml",
                                              "examples/mlm/tinyshakespeare.toml", "examples/cifar10/resnet20.toml",
                                              "examples/shakespeare_char/cpu.toml", "examples/speech/fsdd.toml")}
@@ -86,7 +94,7 @@ def test_the_example_trains_as_documented(path, scale, shared_glue, shared_text,
             "--set", f'runtime.output_dir="{tmp_path / "run"}"', "--set", f'data.cache_dir="{prepared_cache}"']
     if scale != "all":
         args += ["--set", f"train.global_batch={SMALL_BATCH}"]
-    if loaded.task.name == "sequence_classification":
+    if reads_glue(loaded):
         # The documented --data-dir, relative to the folder the command runs from.
         args += ["--data-dir", data(str(Path("..") / "shared" / "glue" / GLUE_FOLDERS[loaded.data.dataset]))]
     elif scale != "all":

@@ -38,11 +38,12 @@ from tpuplex.data.tables import read_table, resolve_file
 from tpuplex.errors import DataError, TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.models.t5 import INPUTS, shift_right
-from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Head, Task, TaskData, check_split_names, framework_modules
+from tpuplex.protocol import Batch, Prompts
+from tpuplex.tasks.base import Head, Task, TaskData, check_inputs, check_split_names, framework_modules
 from tpuplex.tasks.causal_lm.chat import render_row, row_templates
 from tpuplex.tasks.causal_lm.data import CheckpointTokenizer
 from tpuplex.tasks.sequence_classification.glue import GlueData, get_dataset
+from tpuplex.text_files import staged_text
 
 T5_GLUE: Mapping[str, tuple[str, Mapping[str, str]]] = {
     "mrpc": ("mrpc sentence1: {{ a }} sentence2: {{ b }}", {"0": "not_equivalent", "1": "equivalent"}),
@@ -169,6 +170,17 @@ class Seq2Seq(Task):
             raise TpuplexError(f"data.dataset = {config.data.dataset!r} is not a GLUE dataset T5 wrote as text "
                                f"({', '.join(T5_GLUE)}): name one, or give data.train_file with the templates")
 
+    def metric_names(self, config: Any, options: Options) -> dict[str, tuple[str, ...]]:
+        """`loss`, `token_accuracy` and `exact_match` on each evaluation table; a GLUE dataset's evaluation splits add
+        its official metrics and `score`."""
+        names = ("loss", "token_accuracy", "exact_match")
+        if config.data.train_file:
+            splits = [resolve_file(f"data.eval_files[{index}]", spec).name
+                      for index, spec in enumerate(config.data.eval_files)]
+            return dict.fromkeys(splits, names)
+        dataset = get_dataset(config.data.dataset)
+        return dict.fromkeys(dataset.eval_splits, (*names, *dataset.metrics, "score"))
+
     def model_data(self, config: Any, options: Options, tokenizer_dir: Path) -> Seq2SeqData:
         """Generation reads no table: the checkpoint's tokenizer and its decoder's start and padding ids."""
         return Seq2SeqData(config.data.dataset, None, {}, *_tokenizer(tokenizer_dir))
@@ -246,6 +258,51 @@ class Seq2Seq(Task):
             splits[split] = (inputs, [words[dataset.labels[label]] for label in examples.labels])
         return splits
 
+    def prediction_sources(self, config: Any, split: str) -> dict[str, str]:
+        """`tpuplex predict --split S`: an evaluation split of the run (its GLUE dev split, or an eval file's name);
+        its texts are written."""
+        names = (["dev"] if not config.data.train_file else
+                 [resolve_file(f"data.eval_files[{index}]", spec).name
+                  for index, spec in enumerate(config.data.eval_files)])
+        if split not in names:
+            raise DataError(f"--split {split!r} is not an evaluation split of the run: use one of {', '.join(names)}")
+        return {split: split}
+
+    def write_predictions(self, experiment: Any, state: Any, sources: dict[str, str], out: Path,
+                          write: bool) -> dict[str, Path]:
+        """`<split>.tsv`: each row's input, the text greedy decoding writes for it, and its target."""
+        data, written = experiment.data, {}
+        for split in sources:
+            pairs = data.eval[split]
+            texts = written_texts(experiment, state, pairs.input_ids, pairs.lengths, pairs.labels.shape[1])
+            if write:
+                decode = data.vocabulary.tokenizer.decode
+                rows = [(decode(list(map(int, ids[:length])), skip_special_tokens=True), text,
+                         decode([int(i) for i in target if i != IGNORED], skip_special_tokens=True))
+                        for ids, length, text, target in zip(pairs.input_ids, pairs.lengths, texts, pairs.labels,
+                                                             strict=True)]
+                path = out / f"{split}.tsv"
+                with staged_text(path) as staging:
+                    staging.write("input\tprediction\ttarget\n")
+                    staging.writelines("\t".join(_one_line(value) for value in row) + "\n" for row in rows)
+                written[split] = path
+        return written
+
+    def prediction_inputs(self, config: Any, inputs: Sequence[Any]) -> list[str]:
+        """Input texts, written as the run's inputs are (a GLUE dataset's: "mrpc sentence1: ... sentence2: ...")."""
+        return check_inputs(inputs, str, "input texts: strings")
+
+    def predictions_of(self, experiment: Any, state: Any, inputs: list[str]) -> list[str]:
+        """The text greedy decoding writes for each input."""
+        data, longest = experiment.data, experiment.config.data.max_length
+        rows = [np.append(data.vocabulary.encode(text, "the input")[: longest - 1],
+                          np.int32(data.vocabulary.end_of_text)) for text in inputs]
+        ids = np.zeros((len(rows), longest), np.int32)
+        for index, row in enumerate(rows):
+            ids[index, : len(row)] = row
+        target = experiment.config.task.options.get("max_target_length") or longest
+        return written_texts(experiment, state, ids, np.asarray(list(map(len, rows))), target)
+
     def example_batch(self, data: TaskData | None) -> dict[str, np.ndarray]:
         return {"input_ids": np.zeros((2, 8), np.int32), "attention_mask": np.ones((2, 8), np.int32),
                 "decoder_input_ids": np.zeros((2, 4), np.int32), "labels": np.zeros((2, 4), np.int32)}
@@ -260,6 +317,30 @@ class Seq2Seq(Task):
 
     def hf_class(self, family: Family, model_type: str) -> str:
         return family.hf_class
+
+
+def written_texts(experiment: Any, state: Any, input_ids: np.ndarray, lengths: np.ndarray,
+                  new_tokens: int) -> list[str]:
+    """The texts greedy decoding writes for inputs [N, L] of `lengths` tokens, a global batch at a time (each cut
+    to the bucket of its longest input), each ending at end-of-text."""
+    data, batch = experiment.data, experiment.config.train.global_batch
+    end = data.vocabulary.end_of_text
+    texts = []
+    for first in range(0, len(lengths), batch):
+        rows = slice(first, first + batch)
+        width = int(min(max(8, 1 << (int(lengths[rows].max()) - 1).bit_length()), input_ids.shape[1]))
+        mask = (np.arange(width)[None, :] < lengths[rows, None]).astype(np.int32)
+        count = len(mask)
+        tokens = experiment.backend.generate(state, Prompts(input_ids[rows, :width] * mask, mask, new_tokens, 0.0, 0,
+                                                            np.zeros((count, new_tokens), np.float32)))
+        for row in tokens:
+            kept = row[: np.flatnonzero(np.append(row == end, True))[0]]
+            texts.append(data.vocabulary.tokenizer.decode([int(i) for i in kept], skip_special_tokens=True))
+    return texts
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _tokenizer(folder: Path) -> tuple[CheckpointTokenizer, int, int]:

@@ -38,7 +38,16 @@ from tpuplex.errors import DataError, TpuplexError
 from tpuplex.models import Architecture, Family
 from tpuplex.models.t5 import INPUTS, shift_right
 from tpuplex.protocol import Batch
-from tpuplex.tasks.base import Head, Task, TaskData, check_held_out, check_split_names, token_metrics
+from tpuplex.tasks.base import (
+    TOKEN_METRICS,
+    Head,
+    Task,
+    TaskData,
+    check_held_out,
+    check_split_names,
+    evaluation_splits,
+    token_metrics,
+)
 from tpuplex.tasks.causal_lm.data import CheckpointTokenizer, documents
 
 
@@ -104,6 +113,9 @@ class SpanCorruption(Task):
             text_file("data.train_file" if index == 0 else f"data.eval_files[{index - 1}]", spec)
         span_corruption.input_and_target_lengths(config.data.max_length, options.noise_density,
                                                  options.mean_span_length)  # bad settings refused before reading
+
+    def metric_names(self, config: Any, options: Options) -> dict[str, tuple[str, ...]]:
+        return dict.fromkeys(evaluation_splits(config, lambda field, spec: text_file(field, spec).name), TOKEN_METRICS)
 
     def prepare_checkpoint(self, config: Any, options: Options, checkpoint_dir: Path) -> str | None:
         """`tpuplex prepare CONFIG`: a T5 tokenizer of task.tokenizer_vocab_size trained on data.train_file's
