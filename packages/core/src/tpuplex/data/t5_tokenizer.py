@@ -85,8 +85,11 @@ def train_t5_tokenizer(texts: Iterable[str], vocab_size: int, folder: str | Path
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    # model_input_names: T5 takes no token_type_ids, which a PreTrainedTokenizerFast otherwise returns (Flax T5
+    # refuses them in run_t5_mlm_flax.py).
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": PAD, "eos_token": EOS, "unk_token": UNK,
-              "extra_ids": sentinels, "additional_special_tokens": [sentinel_token(i) for i in range(sentinels)]}
+              "extra_ids": sentinels, "additional_special_tokens": [sentinel_token(i) for i in range(sentinels)],
+              "model_input_names": ["input_ids", "attention_mask"]}
     _publish(folder / "tokenizer.json", tokenizer.to_str(pretty=True))
     _publish(folder / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
     return folder

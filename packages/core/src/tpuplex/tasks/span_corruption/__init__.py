@@ -163,8 +163,8 @@ class SpanCorruption(Task):
 
     @staticmethod
     def _texts(config: Any, options: Options, field: str, spec: str) -> list[str]:
-        """The texts of a .txt file (its non-blank lines, as `datasets`' text loader reads them) or of a table's
-        text column."""
+        """The texts of a .txt file (its non-blank lines: `datasets`' text loader, which run_t5_mlm_flax.py reads
+        with, keeps a blank line as an empty text, an end-of-text alone) or of a table's text column."""
         file = text_file(field, spec)
         if file.path.suffix == ".txt":
             lines = [line for line in file.path.read_text(encoding="utf-8").splitlines() if line.strip()]
