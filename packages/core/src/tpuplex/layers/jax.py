@@ -278,3 +278,18 @@ class JaxOps:
 
     def frame_mask(self, lengths, frames):
         return (jnp.arange(frames)[None, :] < lengths[:, None]).astype(jnp.float32)
+
+    def padded_attention(self, query, key, value, key_mask, scale, dropout, site):
+        if ((self.deterministic or not dropout) and jax.default_backend() == "gpu"
+                and query.dtype in (jnp.bfloat16, jnp.float16) and query.shape[-1] in CUDNN_HEAD_DIMS):
+            # cuDNN's flash kernel from each row's key count (a filler row of none given one: no empty softmax).
+            lengths = jnp.maximum(key_mask.sum(axis=-1).astype(jnp.int32), 1)
+            return jax.nn.dot_product_attention(query, key, value, scale=scale, key_value_seq_lengths=lengths,
+                                                implementation="cudnn")
+        return self.attention(query, key, value, key_mask[:, None, :] > 0, False, scale, 0.0, dropout, site)
+
+    def take(self, x, positions):
+        return jnp.take_along_axis(x, positions.reshape(*positions.shape, *(1,) * (x.ndim - 2)), axis=1)
+
+    def broadcast_to(self, x, shape):
+        return jnp.broadcast_to(x, shape)

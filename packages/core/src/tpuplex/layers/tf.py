@@ -177,3 +177,12 @@ class TfOps:
 
     def frame_mask(self, lengths, frames):
         return tf.cast(tf.range(frames)[None, :] < lengths[:, None], tf.float32)
+
+    def padded_attention(self, query, key, value, key_mask, scale, dropout, site):
+        return self.attention(query, key, value, key_mask[:, None, :] > 0, False, scale, 0.0, dropout, site)
+
+    def take(self, x, positions):
+        return tf.gather(x, positions, batch_dims=1)
+
+    def broadcast_to(self, x, shape):
+        return tf.broadcast_to(x, shape)

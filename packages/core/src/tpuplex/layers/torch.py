@@ -176,3 +176,13 @@ class TorchOps:
 
     def frame_mask(self, lengths, frames):
         return (torch.arange(frames, device=lengths.device)[None, :] < lengths[:, None]).float()
+
+    def padded_attention(self, query, key, value, key_mask, scale, dropout, site):
+        return self.attention(query, key, value, key_mask[:, None, :] > 0, False, scale, 0.0, dropout, site)
+
+    def take(self, x, positions):
+        return torch.gather(x, 1, positions.reshape(*positions.shape, *(1,) * (x.dim() - 2)).expand(
+            *positions.shape, *x.shape[2:]))
+
+    def broadcast_to(self, x, shape):
+        return x.expand(shape)

@@ -74,3 +74,13 @@ class Ops(Protocol):
     def depthwise_conv1d(self, x: Any, weight: Any, bias: Any) -> Any: ...       # x [B, T, H], W [H, 1, K], "same"
     def positions(self, frames: Any, width: int) -> Any: ...                     # sinusoidal [frames, width]
     def frame_mask(self, lengths: Any, frames: int) -> Any: ...                  # float [B, frames]: t < lengths
+    # The text encoders' padded attention and the masked LM's positions.
+    def padded_attention(self, query: Any, key: Any, value: Any, key_mask: Any, scale: float, dropout: float,
+                         site: int) -> Any:
+        """`attention` of query [B, T, heads, D] over key, value [B, S, heads, D], each row seeing the keys
+        key_mask int [B, S] keeps: 1 on its first keys, 0 on its right padding (tpuplex's batches), which lets a
+        fused kernel read each row's key count alone (cuDNN's on a GPU)."""
+    def take(self, x: Any, positions: Any) -> Any:
+        """x [B, T, ...] at positions int [B, P] -> [B, P, ...] (each row its own positions)."""
+    # The image models.
+    def broadcast_to(self, x: Any, shape: tuple[Any, ...]) -> Any: ...          # x repeated to shape (numpy's rule)

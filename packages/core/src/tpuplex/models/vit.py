@@ -5,18 +5,25 @@
     layers      pre-LayerNorm blocks: x += attention(layernorm_before(x)); x += mlp(layernorm_after(x))
     head        layernorm -> the cls token -> classifier Linear(hidden, num_labels)
 
-The parameter names are transformers 5's (`vit.layers.{i}.attention.q_proj`, `.mlp.fc1`, ...).
+The parameter names are transformers 5's (`vit.layers.{i}.attention.q_proj`, `.mlp.fc1`, ...). The forward pass
+(`forward`, `block`) is written once over the table of operations each framework gives (`tpuplex.models.ops.Ops`),
+on the HF names and torch's layout, so the three backends run the same function on the same numbers. The patch
+convolution (kernel = stride = patch) is a Linear over each patch's pixels, flattened as the OIHW kernel is.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from tpuplex import flops, initializers
 from tpuplex.errors import TpuplexError
 from tpuplex.models.family import ConfigReader
+from tpuplex.models.ops import Ops
 from tpuplex.slices import SliceReader
 
 
@@ -100,6 +107,61 @@ class ViT:
 
     def initial_buffers(self) -> dict[str, np.ndarray]:
         return {}
+
+
+DROPOUT_SITES = 3
+"""Dropout sites per layer (attention probabilities, the attention's and the MLP's outputs), after the
+embeddings' site 0."""
+
+
+def forward(ops: Ops, p: Mapping[str, Any], arch: ViT, images: Any,
+            layer: Callable[[int, Any], Any] | None = None) -> Any:
+    """logits float32 [B, num_labels] of images [B, H, W, C] (channels-last, in [0, 1], in the compute dtype).
+
+    p: HF name -> parameter (the framework's tensors, torch's layout). layer(index, x) -> x: how a framework runs
+    one layer (torch calls it as a module, so FSDP2 gathers its weights first); `block` over `p` by default.
+    """
+    a = arch
+    (grid_h, grid_w), (patch_h, patch_w), hidden = a.grid, a.patch_size, a.hidden_size
+    rows, channels = ops.shape(images)[0], a.num_channels
+    # [B, gh * ph, gw * pw, C] -> [B, gh * gw, C * ph * pw]: each patch's pixels in the kernel's (C, ph, pw) order,
+    # the patches row-major (torch's flatten(2) of the convolution's output).
+    patches = ops.reshape(images, (rows, grid_h, patch_h, grid_w, patch_w, channels))
+    patches = ops.reshape(ops.transpose(patches, (0, 1, 3, 5, 2, 4)),
+                          (rows, grid_h * grid_w, channels * patch_h * patch_w))
+    embeddings = "vit.embeddings"
+    kernel = ops.reshape(p[f"{embeddings}.patch_embeddings.projection.weight"], (hidden, channels * patch_h * patch_w))
+    patches = ops.linear(patches, kernel, p[f"{embeddings}.patch_embeddings.projection.bias"])
+    cls = ops.broadcast_to(ops.cast_like(p[f"{embeddings}.cls_token"], images), (rows, 1, hidden))
+    x = ops.concat([cls, ops.cast_like(patches, images)], axis=1)
+    x = ops.dropout(x + ops.cast_like(p[f"{embeddings}.position_embeddings"], images), a.hidden_dropout, 0)
+    run = layer or (lambda index, x: block(ops, p, a, index, x))
+    for index in range(a.num_layers):
+        x = run(index, x)
+    first = ops.layer_norm(x, p["vit.layernorm.weight"], p["vit.layernorm.bias"], a.layer_norm_eps)[:, 0]
+    return ops.float32(ops.linear(ops.float32(first), p["classifier.weight"], p["classifier.bias"]))
+
+
+def block(ops: Ops, p: Mapping[str, Any], arch: ViT, index: int, x: Any) -> Any:
+    """One pre-LayerNorm layer: x [B, N + 1, hidden] -> the same shape."""
+    a = arch
+    name, site = f"vit.layers.{index}", 1 + DROPOUT_SITES * index
+    rows, tokens = ops.shape(x)[:2]
+    heads, size = a.num_heads, a.hidden_size // a.num_heads
+    sees = ops.arange(tokens)[None, None, :] >= 0  # [1, 1, S]: every token sees every token
+
+    def linear(module: str, h: Any) -> Any:
+        return ops.linear(h, p[f"{name}.{module}.weight"], p.get(f"{name}.{module}.bias"))
+
+    h = ops.layer_norm(x, p[f"{name}.layernorm_before.weight"], p[f"{name}.layernorm_before.bias"], a.layer_norm_eps)
+    query, key, value = (ops.reshape(linear(f"attention.{part}", h), (rows, tokens, heads, size))
+                         for part in ("q_proj", "k_proj", "v_proj"))
+    context = ops.attention(query, key, value, sees, False, 1.0 / math.sqrt(size), 0.0, a.attention_dropout, site)
+    attended = linear("attention.o_proj", ops.reshape(context, (rows, tokens, a.hidden_size)))
+    x = x + ops.dropout(attended, a.hidden_dropout, site + 1)
+    h = ops.layer_norm(x, p[f"{name}.layernorm_after.weight"], p[f"{name}.layernorm_after.bias"], a.layer_norm_eps)
+    inner = ops.activation(a.hidden_act, linear("mlp.fc1", h))
+    return x + ops.dropout(linear("mlp.fc2", inner), a.hidden_dropout, site + 2)
 
 
 def read(config: ConfigReader) -> ViT:

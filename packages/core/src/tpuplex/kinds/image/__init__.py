@@ -1,5 +1,6 @@
 """Image families (`tpuplex.models.image_family`: ResNet, ViT), described once as a plan each framework walks
-(`tf.py`, `jax.py` here; torch uses transformers' own classes, `torch.py`).
+(`tf.py`, `jax.py`, `torch.py` here: the ViT is its forward pass written once, `tpuplex.models.vit.forward`;
+the ResNet walks the plan in Flax and Keras, and is transformers' own class in torch).
 
 A config.json alone is a model to train from scratch, drawn by the core; with weights, they are read (a classifier
 of another size drawn anew), with the batch-norm statistics (`initial_image_state`).

@@ -1,4 +1,6 @@
-"""The image families (`tpuplex.models.resnet`, `tpuplex.models.vit`) in Flax linen, walking the core's plan.
+"""The image families (`tpuplex.models.resnet`, `tpuplex.models.vit`) in Flax linen: the ViT written once
+(`tpuplex.models.vit.forward` over `JaxOps`, its parameters flat under their HF names), the ResNet walking the core's
+plan.
 
 Modules are named with HF's module names (`resnet.encoder.stages.0.layers.1.layer.0.convolution`), so a
 parameter's tree path is its HF name once the leaf is renamed (kernel -> weight, scale -> weight) and its kernel
@@ -9,7 +11,6 @@ the three backends and transformers share one checkpoint.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import flax.linen as nn
@@ -19,7 +20,8 @@ import numpy as np
 import jax
 from tpuplex.kinds.image import example_image_shape
 from tpuplex.kinds.jax import Built, KindModule
-from tpuplex.layers.jax import ACTIVATIONS, Naming, flax_views
+from tpuplex.layers.jax import JaxOps, Naming, flax_views
+from tpuplex.models import vit
 from tpuplex.models.resnet import Conv, ResNet
 from tpuplex.models.vit import ViT
 from tpuplex.params import check_names
@@ -97,7 +99,8 @@ class ResNetClassifier(nn.Module):
 
 
 class ViTClassifier(nn.Module):
-    """images float32 [B, H, W, C] -> logits float32 [B, num_labels] (see `tpuplex.models.vit`)."""
+    """images float32 [B, H, W, C] -> logits float32 [B, num_labels]: the forward pass written once
+    (`tpuplex.models.vit.forward`) over jax's table of operations, the parameters flat under their HF names."""
 
     arch: ViT
     num_labels: int
@@ -106,40 +109,9 @@ class ViTClassifier(nn.Module):
 
     @nn.compact
     def __call__(self, images: jax.Array, train: bool = False, deterministic: bool = True) -> jax.Array:
-        a = self.arch
-        dense = lambda features, name, bias=True: nn.Dense(features, use_bias=bias, dtype=self.dtype,  # noqa: E731
-                                                           name=name)
-        norm = lambda name: nn.LayerNorm(epsilon=a.layer_norm_eps, dtype=self.dtype, name=name)  # noqa: E731
-        hidden_dropout = nn.Dropout(a.hidden_dropout, deterministic=deterministic)
-        patches = nn.Conv(a.hidden_size, a.patch_size, a.patch_size, "VALID", dtype=self.dtype,
-                          name="vit.embeddings.patch_embeddings.projection")(images.astype(self.dtype))
-        patches = patches.reshape(patches.shape[0], -1, a.hidden_size)  # row-major, as torch's flatten(2)
-        cls = self.param("vit.embeddings.cls_token", nn.initializers.zeros, (1, 1, a.hidden_size))
-        positions = self.param("vit.embeddings.position_embeddings", nn.initializers.zeros,
-                               (1, a.num_patches + 1, a.hidden_size))
-        x = jnp.concatenate([jnp.broadcast_to(cls, (patches.shape[0], 1, a.hidden_size)).astype(self.dtype),
-                             patches], axis=1) + positions.astype(self.dtype)
-        x = hidden_dropout(x)
-        head_dim = a.hidden_size // a.num_heads
-        for index in range(a.num_layers):
-            layer = f"vit.layers.{index}"
-            inputs = norm(f"{layer}.layernorm_before")(x)
-
-            def heads(name: str, inputs: jax.Array = inputs, layer: str = layer) -> jax.Array:
-                y = dense(a.hidden_size, f"{layer}.attention.{name}", a.qkv_bias)(inputs)
-                return y.reshape(*y.shape[:2], a.num_heads, head_dim).transpose(0, 2, 1, 3)
-
-            scores = jnp.einsum("bhqd,bhkd->bhqk", heads("q_proj"), heads("k_proj")).astype(jnp.float32)
-            probs = jax.nn.softmax(scores / math.sqrt(head_dim), axis=-1)
-            probs = nn.Dropout(a.attention_dropout, deterministic=deterministic)(probs)
-            context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(self.dtype), heads("v_proj"))
-            context = context.transpose(0, 2, 1, 3).reshape(x.shape)
-            x = x + hidden_dropout(dense(a.hidden_size, f"{layer}.attention.o_proj")(context))
-            inner = ACTIVATIONS[a.hidden_act](dense(a.intermediate_size, f"{layer}.mlp.fc1")(
-                norm(f"{layer}.layernorm_after")(x)))
-            x = x + hidden_dropout(dense(a.hidden_size, f"{layer}.mlp.fc2")(inner))
-        first = norm("vit.layernorm")(x)[:, 0]
-        return nn.Dense(self.num_labels, name="classifier")(first.astype(jnp.float32))
+        params = {name: self.param(name, nn.initializers.zeros, shape)
+                  for name, shape in self.arch.parameter_shapes(self.num_labels).items()}
+        return vit.forward(JaxOps(self, deterministic, self.dtype), params, self.arch, images.astype(self.dtype))
 
 
 def image_model(arch: ResNet | ViT, num_labels: int, batch_norm_groups: int, dtype: Any) -> nn.Module:
@@ -160,7 +132,9 @@ class ImageFamily(KindModule):
         args, kwargs = task.model_inputs({"images": images}, False, False)
         template = jax.eval_shape(lambda: network.init(jax.random.key(0), *args, **kwargs))
         params_template, state_template = template["params"], {k: v for k, v in template.items() if k != "params"}
-        naming, state_naming = Naming.hf(params_template), Naming.hf(state_template, collection=True)
+        naming = (Naming({name: name for name in params_template}) if isinstance(arch, ViT)
+                  else Naming.hf(params_template))
+        state_naming = Naming.hf(state_template, collection=True)
         check_names(naming.shapes(params_template), spec.params, "model.params")
         check_names(state_naming.shapes(state_template), spec.buffers, "the batch-norm statistics")
         return Built(network, flax_views(spec.params, params_template, naming),

@@ -1,4 +1,5 @@
-"""The image families (`tpuplex.models.resnet`, `tpuplex.models.vit`) in Keras 3 layers, walking the core's plan.
+"""The image families (`tpuplex.models.resnet`, `tpuplex.models.vit`) in Keras 3: the ViT written once
+(`tpuplex.models.vit.forward` over `TfOps`, a variable per HF name), the ResNet in layers walking the core's plan.
 
 Each layer is kept under its HF module name (`hf_variables` lists the variables under HF names, with whether
 each is a kernel in Keras' layout: Dense [in, out], Conv2D HWIO). Batch norm is torch's `BatchNorm2d` (momentum
@@ -19,7 +20,8 @@ import tensorflow as tf
 
 from tpuplex.kinds.image import example_image_shape
 from tpuplex.kinds.tf import Built, KindModule
-from tpuplex.layers.tf import ACTIVATIONS, Variables, dense_variables, dropout, norm_variables
+from tpuplex.layers.tf import TfOps, Variables, dense_variables
+from tpuplex.models import vit
 from tpuplex.models.resnet import Conv, ResNet
 from tpuplex.models.vit import ViT
 from tpuplex.protocol import ModelSpec, OptimizerSpec
@@ -150,83 +152,27 @@ class ResNetClassifier(keras.Model):
         return found
 
 
-class ViTLayer(keras.layers.Layer):
-    """A pre-LayerNorm block: x += attention(layernorm_before(x)); x += mlp(layernorm_after(x))."""
-
-    DROPOUT_SITES = 3
-
-    def __init__(self, arch: ViT, **kwargs):
-        super().__init__(**kwargs)
-        self.arch = arch
-        norm = lambda: keras.layers.LayerNormalization(epsilon=arch.layer_norm_eps)  # noqa: E731
-        self.layernorm_before, self.layernorm_after = norm(), norm()
-        self.projections = {name: keras.layers.Dense(arch.hidden_size, use_bias=arch.qkv_bias or name == "o_proj")
-                            for name in ("q_proj", "k_proj", "v_proj", "o_proj")}
-        self.fc1, self.fc2 = keras.layers.Dense(arch.intermediate_size), keras.layers.Dense(arch.hidden_size)
-
-    def call(self, x: tf.Tensor, seed: tf.Tensor | None, site: int) -> tf.Tensor:
-        a = self.arch
-        head_dim = a.hidden_size // a.num_heads
-        inputs = self.layernorm_before(x)
-
-        def heads(name: str) -> tf.Tensor:  # [B, N, hidden] -> [B, heads, N, head_dim]
-            y = self.projections[name](inputs)
-            return tf.transpose(tf.reshape(y, [tf.shape(y)[0], -1, a.num_heads, head_dim]), [0, 2, 1, 3])
-
-        # Scores and softmax in float32 under bfloat16 too, as the JAX model computes them.
-        scores = tf.cast(tf.matmul(heads("q_proj"), heads("k_proj"), transpose_b=True), tf.float32)
-        probs = tf.cast(tf.nn.softmax(scores / math.sqrt(head_dim), axis=-1), x.dtype)
-        probs = dropout(probs, a.attention_dropout, seed, site)
-        context = tf.reshape(tf.transpose(tf.matmul(probs, heads("v_proj")), [0, 2, 1, 3]), tf.shape(x))
-        x = x + dropout(self.projections["o_proj"](context), a.hidden_dropout, seed, site + 1)
-        inner = ACTIVATIONS[a.hidden_act](self.fc1(self.layernorm_after(x)))
-        return x + dropout(self.fc2(inner), a.hidden_dropout, seed, site + 2)
-
-    def hf_variables(self, layer: str) -> Variables:
-        found = {**norm_variables(f"{layer}.layernorm_before", self.layernorm_before),
-                 **norm_variables(f"{layer}.layernorm_after", self.layernorm_after),
-                 **dense_variables(f"{layer}.mlp.fc1", self.fc1), **dense_variables(f"{layer}.mlp.fc2", self.fc2)}
-        for name, projection in self.projections.items():
-            found[f"{layer}.attention.{name}.weight"] = (projection.kernel, True)
-            if projection.use_bias:
-                found[f"{layer}.attention.{name}.bias"] = (projection.bias, False)
-        return found
-
-
 class ViTClassifier(keras.Model):
-    """images float32 [B, H, W, C] -> logits float32 [B, num_labels] (see `tpuplex.models.vit`)."""
+    """images float32 [B, H, W, C] -> logits float32 [B, num_labels]: the forward pass written once
+    (`tpuplex.models.vit.forward`) over TensorFlow's table of operations, a variable per HF name."""
 
     def __init__(self, arch: ViT, num_labels: int, cross_replica: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.arch = arch
         self.synchronises_replicas = False  # no batch norm
-        self.projection = keras.layers.Conv2D(arch.hidden_size, arch.patch_size, arch.patch_size)
-        self.cls_token = self.add_weight(shape=(1, 1, arch.hidden_size), initializer="zeros", name="cls_token")
-        self.position_embeddings = self.add_weight(shape=(1, arch.num_patches + 1, arch.hidden_size),
-                                                   initializer="zeros", name="position_embeddings")
-        self.vit_layers = [ViTLayer(arch) for _ in range(arch.num_layers)]
-        self.layernorm = keras.layers.LayerNormalization(epsilon=arch.layer_norm_eps)
-        self.classifier = keras.layers.Dense(num_labels)
+        # autocast=False: read in float32 under a bfloat16 policy; the operations cast where a weight meets an
+        # activation.
+        self.named = {name: self.add_weight(shape=shape, initializer="zeros", name=name.replace(".", "_"),
+                                            autocast=False)
+                      for name, shape in arch.parameter_shapes(num_labels).items()}
 
     def call(self, images: tf.Tensor, seed: tf.Tensor | None = None) -> tf.Tensor:
-        a = self.arch
-        patches = self.projection(images)
-        patches = tf.reshape(patches, [tf.shape(patches)[0], a.num_patches, a.hidden_size])
-        cls = tf.tile(self.cls_token, [tf.shape(patches)[0], 1, 1])
-        x = dropout(tf.concat([cls, patches], axis=1) + self.position_embeddings, a.hidden_dropout, seed, 0)
-        for index, layer in enumerate(self.vit_layers):
-            x = layer(x, seed=seed, site=1 + ViTLayer.DROPOUT_SITES * index)
-        return self.classifier(self.layernorm(x)[:, 0])
+        dtype = tf.as_dtype(self.compute_dtype)
+        return vit.forward(TfOps(seed, dtype), {name: v.value for name, v in self.named.items()}, self.arch,
+                           tf.cast(images, dtype))
 
     def hf_variables(self) -> Variables:
-        found: Variables = {"vit.embeddings.cls_token": (self.cls_token, False),
-                            "vit.embeddings.position_embeddings": (self.position_embeddings, False),
-                            "vit.embeddings.patch_embeddings.projection.weight": (self.projection.kernel, True),
-                            "vit.embeddings.patch_embeddings.projection.bias": (self.projection.bias, False)}
-        for index, layer in enumerate(self.vit_layers):
-            found |= layer.hf_variables(f"vit.layers.{index}")
-        return found | norm_variables("vit.layernorm", self.layernorm) | dense_variables("classifier",
-                                                                                         self.classifier)
+        return {name: (variable, False) for name, variable in self.named.items()}
 
     def state_variables(self) -> dict[str, keras.Variable]:
         return {}
