@@ -110,8 +110,21 @@ def _pytest(session: nox.Session, folder: str, workers: int = TEST_WORKERS, **en
     parallel = ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"] if workers > 1 else []
     session.run("pytest", f"tests/{folder}", "-q", f"--timeout={TEST_TIMEOUT_S}", f"--durations={SLOWEST_SHOWN}",
                 *parallel, *session.posargs, success_codes=success,
-                env={"HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": None, **_compile_caches(session), **env})
+                env={"HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": None, **_compile_caches(session),
+                     **_threads(workers), **env})
     session.log(f"{session.name}: pytest took {time.monotonic() - started:.0f} s wall")
+
+
+def _threads(workers: int) -> dict[str, str]:
+    """OMP_NUM_THREADS for the session's processes: the cores shared among the pytest workers (1 on CI's 2 cores
+    and 2 workers), unless the caller set it. torch (and numpy's BLAS) otherwise start an OpenMP thread per core
+    in every process, and with two workers, each often with a child or two, those threads spin-wait for cores
+    the other worker holds: on the 2-core VM, under load, a tiny model's 48 steps took 16 s instead of 0.8 s and
+    tests/torch/test_decoders.py's LoRA checks 38 s instead of 3 s (docs/testing.md, 2026-11-28). `tpuplex
+    launch` sets the same for its torch children (cores / processes) where it is unset."""
+    if workers < 2 or os.environ.get("OMP_NUM_THREADS"):
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
 
 
 @nox.session(name="tests-core", python="3.11")

@@ -96,16 +96,32 @@ def predict_or_generate(run: tpuplex.Run, task: str) -> None:
             run.predict(["a [MASK] sentence"])
 
 
+@pytest.fixture(scope="module")
+def trained(subset_root, tmp_path_factory):
+    """`trained(task)`: (the Run of the task's example trained through `tpuplex.train` in this process, the folder of
+    the same run by `tpuplex train` in a fresh one), 2 steps with every step's loss logged, trained once a module:
+    the per-task test below and the test of several trainings in one process read the same runs."""
+    runs: dict[str, tuple[tpuplex.Run, Path]] = {}
+
+    def train(task: str) -> tuple[tpuplex.Run, Path]:
+        if task not in runs:
+            folder, example = tmp_path_factory.mktemp(task), EXAMPLES[task]
+            overrides = {"train.max_steps": 2, "train.global_batch": SMALL_BATCH, "runtime.log_every": 1,
+                         "data.cache_dir": str(folder / "cache"), **data_overrides(example, subset_root)}
+            train_with_the_cli(example, folder / "cli", overrides)
+            api = {**overrides, "runtime.output_dir": str(folder / "api")}
+            runs[task] = tpuplex.train(REPO / example, "torch", overrides=api), folder / "cli"
+        return runs[task]
+
+    return train
+
+
 @pytest.mark.parametrize("task", EXAMPLES)
 def test_the_api_runs_each_task_s_example_as_the_cli_does(task, shared_glue, shared_text, shared_images,
-                                                          shared_audio, subset_root, tmp_path) -> None:
-    example = EXAMPLES[task]
-    overrides = {"train.max_steps": 2, "train.global_batch": SMALL_BATCH, "data.cache_dir": str(tmp_path / "cache"),
-                 **data_overrides(example, subset_root)}
-    train_with_the_cli(example, tmp_path / "cli", overrides)
-    run = tpuplex.train(REPO / example, "torch", overrides={**overrides, "runtime.output_dir": str(tmp_path / "api")})
+                                                          shared_audio, trained) -> None:
+    run, cli_folder = trained(task)
 
-    from_cli = json.loads((tmp_path / "cli" / "results.json").read_text())
+    from_cli = json.loads((cli_folder / "results.json").read_text())
     assert run.results["config_hash"] == from_cli["config_hash"] and run.results["step"] == 2
     assert from_cli["metrics"] and from_cli["train"]["mfu"] > 0  # tests/torch/test_examples.py's subset check
     assert run.results["losses"] == from_cli["losses"]
@@ -118,16 +134,13 @@ def test_the_api_runs_each_task_s_example_as_the_cli_does(task, shared_glue, sha
     assert exported.is_dir() and any(exported.iterdir())
 
 
-
-def test_two_torch_trainings_in_one_process_match_fresh_processes(shared_images, shared_text, subset_root,
-                                                                   tmp_path) -> None:
-    """ResNet-20 on CIFAR-10 then the character GPT in this process, each against its own fresh `tpuplex train`."""
+def test_two_torch_trainings_in_one_process_match_fresh_processes(shared_images, shared_text, trained) -> None:
+    """ResNet-20 on CIFAR-10 then the character GPT trained in this process, each against its own fresh `tpuplex
+    train`: every step's loss and the metrics. The runs are the per-task test's (above, in the same worker: there the
+    GPT is this process's fifth training); run alone, this test trains the two, one after the other."""
     for task in ("image_classification", "causal_lm"):
-        overrides = {"train.max_steps": 3, "train.global_batch": SMALL_BATCH, "runtime.log_every": 1,
-                     "data.cache_dir": str(tmp_path / "cache"), **data_overrides(EXAMPLES[task], subset_root)}
-        train_with_the_cli(EXAMPLES[task], tmp_path / f"{task}-fresh", overrides)
-        run = tpuplex.train(REPO / EXAMPLES[task], "torch",
-                            overrides={**overrides, "runtime.output_dir": str(tmp_path / task)})
-        expected = tpuplex.Run.open(tmp_path / f"{task}-fresh")
-        assert [row["loss"] for row in run.history()] == [row["loss"] for row in expected.history()], task
+        run, fresh = trained(task)
+        expected = tpuplex.Run.open(fresh)
+        losses = [row["loss"] for row in run.history()]
+        assert len(losses) == 2 and losses == [row["loss"] for row in expected.history()], task
         assert run.metrics == expected.metrics, task

@@ -13,22 +13,33 @@ import numpy as np
 import pytest
 from helpers import assert_params_close, backend, learning_rates, run, tiny_spec, train_batches
 
+import torch
 from tpuplex.protocol import OptimizerSpec
 from tpuplex.testing.specs import image_family_spec
 
 pytestmark = pytest.mark.started_first
 
 
-def test_compiled_training_matches_eager_and_compiles_once_per_shape(tmp_path):
-    spec = tiny_spec(tmp_path, dropout=True)
+@pytest.fixture(scope="module")
+def compiled_run(tmp_path_factory) -> dict:
+    """The tiny BERT with dropout on, trained by `torch_mode = "compile"` on 6 batches of both bucket lengths: the
+    reference of eager mode (below) and of "cuda_graphs", which compiles the same programs again and finds them in
+    inductor's cache (a compile of this model costs 15-30 s of the 2-core machine, a cache hit a few)."""
+    spec = tiny_spec(tmp_path_factory.mktemp("tiny-bert"), dropout=True)
     batches = train_batches(8, 6)
+    rates = learning_rates(len(batches))
+    compiled = backend("compile")
+    state, losses = run(compiled, spec, batches, rates, OptimizerSpec(seed=3))
+    return {"spec": spec, "batches": batches, "rates": rates, "backend": compiled, "state": state, "losses": losses}
+
+
+def test_compiled_training_matches_eager_and_compiles_once_per_shape(compiled_run):
+    spec, batches, rates = compiled_run["spec"], compiled_run["batches"], compiled_run["rates"]
     shapes = {batch["input_ids"].shape for batch in batches}
     assert len(shapes) == 2, "the batches should use both bucket lengths"
-    rates = learning_rates(len(batches))
     eager = backend("eager")
     eager_state, eager_losses = run(eager, spec, batches, rates, OptimizerSpec(seed=3))
-    compiled = backend("compile")
-    compiled_state, compiled_losses = run(compiled, spec, batches, rates, OptimizerSpec(seed=3))
+    compiled, compiled_state, compiled_losses = (compiled_run[key] for key in ("backend", "state", "losses"))
 
     np.testing.assert_allclose(compiled_losses, eager_losses, rtol=1e-6)
     assert_params_close(compiled.state_to_arrays(compiled_state), eager.state_to_arrays(eager_state), atol=1e-6)
@@ -39,18 +50,18 @@ def test_compiled_training_matches_eager_and_compiles_once_per_shape(tmp_path):
     assert "torch eager + torch.compile; runtime.torch_mode = compile" in compiled.topology().report()
 
 
-def test_cuda_graphs_on_the_cpu_warns_once_and_trains_as_compile(tmp_path, capsys):
-    spec, batches = task_runs("sequence_classification", tmp_path)
-    rates = learning_rates(len(batches))
-    _, compiled_losses = run(backend("compile"), spec, batches, rates, OptimizerSpec(seed=3))
+def test_cuda_graphs_on_the_cpu_warns_once_and_trains_as_compile(compiled_run, capsys):
+    # Dynamo's guards hold for a second model of the same structure (its parameters are the programs' inputs), so
+    # this process would run the "compile" programs again without compiling: forget them, as a new process would.
+    torch._dynamo.reset()
     capsys.readouterr()
     graphs = backend("cuda_graphs")
     assert capsys.readouterr().err == ('tpuplex: warning: runtime.torch_mode = "cuda_graphs" replays CUDA graphs on '
                                        'a GPU; on the cpu it runs as "compile"\n')
     assert not graphs.placement.replays_graphs
     assert "torch eager + torch.compile; runtime.torch_mode = cuda_graphs" in graphs.topology().report()
-    _, losses = run(graphs, spec, batches, rates, OptimizerSpec(seed=3))
-    assert losses == compiled_losses
+    _, losses = run(graphs, compiled_run["spec"], compiled_run["batches"], compiled_run["rates"], OptimizerSpec(seed=3))
+    assert losses == compiled_run["losses"]
 
 
 def task_runs(task: str, folder) -> tuple:

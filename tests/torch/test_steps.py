@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -146,7 +147,10 @@ def test_resume_in_a_fresh_process_equals_an_uninterrupted_run(tmp_path, dropout
     saved = checkpoint.save(tmp_path / "ckpt", torch_backend.state_to_arrays(interrupted), {"position": 2}, keep=1)
     script = tmp_path / "resume.py"
     script.write_text(RESUME)
-    env = {"PYTHONPATH": str(Path(__file__).parent), "HF_HUB_OFFLINE": "1", "PATH": ""}
+    # The child uses this process's thread count (the noxfile sets OMP_NUM_THREADS): torch splits a reduction over
+    # its threads, so only the same count gives the same bits.
+    threads = {name: os.environ[name] for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if name in os.environ}
+    env = {"PYTHONPATH": str(Path(__file__).parent), "HF_HUB_OFFLINE": "1", "PATH": "", **threads}
     subprocess.run([sys.executable, str(script), str(saved), str(tmp_path / "model"), str(tmp_path / "resumed"),
                     "1" if dropout else "0"], check=True, env=env, timeout=300)
     resumed, _ = checkpoint.load(checkpoint.latest(tmp_path / "resumed"))
