@@ -18,6 +18,8 @@ from tpuplex.kinds.image.tf import ConvNorm
 from tpuplex.models.resnet import Conv
 from tpuplex_tf.backend import TfBackend
 
+pytestmark = pytest.mark.started_first  # the tf session's longest file (2-replica training on each check)
+
 
 @pytest.fixture(params=[2, pytest.param(LOGICAL_CPUS, marks=pytest.mark.long)], ids=lambda count: f"{count}-replicas")
 def replicas(request) -> Callable[[], TfBackend]:

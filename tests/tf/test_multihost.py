@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from multihost_checks import MultiProcessSuite
 
+pytestmark = pytest.mark.started_first
+
 
 class TestTfProcesses(MultiProcessSuite):
     # TF's health check stops the survivor by itself (about 10 s); the timeout only has to exceed that.
