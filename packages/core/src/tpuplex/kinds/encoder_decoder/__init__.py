@@ -14,16 +14,14 @@ positions, in one compiled loop, greedy or sampled as the decoders sample, or by
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from tpuplex import models
-from tpuplex.errors import TpuplexError
 from tpuplex.kinds import ModelKind
-from tpuplex.kinds.decoder import initial_decoder_params
+from tpuplex.kinds.decoder import Decoders, initial_decoder_params
 from tpuplex.models import t5
 from tpuplex.slices import SliceReader
 
@@ -37,21 +35,8 @@ class EncoderDecoders(ModelKind):
     def tensor_dims(self) -> dict[str, int]:
         return self.family.tensor_dims(self.arch)
 
-    def check_data(self, data: Any) -> None:
-        """A config.json without `vocab_size` takes the size of the run's tokenizer; token ids beyond the embedding
-        table would index out of range deep inside a framework."""
-        if not self.arch.vocab_size:
-            size = data.vocabulary_size()
-            if not size:
-                raise TpuplexError(f"{self.checkpoint_dir / 'config.json'} has no vocab_size and the run's "
-                                   "tokenizer gives it none: set vocab_size there")
-            self.arch = dataclasses.replace(self.arch, vocab_size=size)
-            self.hf_config = {**self.hf_config, "vocab_size": size}
-        for split, encoded in data.splits().items():
-            if encoded.max_token_id >= self.arch.vocab_size:
-                raise TpuplexError(f"the tokenizer gives token id {encoded.max_token_id} on {split}, but the model "
-                                   f"has {self.arch.vocab_size} word embeddings: set vocab_size in "
-                                   f"{self.checkpoint_dir / 'config.json'} to at least {encoded.max_token_id + 1}")
+    check_data = Decoders.check_data
+    """A config.json without vocab_size takes the run's tokenizer's; token ids beyond the table are refused."""
 
     def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         return initial_decoder_params(self.checkpoint_dir, self.family, self.arch, seed, t5.initial_params), {}
