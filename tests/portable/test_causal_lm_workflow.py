@@ -64,8 +64,8 @@ def test_eval_on_jax_gives_the_trainer_s_metrics(trained):
     expected = json.loads((trained / "results.json").read_text())["metrics"]["validation"]
     tpuplex("eval", str(trained), "--backend", "jax")
     got = json.loads((trained / "eval" / "step-00000030-jax.json").read_text())["metrics"]["validation"]
-    for name, value in expected.items():
-        assert abs(got[name] - value) <= METRIC_TOLERANCE, name
+    for name, value in expected.items():  # perplexity is exp(loss): its tolerance scales with it
+        assert abs(got[name] - value) <= METRIC_TOLERANCE * max(1.0, abs(value)), name
 
 
 @pytest.fixture(scope="module")
