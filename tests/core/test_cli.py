@@ -175,7 +175,8 @@ def test_eval_predict_and_generate_default_to_the_backend_the_run_trained_on(wri
     def restore(found, name, model_only):
         raise TpuplexError(f"restored on {name}")
 
-    monkeypatch.setattr(generate, "check_run", lambda found, beams=1: None)  # an MRPC run: only the backend matters here
+    # an MRPC run: only the backend matters here
+    monkeypatch.setattr(generate, "check_run", lambda found, beams=1: None)
     monkeypatch.setattr(workflow, "restore", restore)
     capsys.readouterr()
     assert cli.main(["generate", str(run), "--prompt", "ROMEO:"]) == 2

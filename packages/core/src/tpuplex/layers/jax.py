@@ -1,6 +1,5 @@
-"""What every Flax (JAX) module of tpuplex shares: activations by HF name, embeddings, attention, the naming
-between Flax trees and portable names, and the table of operations the networks written once run on (`JaxOps`,
-`tpuplex.models.ops`).
+"""What every Flax (JAX) module of tpuplex shares: activations by HF name, the naming between Flax trees and
+portable names, and the table of operations the networks written once run on (`JaxOps`, `tpuplex.models.ops`).
 
 Modules are named after the core's *canonical* parameter names, so a parameter's tree path spells its canonical
 name (`block.3/query/kernel` is `block.3.query.weight`, transposed: Flax keeps Dense kernels [in, out], torch
@@ -16,7 +15,6 @@ A framework module (docs/ARCHITECTURE.md): imported by the jax backend and the `
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,44 +38,8 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 }
 
 
-class Embed(nn.Embed):
-    """`nn.Embed` that gathers its rows from the float32 table and casts them to `dtype`, where Flax casts the whole
-    table first: the same forward values, but the gradient's scatter-add (every token's row added into the table)
-    runs in float32. GPUs have no bfloat16 atomic add, and a table few rows long (token types, 2 rows) takes every
-    token of the batch on one row: in bfloat16 that scatter took 72% of BERT-base's step on an H200."""
-
-    def __call__(self, inputs: jax.Array) -> jax.Array:
-        """int [...] -> [..., features] in `dtype`."""
-        return jnp.take(self.embedding, inputs, axis=0).astype(self.dtype)
-
-
 CUDNN_HEAD_DIMS = range(8, 129, 8)
 """Head sizes cuDNN's fused attention takes (bf16/fp16 operands)."""
-
-
-def attention(query: jax.Array, key: jax.Array, value: jax.Array, key_lengths: jax.Array,
-              dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
-    """Softmax attention: query, key, value [B, L, heads, head_dim] -> [B, L, heads, head_dim] in query's dtype.
-    key_lengths int [B]: each row attends to its first key_lengths keys (rows right-padded, as tpuplex's batches
-    are); a filler row of length 0 (weight 0) is given one key, so no kernel sees an empty softmax. dropout: applied
-    to the attention probabilities, when training with it.
-
-    Without dropout on a GPU in bf16/fp16, cuDNN's flash kernel (`jax.nn.dot_product_attention`): the [B, heads, L,
-    L] scores never reach memory. Elsewhere (TPU, CPU, float32, dropout) the scores are written out: both products
-    in the compute dtype (forward and backward: on a TPU a float32 product runs at a fraction of the bf16 rate),
-    the softmax in float32.
-    """
-    key_lengths = jnp.maximum(key_lengths.astype(jnp.int32), 1)
-    if (dropout is None and jax.default_backend() == "gpu" and query.dtype in (jnp.bfloat16, jnp.float16)
-            and query.shape[-1] in CUDNN_HEAD_DIMS):
-        return jax.nn.dot_product_attention(query, key, value, key_value_seq_lengths=key_lengths,
-                                            implementation="cudnn")
-    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) / math.sqrt(query.shape[-1])
-    real = jnp.arange(key.shape[1])[None, :] < key_lengths[:, None]
-    probs = jax.nn.softmax(jnp.where(real[:, None, None, :], scores, jnp.finfo(jnp.float32).min), axis=-1)
-    if dropout is not None:
-        probs = dropout(probs)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(query.dtype), value)
 
 
 _CANONICAL_LEAF = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}

@@ -178,7 +178,12 @@ class TorchOps:
         return (torch.arange(frames, device=lengths.device)[None, :] < lengths[:, None]).float()
 
     def padded_attention(self, query, key, value, key_mask, scale, dropout, site):
-        return self.attention(query, key, value, key_mask[:, None, :] > 0, False, scale, 0.0, dropout, site)
+        # The mask made on the device from key_mask alone (no scalar uploaded, which a GPU would wait for): 0 on
+        # kept keys, the dtype's most negative number on padding, so a row that keeps none stays finite.
+        query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # [B, heads, T, D]
+        additive = (key_mask[:, None, None, :] == 0).to(query.dtype) * torch.finfo(query.dtype).min
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=additive, scale=scale,
+                                              dropout_p=dropout if self.training else 0.0).transpose(1, 2)
 
     def take(self, x, positions):
         return torch.gather(x, 1, positions.reshape(*positions.shape, *(1,) * (x.dim() - 2)).expand(

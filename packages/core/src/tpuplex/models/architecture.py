@@ -7,8 +7,9 @@ Every supported family is the same network up to names and a few switches:
 
 The head on top belongs to the task (`tpuplex.tasks`): a classifier, a masked-LM head, ...
 Parameters have *canonical* names (`embeddings.word.weight`, `block.3.query.bias`, `head.out.weight`, ...) in torch
-layout (Linear weights are [out, in]); a `Family` maps them to the HF names its checkpoints use. Backends build
-their modules under canonical names and never spell an HF name themselves.
+layout (Linear weights are [out, in]); a `Family` maps them to the HF names its checkpoints use. The forward pass is
+written once (`tpuplex.models.encoder`), over canonical names; a backend holds the parameters under the HF names
+the family gives and never spells one itself.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A model family described once: how to read its `config.json`, and the HF name of every canonical parameter.
 
 Adding a family is one `Family` value (see `bert.py` for the smallest) plus nothing in the backends, as long as
-its network is an `Architecture`; a new building block goes into each backend's one module for that concept.
+its network is an `Architecture`; a new building block is a switch of `Architecture` and its branch in the
+forward pass written once (`tpuplex.models.encoder`).
 """
 
 from __future__ import annotations

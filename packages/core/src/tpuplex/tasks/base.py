@@ -37,7 +37,8 @@ from tpuplex.protocol import TEXT_INPUTS, Batch
 
 @dataclasses.dataclass(frozen=True)
 class Head:
-    """A task's head for one model family, described as data (the backends' task modules build it).
+    """A task's head for one model family, described as data, and its forward pass on a text encoder (`forward`,
+    written once over `tpuplex.models.ops.Ops`, as the encoder is: `tpuplex.models.encoder`).
 
     modules: canonical head module (`head.dense`) -> HF module name (`bert.pooler.dense`).
     shapes: canonical parameter name -> torch-layout shape, in the order the core initialises them.
@@ -58,6 +59,13 @@ class Head:
     def without_dropout(self) -> Head:
         """The same head with every dropout rate 0 (heads without dropout return themselves)."""
         return self
+
+    def forward(self, ops: Any, p: Mapping[str, Any], hidden: Any, **head_inputs: Any) -> Any:
+        """The task's outputs (what its `unit_losses` take) of a text encoder's hidden states [B, L, H]: p holds the
+        head's parameters and the encoder's under their canonical names (a tied decoder reads
+        `embeddings.word.weight`); `head_inputs` are the batch's further entries (`tpuplex.protocol.head_inputs`).
+        Dropout sites are negative (the encoder's are not)."""
+        raise TpuplexError(f"{type(self).__name__} has no forward pass on a text encoder")
 
 
 def matmul_weights(shapes: Mapping[str, tuple[int, ...]]) -> int:

@@ -10,26 +10,20 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-import flax.linen as nn
 import jax.numpy as jnp
 import optax
 
 import jax
 from tpuplex import tasks
-from tpuplex.errors import TpuplexError
 from tpuplex.protocol import TEXT_INPUTS, head_inputs
 
 
 class TaskModule(abc.ABC):
-    """A task in Flax: its head on a text encoder, how the model is called, and its losses."""
+    """A task in Flax: how the model is called, and its losses (a text encoder's head is the task's `Head.forward`,
+    `tpuplex.tasks.base`, written once)."""
 
     name: str = ""
     """The task's name, set by `load`."""
-
-    def build_head(self, arch: Any, head: Any, dtype: Any) -> nn.Module:
-        """The head on a text encoder (`tpuplex.kinds.text`): a module called as `head(hidden [B, L, H],
-        word_embeddings [V, E], deterministic, **head_inputs)`; `dtype` is the compute dtype."""
-        raise TpuplexError(f"the {self.name} task has no head for a text encoder")
 
     def model_inputs(self, rows: dict[str, jax.Array], train: bool, dropout: bool) -> tuple[tuple, dict]:
         """The model's call as (arguments, keyword arguments): input_ids, token_type_ids, attention_mask [b, L],

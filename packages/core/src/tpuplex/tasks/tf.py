@@ -10,24 +10,18 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from tpuplex import tasks
-from tpuplex.errors import TpuplexError
 from tpuplex.protocol import TEXT_INPUTS
 
 
 class TaskModule(abc.ABC):
-    """A task in Keras: its head on a text encoder, what the model is called with, its losses and serving."""
+    """A task in Keras: what the model is called with, its losses and serving (a text encoder's head is the task's
+    `Head.forward`, `tpuplex.tasks.base`, written once)."""
 
     name: str = ""
     """The task's name, set by `load`."""
-
-    def build_head(self, arch: Any, head: Any, word_embeddings: keras.Variable) -> keras.layers.Layer:
-        """The head on a text encoder (`tpuplex.kinds.text`): a layer called as `head(hidden [B, L, H], seed,
-        **head_inputs)` with `canonical_variables()`; `word_embeddings` [V, E] for tied decoders."""
-        raise TpuplexError(f"the {self.name} task has no head for a text encoder")
 
     def model_inputs(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, ...]:
         """What the model is called with: input_ids, token_type_ids, attention_mask int32 [B, L]."""

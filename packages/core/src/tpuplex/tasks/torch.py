@@ -20,8 +20,9 @@ from tpuplex.protocol import TEXT_INPUTS
 
 
 class TaskModule(abc.ABC):
-    """A task in PyTorch. transformers' `AutoModelFor...` (`Task.auto_class`) carries a text encoder's head, so
-    the task says how to size it (`head_config`) and, where it differs from the model's own, its forward pass."""
+    """A task in PyTorch: what the model is called with, its losses and serving. A text encoder's head is the
+    task's `Head.forward` (`tpuplex.tasks.base`, written once); transformers' `AutoModelFor...`
+    (`Task.auto_class`) carries an image family's, so the task says how to size it (`head_config`)."""
 
     name: str = ""
     """The task's name, set by `load`."""
@@ -29,13 +30,8 @@ class TaskModule(abc.ABC):
     """Why the task cannot run on torch_xla (an op with no XLA lowering); empty: it can."""
 
     def head_config(self, head: Any) -> dict[str, Any]:
-        """The HF config fields that size the head (`num_labels`); none by default."""
+        """The HF config fields that size an HF model's head (`num_labels`); none by default."""
         return {}
-
-    def forward(self, model: torch.nn.Module, encoder_inputs: Mapping[str, torch.Tensor],
-                batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """An HF text model's outputs for `encoder_inputs` (ids, additive mask, types): its logits."""
-        return model(**encoder_inputs).logits
 
     def model_inputs(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """What a model of your own is called with: input_ids, token_type_ids, attention_mask int64 [b, L]."""

@@ -1,41 +1,92 @@
-"""Text encoder families in PyTorch: transformers' `AutoModelFor<Task>` (the task's `auto_class`) from the
-checkpoint's config, into which the backend restores the core's initial weights (HF names, checked strictly), so
-every HF encoder family builds the same way for every task."""
+"""Text encoder families in PyTorch: the parameters held under their HF names, run by the encoder written once
+(`tpuplex.models.encoder.forward`) and the task's head (`tpuplex.tasks.base.Head.forward`) over torch's table of
+operations (`tpuplex.layers.torch.TorchOps`).
+
+`EncoderModel` registers every parameter under its family's HF name in the portable layout (a Linear [out, in]),
+so `named_parameters()` is a `from_pretrained` state dict (a tied decoder appears once, as the word embeddings);
+each parameter block is an `EncoderBlock` module at its HF prefix (`bert.encoder.layer.3`), which FSDP2 gathers as
+one unit (ALBERT's shared blocks are called once per layer that applies them).
+"""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Mapping
 
 import torch
-from tpuplex.kinds.torch import Built, KindModule, hf_model
+from tpuplex.kinds.text import expected_shapes
+from tpuplex.kinds.torch import Built, KindModule
+from tpuplex.layers.torch import Layer, TorchOps, add_module_at, register_parameters
+from tpuplex.models import encoder
+from tpuplex.models.architecture import Architecture
 from tpuplex.params import check_names
-from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex.protocol import ModelSpec, OptimizerSpec, head_inputs
+from tpuplex.tasks.base import Head
+
+Slots = Mapping[str, tuple[torch.nn.Module, str]]
+"""Canonical name -> (the module that holds the parameter, its attribute there)."""
+
+
+class EncoderModel(torch.nn.Module):
+    """input_ids, token_type_ids, attention_mask int64 [B, L] (and the head's inputs) -> the head's outputs."""
+
+    def __init__(self, arch: Architecture, head: Head, hf_names: Mapping[str, str],
+                 shapes: Mapping[str, tuple[int, ...]]):
+        """hf_names: canonical -> HF name of every parameter (encoder and head); shapes: HF name -> shape."""
+        super().__init__()
+        self.arch, self.head = arch, head
+        in_block = [{c: hf for c, hf in hf_names.items() if c.startswith(f"block.{index}.")}
+                    for index in range(arch.num_blocks)]
+        blocks = [EncoderBlock(arch, index) for index in range(arch.num_blocks)]
+        for block, names in zip(blocks, in_block, strict=True):
+            add_module_at(self, ".".join(os.path.commonprefix([name.split(".") for name in names.values()])), block)
+        registered = register_parameters(self, {hf_name: shapes[hf_name] for hf_name in hf_names.values()})
+        for block, names in zip(blocks, in_block, strict=True):
+            block.slots = {canonical: registered[hf_name] for canonical, hf_name in names.items()}
+        self.blocks = blocks
+        self.slots = {canonical: registered[hf_name] for canonical, hf_name in hf_names.items()
+                      if not canonical.startswith("block.")}
+        """The parameters outside the blocks (embeddings, the head)."""
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
+                **head_inputs: torch.Tensor) -> torch.Tensor:
+        ops, p = TorchOps(self.training, input_ids.device), _read(self.slots)
+        hidden = encoder.forward(ops, p, self.arch, input_ids, token_type_ids, attention_mask,
+                                 layer=lambda index, *args: self.blocks[index](*args))
+        return self.head.forward(ops, p, hidden, **head_inputs)
+
+
+class EncoderBlock(Layer):
+    """One parameter block (`tpuplex.models.encoder.block`), its parameters registered below it under their HF
+    names and read through `slots` when it runs (FSDP2 has gathered them by then)."""
+
+    def __init__(self, arch: Architecture, index: int):
+        super().__init__()
+        self.arch, self.index = arch, index
+        self.slots: Slots = {}
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor, site: int) -> torch.Tensor:
+        return encoder.block(TorchOps(self.training, x.device), _read(self.slots), self.arch, self.index, x,
+                             attention_mask, site)
+
+
+def _read(slots: Slots) -> dict[str, torch.Tensor]:
+    """The parameters `slots` name, as their modules hold them now."""
+    return {name: getattr(owner, leaf) for name, (owner, leaf) in slots.items()}
 
 
 class TextEncoder(KindModule):
     def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
-        """The HF family's model for the task, for `spec.params`; mismatched parameters raise TpuplexError naming
-        them (a tied parameter, the MLM decoder, appears once, as in `named_parameters`)."""
-        model = hf_model(spec, task.head_config(spec.head))
-        check_names({name: tuple(p.shape) for name, p in model.named_parameters()}, spec.params, "model.params")
-        return Built(model, functools.partial(forward_outputs, token_types=spec.arch.token_types,
-                                              head_forward=task.forward), spec.params)
+        """The family's encoder with the task's head for `spec.params`; mismatched parameters raise TpuplexError
+        naming them."""
+        arch, head = (spec.arch, spec.head) if spec.dropout else (spec.arch.without_dropout(),
+                                                                  spec.head.without_dropout())
+        shapes = expected_shapes(spec.hf_config, head)
+        check_names(shapes, spec.params, "model.params")
+        names = {**spec.family.hf_names(arch), **{name: head.hf_name(name) for name in head.shapes}}
+        inputs = spec.inputs
 
+        def forward(model: EncoderModel, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+            return model(*(batch[name] for name in inputs), **head_inputs(batch, inputs))
 
-def forward_outputs(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], token_types: bool,
-                    head_forward: Callable) -> torch.Tensor:
-    """An HF model's logits (its task's: [b, num_labels], [b, P, vocab], ...) for int64 `input_ids`,
-    `attention_mask` [b, L], and `token_type_ids` [b, L] when the family takes them (`Architecture.token_types`).
-    `head_forward(model, encoder_inputs, inputs)` (the task module's `forward`) calls the model: its logits, or
-    the masked LM's head on the masked positions only.
-
-    The padding mask goes in already additive ([b, 1, 1, L]: 0 on real keys, float32's min on padding, as HF builds
-    it), because HF would otherwise test `mask.all()` to skip it: a host sync and a data-dependent branch that
-    would make XLA compile each shape twice.
-    """
-    keep = inputs["attention_mask"][:, None, None, :].bool()
-    additive = torch.where(keep, 0.0, torch.finfo(torch.float32).min)
-    segments = {"token_type_ids": inputs["token_type_ids"]} if token_types else {}
-    encoder_inputs = {"input_ids": inputs["input_ids"], "attention_mask": additive, **segments}
-    return head_forward(model, encoder_inputs, inputs)
+        return Built(EncoderModel(arch, head, names, shapes), forward, spec.params)

@@ -1,4 +1,5 @@
-"""Each family's masked-LM head (`AutoModelForMaskedLM`), under its HF names.
+"""Each family's masked-LM head (`AutoModelForMaskedLM`), under its HF names, and its forward pass written once
+over `tpuplex.models.ops.Ops` (`MaskedLMHead.forward`):
 
     dense H->E -> activation -> LayerNorm(E) -> decoder E->V tied to the word embeddings, + bias[V]
 
@@ -10,8 +11,11 @@ optimizer.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from tpuplex.models import Architecture, Family
+from tpuplex.models.ops import Ops
 from tpuplex.tasks.base import Head
 
 
@@ -25,6 +29,15 @@ class MaskedLMHead(Head):
     vocab_size: int = 0
     layer_norm_eps: float = 1e-12
 
+    def forward(self, ops: Ops, p: Mapping[str, Any], hidden: Any, masked_positions: Any = None) -> Any:
+        """Logits float32 [B, P, V] of hidden [B, L, H] at `masked_positions` int [B, P] (every position without
+        them)."""
+        if masked_positions is not None:
+            hidden = ops.take(hidden, masked_positions)
+        x = ops.activation(self.activation, ops.linear(hidden, p["head.transform.weight"], p["head.transform.bias"]))
+        x = ops.layer_norm(x, p["head.norm.weight"], p["head.norm.bias"], self.layer_norm_eps)
+        return ops.float32(ops.linear(x, p["embeddings.word.weight"], p["head.bias"]))
+
 
 @dataclasses.dataclass(frozen=True)
 class _FamilyHead:
@@ -33,20 +46,18 @@ class _FamilyHead:
     norm: str
     bias: str
     activation: str | None  # None: the encoder's hidden_act
-    calls: tuple[str, ...]  # HF's head modules, in the order `*ForMaskedLM.forward` applies them
 
 
 FAMILY_HEADS: dict[str, _FamilyHead] = {
     "bert": _FamilyHead(("BertForMaskedLM",), "cls.predictions.transform.dense",
-                        "cls.predictions.transform.LayerNorm", "cls.predictions", None, ("cls",)),
+                        "cls.predictions.transform.LayerNorm", "cls.predictions", None),
     "roberta": _FamilyHead(("RobertaForMaskedLM", "XLMRobertaForMaskedLM"), "lm_head.dense", "lm_head.layer_norm",
-                           "lm_head", "gelu", ("lm_head",)),
+                           "lm_head", "gelu"),
     "distilbert": _FamilyHead(("DistilBertForMaskedLM",), "vocab_transform", "vocab_layer_norm", "vocab_projector",
-                              None, ("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")),
+                              None),
     "electra": _FamilyHead(("ElectraForMaskedLM",), "generator_predictions.dense", "generator_predictions.LayerNorm",
-                           "generator_lm_head", "gelu", ("generator_predictions", "generator_lm_head")),
-    "albert": _FamilyHead(("AlbertForMaskedLM",), "predictions.dense", "predictions.LayerNorm", "predictions", None,
-                          ("predictions",)),
+                           "generator_lm_head", "gelu"),
+    "albert": _FamilyHead(("AlbertForMaskedLM",), "predictions.dense", "predictions.LayerNorm", "predictions", None),
 }
 
 

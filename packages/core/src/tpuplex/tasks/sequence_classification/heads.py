@@ -1,4 +1,5 @@
-"""Each family's classifier head (`AutoModelForSequenceClassification`), under its HF names.
+"""Each family's classifier head (`AutoModelForSequenceClassification`), under its HF names, and its forward pass
+written once over `tpuplex.models.ops.Ops` (`ClassifierHead.forward`):
 
     [dropout] -> dense H->H -> activation -> dropout -> out H->num_labels, on the first token
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from tpuplex.models import Architecture, Family
 from tpuplex.models.family import ConfigReader
+from tpuplex.models.ops import Ops
 from tpuplex.tasks.base import Head
 
 
@@ -29,6 +31,15 @@ class ClassifierHead(Head):
 
     def without_dropout(self) -> ClassifierHead:
         return dataclasses.replace(self, dropout=0.0)
+
+    def forward(self, ops: Ops, p: Mapping[str, Any], hidden: Any) -> Any:
+        """Logits float32 [B, num_labels] of the first token of hidden [B, L, H]."""
+        first = hidden[:, 0]
+        if self.dropout_first:
+            first = ops.dropout(first, self.dropout, -2)
+        pooled = ops.activation(self.activation, ops.linear(first, p["head.dense.weight"], p["head.dense.bias"]))
+        pooled = ops.dropout(pooled, self.dropout, -1)
+        return ops.float32(ops.linear(pooled, p["head.out.weight"], p["head.out.bias"]))
 
 
 def hidden_dropout(config: ConfigReader) -> float:

@@ -1,22 +1,17 @@
-"""Sequence classification in PyTorch: HF's `AutoModelForSequenceClassification` carries the head; this module
-says how the config sizes it and what the loss of each example is."""
+"""Sequence classification in PyTorch: the loss of each example (the head is `ClassifierHead.forward`, written
+once)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch.nn.functional as F
 
 import torch
 from tpuplex.tasks import torch as tasks_torch
-from tpuplex.tasks.sequence_classification.heads import ClassifierHead
 
 
 class Module(tasks_torch.TaskModule):
-    def head_config(self, head: ClassifierHead) -> dict[str, Any]:
-        return {"num_labels": head.num_labels}
-
     def unit_losses(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Loss per row [b] in float32: cross-entropy for class labels, squared error for float (regression)
         labels against logits [b, 1]."""

@@ -1,4 +1,5 @@
-"""Each family's token classifier (`AutoModelForTokenClassification`), under its HF names.
+"""Each family's token classifier (`AutoModelForTokenClassification`), under its HF names, and its forward pass
+written once over `tpuplex.models.ops.Ops` (`TokenClassifierHead.forward`):
 
     dropout -> out H->num_labels, on every position
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from tpuplex.models import Architecture, Family
 from tpuplex.models.family import ConfigReader
+from tpuplex.models.ops import Ops
 from tpuplex.tasks.base import Head
 from tpuplex.tasks.sequence_classification.heads import hidden_dropout
 
@@ -26,6 +28,11 @@ class TokenClassifierHead(Head):
 
     def without_dropout(self) -> TokenClassifierHead:
         return dataclasses.replace(self, dropout=0.0)
+
+    def forward(self, ops: Ops, p: Mapping[str, Any], hidden: Any) -> Any:
+        """Logits float32 [B, L, num_labels] of hidden [B, L, H]."""
+        hidden = ops.dropout(hidden, self.dropout, -1)
+        return ops.float32(ops.linear(hidden, p["head.out.weight"], p["head.out.bias"]))
 
 
 @dataclasses.dataclass(frozen=True)

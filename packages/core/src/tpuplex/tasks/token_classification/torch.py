@@ -1,22 +1,17 @@
-"""Token classification in PyTorch: HF's `AutoModelForTokenClassification` carries the head; this module says how
-the config sizes it and what the loss of each token is."""
+"""Token classification in PyTorch: the loss of each token (the head is `TokenClassifierHead.forward`, written
+once)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch.nn.functional as F
 
 import torch
 from tpuplex.tasks import torch as tasks_torch
-from tpuplex.tasks.token_classification.heads import TokenClassifierHead
 
 
 class Module(tasks_torch.TaskModule):
-    def head_config(self, head: TokenClassifierHead) -> dict[str, Any]:
-        return {"num_labels": head.num_labels}
-
     def unit_losses(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Per-token cross-entropy [b, L] in float32 of logits [b, L, T] against the tag ids."""
         rows, length, tags = outputs.shape
