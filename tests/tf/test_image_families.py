@@ -14,8 +14,7 @@ from helpers import LOGICAL_CPUS
 
 import torch
 from tpuplex.config import RuntimeConfig
-from tpuplex.kinds.image.tf import ConvNorm
-from tpuplex.models.resnet import Conv
+from tpuplex.layers.tf import TfOps
 from tpuplex_tf.backend import TfBackend
 
 pytestmark = pytest.mark.started_first  # the tf session's longest file (2-replica training on each check)
@@ -52,11 +51,11 @@ def test_bf16_trains_as_float32_does(tmp_path):
 
 @pytest.mark.parametrize(("kernel", "stride"), [(1, 1), (1, 2), (2, 1), (3, 1), (3, 2), (4, 1), (7, 2)])
 def test_a_convolution_pads_as_torch_does(kernel, stride):
-    """kernel // 2 on each side, whether Keras' "same" or an explicit pad does it (strided or even kernels)."""
-    images = np.random.default_rng(0).standard_normal((2, 9, 9, 3)).astype(np.float32)
-    layer = ConvNorm(Conv("stem", 3, 4, kernel, stride, relu=False), cross_replica=False)
-    outputs = layer(tf.constant(images), training=False).numpy()
-    expected = torch.nn.functional.conv2d(torch.from_numpy(images).permute(0, 3, 1, 2),
-                                          torch.from_numpy(layer.convolution.kernel.numpy()).permute(3, 2, 0, 1),
+    """kernel // 2 on each side, whether TensorFlow's "SAME" or an explicit pad does it (strided or even kernels)."""
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((2, 9, 9, 3)).astype(np.float32)
+    weight = rng.standard_normal((4, 3, kernel, kernel)).astype(np.float32)  # OIHW
+    outputs = TfOps(None).conv2d_nhwc(tf.constant(images), tf.constant(weight), stride, kernel // 2).numpy()
+    expected = torch.nn.functional.conv2d(torch.from_numpy(images).permute(0, 3, 1, 2), torch.from_numpy(weight),
                                           stride=stride, padding=kernel // 2).permute(0, 2, 3, 1).numpy()
-    np.testing.assert_allclose(outputs, expected / np.sqrt(1 + 1e-5), atol=1e-5)
+    np.testing.assert_allclose(outputs, expected, atol=1e-5)

@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-import transformers  # a lazy module: the model classes (and accelerate behind them) load on first use
 
 import torch
 from tpuplex import kinds
@@ -48,19 +47,6 @@ class KindModule(abc.ABC):
         """int32 [B, N]: the tokens the built model generates after each prompt (`tpuplex.protocol.Prompts`)."""
         raise TpuplexError(f"a {type(self).__name__} model generates no text: tpuplex generate needs a decoder "
                            "(model.checkpoint a GPT-2 or Llama model) trained on the causal_lm task")
-
-
-def hf_model(spec: ModelSpec, head_config: Mapping[str, Any]) -> torch.nn.Module:
-    """transformers' model for the task (`spec.task.auto_class`) from the checkpoint's config.json and the task's
-    `head_config`, float32; every dropout rate 0 unless `spec.dropout`."""
-    settings = dict(spec.hf_config)
-    config = transformers.AutoConfig.for_model(settings.pop("model_type"), **settings, **head_config)
-    if not spec.dropout:
-        for key, value in config.to_dict().items():
-            # hidden_dropout_prob, classifier_dropout (None: falls back to hidden), ...
-            if "dropout" in key and (value is None or isinstance(value, float)):
-                setattr(config, key, 0.0)
-    return getattr(transformers, spec.task.auto_class).from_config(config, dtype=torch.float32)
 
 
 def load(spec: ModelSpec) -> KindModule:

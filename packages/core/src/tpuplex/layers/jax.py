@@ -255,3 +255,13 @@ class JaxOps:
 
     def broadcast_to(self, x, shape):
         return jnp.broadcast_to(x, shape)
+
+    def conv2d_nhwc(self, x, weight, stride, padding):
+        return jax.lax.conv_general_dilated(x, weight.astype(x.dtype), (stride, stride), [(padding, padding)] * 2,
+                                            dimension_numbers=("NHWC", "OIHW", "NHWC"))
+
+    def max_pool(self, x, window, stride, padding):
+        return nn.max_pool(x, (window, window), (stride, stride), ((padding, padding),) * 2)
+
+    def mean(self, x, axes):
+        return x.mean(axis=axes)

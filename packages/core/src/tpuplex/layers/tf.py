@@ -10,6 +10,7 @@ A framework module (docs/ARCHITECTURE.md): imported by the tf backend and the `t
 
 from __future__ import annotations
 
+import math
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -54,10 +55,6 @@ def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.
     # The scale goes on the mask, so x is read once forward and once backward; the same bits as
     # tf.where(keep, x / (1 - rate), 0), which Grappler turns into a multiply by the float32 reciprocal anyway.
     return x * (tf.cast(keep, x.dtype) * (1.0 / (1.0 - rate)))
-
-
-def dense_variables(module: str, layer: keras.layers.Dense) -> Variables:
-    return {f"{module}.weight": (layer.kernel, True), f"{module}.bias": (layer.bias, False)}
 
 
 class TfOps:
@@ -188,3 +185,19 @@ class TfOps:
 
     def broadcast_to(self, x, shape):
         return tf.broadcast_to(x, shape)
+
+    def conv2d_nhwc(self, x, weight, stride, padding):
+        kernel = tf.transpose(tf.cast(weight, x.dtype), (2, 3, 1, 0))  # OIHW -> HWIO
+        # "SAME" pads as torch does (kernel // 2 on each side) only for an odd kernel at stride 1, without a padded
+        # copy of x; elsewhere (a strided or even kernel) it would pad one side less, so x is padded first.
+        if padding and (stride != 1 or weight.shape[-1] % 2 == 0):
+            x = tf.pad(x, [[0, 0], [padding, padding], [padding, padding], [0, 0]])
+            return tf.nn.conv2d(x, kernel, stride, "VALID")
+        return tf.nn.conv2d(x, kernel, stride, "SAME" if padding else "VALID")
+
+    def max_pool(self, x, window, stride, padding):
+        padded = tf.pad(x, [[0, 0], [padding, padding], [padding, padding], [0, 0]], constant_values=-math.inf)
+        return tf.nn.max_pool2d(padded, window, stride, "VALID")
+
+    def mean(self, x, axes):
+        return tf.reduce_mean(x, axis=axes)

@@ -191,3 +191,14 @@ class TorchOps:
 
     def broadcast_to(self, x, shape):
         return x.expand(shape)
+
+    # torch's convolutions and pools take NCHW: x.permute(0, 3, 1, 2) of a channels-last [B, H, W, C] is that
+    # tensor in torch's channels_last memory format (a view, no copy), which its CPU and cuDNN kernels read as it is.
+    def conv2d_nhwc(self, x, weight, stride, padding):
+        return F.conv2d(x.permute(0, 3, 1, 2), weight, stride=stride, padding=padding).permute(0, 2, 3, 1)
+
+    def max_pool(self, x, window, stride, padding):
+        return F.max_pool2d(x.permute(0, 3, 1, 2), window, stride, padding).permute(0, 2, 3, 1)
+
+    def mean(self, x, axes):
+        return x.mean(dim=axes)

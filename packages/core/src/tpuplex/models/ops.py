@@ -1,7 +1,8 @@
 """The operations a network written once asks of a framework (`Ops`), so one forward pass runs on all three.
 
-The networks (`tpuplex.models.decoder.forward`, `tpuplex.models.conformer.forward`) are plain Python over this
-table; each framework gives it once (`tpuplex.layers.{jax,tf,torch}`: `JaxOps`, `TfOps`, `TorchOps`), the way
+The networks (`tpuplex.models.decoder.forward`, `tpuplex.models.encoder.forward`, `tpuplex.models.t5`,
+`tpuplex.models.vit.forward`, `tpuplex.models.resnet.forward`, `tpuplex.models.conformer.forward`) are plain Python
+over this table; each framework gives it once (`tpuplex.layers.{jax,tf,torch}`: `JaxOps`, `TfOps`, `TorchOps`), the way
 Keras 3 writes its layers over `keras.ops`. The table holds only what truly differs between frameworks: the fused
 kernels each one has (attention, norms), how dropout draws its masks, how an embedding is gathered, how a cache is
 written in place or as a new array. Arithmetic, slicing (`x[..., :h]`), comparisons and `&` on boolean tensors
@@ -82,5 +83,11 @@ class Ops(Protocol):
         fused kernel read each row's key count alone (cuDNN's on a GPU)."""
     def take(self, x: Any, positions: Any) -> Any:
         """x [B, T, ...] at positions int [B, P] -> [B, P, ...] (each row its own positions)."""
-    # The image models.
+    # The image models (images channels-last: [B, H, W, C], the host batches' layout).
     def broadcast_to(self, x: Any, shape: tuple[Any, ...]) -> Any: ...          # x repeated to shape (numpy's rule)
+    def conv2d_nhwc(self, x: Any, weight: Any, stride: int, padding: int) -> Any:
+        """x [B, H, W, C_in] convolved with weight [C_out, C_in, k, k] (OIHW), no bias, `padding` zeros on every
+        side (torch's rule) -> [B, H', W', C_out]."""
+    def max_pool(self, x: Any, window: int, stride: int, padding: int) -> Any:
+        """x [B, H, W, C] max-pooled over window x window, `padding` of -inf on every side (torch's MaxPool2d)."""
+    def mean(self, x: Any, axes: tuple[int, ...]) -> Any: ...                   # over axes, dropping them

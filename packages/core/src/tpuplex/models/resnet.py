@@ -6,8 +6,12 @@
                 (through a 1x1 conv and batch norm where the width or the stride changes), then ReLU
     head        global average pool -> Linear(hidden_sizes[-1], num_labels)    classifier.1
 
-Every backend walks the same plan (`ResNet.stem`, `ResNet.residuals`), so which layer downsamples, and where, is
-decided here only. Convolutions pad kernel // 2 on every side and have no bias, as HF's (torch's) do.
+The forward pass (`forward`) walks that plan once, over the table of operations each framework gives
+(`tpuplex.models.ops.Ops`), on the HF names and torch's layout, so the three backends run the same function on
+the same numbers; which layer downsamples, and where, is decided here only. Convolutions pad kernel // 2 on every
+side and have no bias, as HF's (torch's) do. Batch norm is the framework's (`forward`'s `batch_norm`): it holds
+the running statistics, and how a batch's statistics are taken across replicas (`model.batch_norm`) is each
+framework's own collective.
 
 The CIFAR stem. HF's ResNetConfig always starts with a 7x7 stride-2 convolution and a max-pool, which leaves
 a 32x32 image 8x8 before the first stage. tpuplex reads three more keys of config.json (HF keeps and ignores
@@ -19,12 +23,15 @@ HF's own class would build.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from tpuplex import initializers
 from tpuplex.errors import TpuplexError
 from tpuplex.models.family import ConfigReader
+from tpuplex.models.ops import Ops
 from tpuplex.slices import SliceReader
 
 
@@ -170,6 +177,32 @@ class ResNet:
         return {name: np.ones(shape, np.float32) if name.endswith("running_var")
                 else np.zeros(shape, np.int64 if name.endswith("num_batches_tracked") else np.float32)
                 for name, shape in self.buffer_shapes().items()}
+
+
+def forward(ops: Ops, p: Mapping[str, Any], arch: ResNet, images: Any,
+            batch_norm: Callable[[str, Any], Any]) -> Any:
+    """Logits float32 [B, num_labels] of images [B, H, W, C] in the compute dtype (channels last).
+
+    p: HF name -> parameter (convolutions OIHW, the classifier [out, in]). batch_norm(module, x) -> x: the
+    framework's torch-style BatchNorm2d at HF module `module` (`{conv}.normalization`) on x [B, H, W, C], holding
+    its weight, bias and running statistics, training on the batch's statistics or not as the framework's module
+    does.
+    """
+    def conv_norm(x: Any, conv: Conv) -> Any:
+        x = ops.conv2d_nhwc(x, p[f"{conv.name}.convolution.weight"], conv.stride, conv.padding)
+        x = batch_norm(f"{conv.name}.normalization", x)
+        return ops.activation("relu", x) if conv.relu else x
+
+    x = conv_norm(images, arch.stem)
+    if arch.embedding_pooling:  # HF's MaxPool2d(3, stride 2, padding 1)
+        x = ops.max_pool(x, 3, 2, 1)
+    for residual in arch.residuals():
+        out = x
+        for conv in residual.convs:
+            out = conv_norm(out, conv)
+        x = ops.activation("relu", out + (conv_norm(x, residual.shortcut) if residual.shortcut else x))
+    pooled = ops.mean(ops.float32(x), (1, 2))
+    return ops.float32(ops.linear(pooled, p["classifier.1.weight"], p["classifier.1.bias"]))
 
 
 def read(config: ConfigReader) -> ResNet:

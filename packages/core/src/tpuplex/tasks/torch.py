@@ -20,18 +20,13 @@ from tpuplex.protocol import TEXT_INPUTS
 
 
 class TaskModule(abc.ABC):
-    """A task in PyTorch: what the model is called with, its losses and serving. A text encoder's head is the
-    task's `Head.forward` (`tpuplex.tasks.base`, written once); transformers' `AutoModelFor...`
-    (`Task.auto_class`) carries an image family's, so the task says how to size it (`head_config`)."""
+    """A task in PyTorch: what the model is called with, its losses and serving (a text encoder's head is the
+    task's `Head.forward`, `tpuplex.tasks.base`, written once)."""
 
     name: str = ""
     """The task's name, set by `load`."""
     not_on_xla: str = ""
     """Why the task cannot run on torch_xla (an op with no XLA lowering); empty: it can."""
-
-    def head_config(self, head: Any) -> dict[str, Any]:
-        """The HF config fields that size an HF model's head (`num_labels`); none by default."""
-        return {}
 
     def model_inputs(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """What a model of your own is called with: input_ids, token_type_ids, attention_mask int64 [b, L]."""

@@ -1,12 +1,11 @@
-"""The image families (`tpuplex.models.resnet`, `tpuplex.models.vit`) in Flax linen: the ViT written once
-(`tpuplex.models.vit.forward` over `JaxOps`, its parameters flat under their HF names), the ResNet walking the core's
-plan.
+"""The image families (`tpuplex.models.resnet`, `tpuplex.models.vit`) in Flax linen: each its forward pass written
+once (`tpuplex.models.vit.forward`, `tpuplex.models.resnet.forward`) over `JaxOps`, the parameters under their HF
+names in torch's layout.
 
-Modules are named with HF's module names (`resnet.encoder.stages.0.layers.1.layer.0.convolution`), so a
-parameter's tree path is its HF name once the leaf is renamed (kernel -> weight, scale -> weight) and its kernel
-put in torch's layout (`Naming.hf`, `to_torch_layout`). Batch norm is torch's `BatchNorm2d` (momentum 0.1, the
-running variance unbiased), with its statistics in the `batch_stats` collection under torch's buffer names, so
-the three backends and transformers share one checkpoint.
+A ResNet's batch norm is a module at HF's module name (`resnet.encoder.stages.0.layers.1.layer.0.normalization`),
+so a parameter's tree path is its HF name (`Naming.hf`); it is torch's `BatchNorm2d` (momentum 0.1, the running
+variance unbiased), with its statistics in the `batch_stats` collection under torch's buffer names, so the three
+backends and transformers share one checkpoint.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ import jax
 from tpuplex.kinds.image import example_image_shape
 from tpuplex.kinds.jax import Built, KindModule
 from tpuplex.layers.jax import JaxOps, Naming, flax_views
-from tpuplex.models import vit
-from tpuplex.models.resnet import Conv, ResNet
+from tpuplex.models import resnet, vit
+from tpuplex.models.resnet import ResNet
 from tpuplex.models.vit import ViT
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
@@ -70,7 +69,9 @@ class BatchNorm(nn.Module):
 
 
 class ResNetClassifier(nn.Module):
-    """images float32 [B, H, W, C] -> logits float32 [B, num_labels], the plan's convolutions in order."""
+    """images float32 [B, H, W, C] -> logits float32 [B, num_labels]: the forward pass written once
+    (`tpuplex.models.resnet.forward`) over jax's table of operations, the convolutions and the classifier flat
+    under their HF names, each batch norm a `BatchNorm` module at its HF module name."""
 
     arch: ResNet
     num_labels: int
@@ -79,23 +80,15 @@ class ResNetClassifier(nn.Module):
 
     @nn.compact
     def __call__(self, images: jax.Array, train: bool = False, deterministic: bool = True) -> jax.Array:
-        def conv_norm(x: jax.Array, conv: Conv) -> jax.Array:
-            pad = ((conv.padding, conv.padding),) * 2
-            x = nn.Conv(conv.out_channels, (conv.kernel, conv.kernel), (conv.stride, conv.stride), pad,
-                        use_bias=False, dtype=self.dtype, name=f"{conv.name}.convolution")(x)
-            x = BatchNorm(self.batch_norm_groups, self.dtype, name=f"{conv.name}.normalization")(x, train)
-            return nn.relu(x) if conv.relu else x
+        params = {name: self.param(name, nn.initializers.zeros, shape)
+                  for name, shape in self.arch.parameter_shapes(self.num_labels).items()
+                  if ".normalization." not in name}
 
-        x = conv_norm(images.astype(self.dtype), self.arch.stem)
-        if self.arch.embedding_pooling:
-            x = nn.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
-        for residual in self.arch.residuals():
-            out = x
-            for conv in residual.convs:
-                out = conv_norm(out, conv)
-            x = nn.relu(out + (conv_norm(x, residual.shortcut) if residual.shortcut else x))
-        pooled = x.astype(jnp.float32).mean(axis=(1, 2))
-        return nn.Dense(self.num_labels, name="classifier.1")(pooled)
+        def batch_norm(module: str, x: jax.Array) -> jax.Array:
+            return BatchNorm(self.batch_norm_groups, self.dtype, name=module)(x, train)
+
+        return resnet.forward(JaxOps(self, deterministic, self.dtype), params, self.arch, images.astype(self.dtype),
+                              batch_norm)
 
 
 class ViTClassifier(nn.Module):
@@ -132,8 +125,7 @@ class ImageFamily(KindModule):
         args, kwargs = task.model_inputs({"images": images}, False, False)
         template = jax.eval_shape(lambda: network.init(jax.random.key(0), *args, **kwargs))
         params_template, state_template = template["params"], {k: v for k, v in template.items() if k != "params"}
-        naming = (Naming({name: name for name in params_template}) if isinstance(arch, ViT)
-                  else Naming.hf(params_template))
+        naming = Naming.hf(params_template)
         state_naming = Naming.hf(state_template, collection=True)
         check_names(naming.shapes(params_template), spec.params, "model.params")
         check_names(state_naming.shapes(state_template), spec.buffers, "the batch-norm statistics")

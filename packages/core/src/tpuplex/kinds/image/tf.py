@@ -1,28 +1,22 @@
-"""The image families (`tpuplex.models.resnet`, `tpuplex.models.vit`) in Keras 3: the ViT written once
-(`tpuplex.models.vit.forward` over `TfOps`, a variable per HF name), the ResNet in layers walking the core's plan.
+"""The image families (`tpuplex.models.resnet`, `tpuplex.models.vit`) in Keras 3: each its forward pass written once
+(`tpuplex.models.resnet.forward`, `tpuplex.models.vit.forward`) over `TfOps`, a variable per HF name in torch's
+layout (`hf_variables` lists them, none transposed).
 
-Each layer is kept under its HF module name (`hf_variables` lists the variables under HF names, with whether
-each is a kernel in Keras' layout: Dense [in, out], Conv2D HWIO). Batch norm is torch's `BatchNorm2d` (momentum
-0.1, the running variance unbiased), its statistics non-trainable variables under torch's buffer names; the
-count is int32 here (int64 in the checkpoint), equal on every replica, so the step leaves it out of the
-replicas' average.
-
-Convolutions pad kernel // 2 on each side, as torch does: Keras' "same" at stride 1, an explicit pad before a
-strided convolution (where "same" would pad one side only); the stem's max-pool pads with -inf, as torch's does.
+A ResNet's batch norm is torch's `BatchNorm2d` (momentum 0.1, the running variance unbiased), its statistics
+non-trainable variables under torch's buffer names; the count is int32 here (int64 in the checkpoint), equal on
+every replica, so the step leaves it out of the replicas' average.
 """
 
 from __future__ import annotations
-
-import math
 
 import keras
 import tensorflow as tf
 
 from tpuplex.kinds.image import example_image_shape
 from tpuplex.kinds.tf import Built, KindModule
-from tpuplex.layers.tf import TfOps, Variables, dense_variables
-from tpuplex.models import vit
-from tpuplex.models.resnet import Conv, ResNet
+from tpuplex.layers.tf import TfOps, Variables
+from tpuplex.models import resnet, vit
+from tpuplex.models.resnet import ResNet
 from tpuplex.models.vit import ViT
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 
@@ -81,74 +75,39 @@ class BatchNorm(keras.layers.Layer):
                 for name in ("running_mean", "running_var", "num_batches_tracked")}
 
 
-class ConvNorm(keras.layers.Layer):
-    """One entry of the plan (`tpuplex.models.resnet.Conv`): padded convolution, batch norm, ReLU if it says."""
-
-    def __init__(self, conv: Conv, cross_replica: bool, **kwargs):
-        super().__init__(**kwargs)
-        self.conv = conv
-        # Keras' "same" pads as torch does (kernel // 2 on each side) only for an odd kernel at stride 1, without a
-        # padded copy of x; elsewhere it pads one side less (a strided or even kernel), so x is padded first.
-        self.pad_first = conv.padding > 0 and (conv.stride != 1 or conv.kernel % 2 == 0)
-        padding = "valid" if self.pad_first else "same"
-        self.convolution = keras.layers.Conv2D(conv.out_channels, conv.kernel, conv.stride, padding=padding,
-                                               use_bias=False)
-        self.normalization = BatchNorm(conv.out_channels, cross_replica)
-
-    def call(self, x: tf.Tensor, training: bool) -> tf.Tensor:
-        if self.pad_first:
-            pad = self.conv.padding
-            x = tf.pad(x, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
-        x = self.normalization(self.convolution(x), training=training)
-        return tf.nn.relu(x) if self.conv.relu else x
-
-    def hf_variables(self) -> Variables:
-        return {f"{self.conv.name}.convolution.weight": (self.convolution.kernel, True),
-                **self.normalization.hf_variables(f"{self.conv.name}.normalization")}
-
-
 class ResNetClassifier(keras.Model):
-    """images float32 [B, H, W, C] -> logits float32 [B, num_labels]; `seed` set: training (batch statistics)."""
+    """images float32 [B, H, W, C] -> logits float32 [B, num_labels]; `seed` set: training (batch statistics). The
+    forward pass written once (`tpuplex.models.resnet.forward`) over TensorFlow's table of operations, a variable
+    per HF name for the convolutions and the classifier, a `BatchNorm` layer per HF batch-norm module."""
 
     def __init__(self, arch: ResNet, num_labels: int, cross_replica: bool, **kwargs):
         super().__init__(**kwargs)
         self.arch = arch
         self.synchronises_replicas = cross_replica  # its batch norm all-reduces in the forward pass
-        self.residual_plan = arch.residuals()
-        self.stem = ConvNorm(arch.stem, cross_replica)
-        self.residual_layers = [[ConvNorm(conv, cross_replica) for conv in residual.convs]
-                                for residual in self.residual_plan]
-        self.shortcuts = [ConvNorm(residual.shortcut, cross_replica) if residual.shortcut else None
-                          for residual in self.residual_plan]
-        self.classifier = keras.layers.Dense(num_labels)
+        # autocast=False: read in float32 under a bfloat16 policy; the operations cast where a weight meets an
+        # activation.
+        self.named = {name: self.add_weight(shape=shape, initializer="zeros", name=name.replace(".", "_"),
+                                            autocast=False)
+                      for name, shape in arch.parameter_shapes(num_labels).items() if ".normalization." not in name}
+        self.norms = {f"{conv.name}.normalization": BatchNorm(conv.out_channels, cross_replica)
+                      for conv in arch.convs()}
 
     def call(self, images: tf.Tensor, seed: tf.Tensor | None = None) -> tf.Tensor:
         training = seed is not None
-        x = self.stem(images, training=training)
-        if self.arch.embedding_pooling:
-            x = tf.nn.max_pool2d(tf.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]], constant_values=-math.inf), 3, 2,
-                                 "VALID")
-        for layers, shortcut in zip(self.residual_layers, self.shortcuts, strict=True):
-            out = x
-            for layer in layers:
-                out = layer(out, training=training)
-            x = tf.nn.relu(out + (shortcut(x, training=training) if shortcut is not None else x))
-        return self.classifier(tf.reduce_mean(x, axis=(1, 2)))
-
-    def _conv_norms(self) -> list[ConvNorm]:
-        return [self.stem, *(layer for layers in self.residual_layers for layer in layers),
-                *(shortcut for shortcut in self.shortcuts if shortcut is not None)]
+        dtype = tf.as_dtype(self.compute_dtype)
+        return resnet.forward(TfOps(seed, dtype), {name: v.value for name, v in self.named.items()}, self.arch,
+                              tf.cast(images, dtype), lambda module, x: self.norms[module](x, training=training))
 
     def hf_variables(self) -> Variables:
-        found: Variables = {}
-        for layer in self._conv_norms():
-            found |= layer.hf_variables()
-        return found | dense_variables("classifier.1", self.classifier)
+        found: Variables = {name: (variable, False) for name, variable in self.named.items()}
+        for module, norm in self.norms.items():
+            found |= norm.hf_variables(module)
+        return found
 
     def state_variables(self) -> dict[str, keras.Variable]:
         found: dict[str, keras.Variable] = {}
-        for layer in self._conv_norms():
-            found |= layer.normalization.state_variables(f"{layer.conv.name}.normalization")
+        for module, norm in self.norms.items():
+            found |= norm.state_variables(module)
         return found
 
 

@@ -1,7 +1,7 @@
-"""Image families in PyTorch. The ViT is the forward pass written once (`tpuplex.models.vit.forward`) over torch's
-table of operations (`tpuplex.layers.torch.TorchOps`), its parameters registered under their HF names and each
-layer a `Layer` (FSDP2's unit); the ResNet is transformers' own `ResNetForImageClassification` from the
-checkpoint's config. Both take the core's parameters and batch-norm statistics (the backend restores them)."""
+"""Image families in PyTorch: each the forward pass written once (`tpuplex.models.vit.forward`,
+`tpuplex.models.resnet.forward`) over torch's table of operations (`tpuplex.layers.torch.TorchOps`), its parameters
+registered under their HF names (a ViT layer a `Layer`, FSDP2's unit). Both take the core's parameters and
+batch-norm statistics (the backend restores them)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 
 import torch
 from tpuplex import models
-from tpuplex.kinds.torch import Built, KindModule, hf_model
+from tpuplex.kinds.torch import Built, KindModule
 from tpuplex.layers.torch import Layer, TorchOps, add_module_at, register_parameters
-from tpuplex.models import vit
+from tpuplex.models import resnet, vit
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 
@@ -58,33 +58,43 @@ def _read(slots: Mapping[str, tuple[torch.nn.Module, str]]) -> dict[str, torch.T
     return {name: getattr(owner, leaf) for name, (owner, leaf) in slots.items()}
 
 
+class ResNetModel(torch.nn.Module):
+    """pixel_values float32 [B, C, H, W] (a channels-last view of the host's images) -> logits [B, num_labels]: the
+    forward pass written once (`tpuplex.models.resnet.forward`), the convolutions and the classifier registered
+    under their HF names, each batch norm torch's `BatchNorm2d` at its HF module name (which
+    `SyncBatchNorm.convert_sync_batchnorm` turns cross-replica)."""
+
+    def __init__(self, arch: resnet.ResNet, shapes: Mapping[str, tuple[int, ...]]):
+        super().__init__()
+        self.arch = arch
+        for conv in arch.convs():
+            add_module_at(self, f"{conv.name}.normalization", torch.nn.BatchNorm2d(conv.out_channels))
+        self.slots = register_parameters(self, {name: shape for name, shape in shapes.items()
+                                                if ".normalization." not in name})
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        images = pixel_values.permute(0, 2, 3, 1)  # NHWC: the host batch's own layout, no copy
+
+        def batch_norm(module: str, x: torch.Tensor) -> torch.Tensor:
+            return self.get_submodule(module)(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+        return resnet.forward(TorchOps(self.training, images.device), _read(self.slots), self.arch, images,
+                              batch_norm)
+
+
 class ImageFamily(KindModule):
     def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
         """The family's model in channels-last memory format (convolutions read NHWC directly: the host batch's own
-        layout). A ResNet's stem follows the plan (`tpuplex.models.resnet`: the CIFAR stem swaps HF's 7x7
-        convolution and max-pool for its own)."""
-        arch = spec.arch
-        if spec.family is models.VIT:
-            arch = arch if spec.dropout else arch.without_dropout()
-            model = ViTModel(arch, {name: tuple(np.shape(array)) for name, array in spec.params.items()})
-            check_names(arch.parameter_shapes(spec.num_labels), spec.params, "the initial parameters")
-            return Built(model, functools.partial(image_logits, model_inputs=task.model_inputs), spec.params,
-                         spec.buffers)
-        model = hf_model(spec, task.head_config(spec.head))
-        stem, embedder = arch.stem, model.resnet.embedder
-        embedder.embedder.convolution = torch.nn.Conv2d(stem.in_channels, stem.out_channels, stem.kernel,
-                                                        stem.stride, stem.padding, bias=False)
-        if not arch.embedding_pooling:
-            embedder.pooler = torch.nn.Identity()
-        expected = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
-        check_names(expected, spec.params, "the initial parameters")
-        model = model.to(memory_format=torch.channels_last)
-        return Built(model, functools.partial(image_logits, model_inputs=task.model_inputs), spec.params,
-                     spec.buffers)
+        layout)."""
+        arch = spec.arch if spec.dropout else spec.arch.without_dropout()
+        check_names(arch.parameter_shapes(spec.num_labels), spec.params, "the initial parameters")
+        shapes = {name: tuple(np.shape(array)) for name, array in spec.params.items()}
+        model = ViTModel(arch, shapes) if spec.family is models.VIT else ResNetModel(arch, shapes)
+        return Built(model.to(memory_format=torch.channels_last),
+                     functools.partial(image_logits, model_inputs=task.model_inputs), spec.params, spec.buffers)
 
 
 def image_logits(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor],
                  model_inputs: Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]) -> torch.Tensor:
     """An image classifier's logits [b, classes] for the task's `model_inputs(inputs)` (pixel_values)."""
-    outputs = model(*model_inputs(inputs))
-    return outputs if isinstance(outputs, torch.Tensor) else outputs.logits
+    return model(*model_inputs(inputs))

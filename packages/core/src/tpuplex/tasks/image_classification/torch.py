@@ -12,10 +12,6 @@ from tpuplex.tasks import torch as tasks_torch
 
 
 class Module(tasks_torch.TaskModule):
-    def head_config(self, head) -> dict[str, int]:
-        """What HF's *ForImageClassification config takes from the head (a ResNet's or ViT's classifier size)."""
-        return {"num_labels": head.num_labels}
-
     def model_inputs(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor]:
         """images uint8 [b, H, W, 3] -> float32 [b, 3, H, W] in [0, 1]: torch's channels-first layout, scaled on
         the device."""
@@ -51,5 +47,5 @@ class Serving(torch.nn.Module):
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         outputs = self.model(*self.task.model_inputs({"images": images}))
-        logits = getattr(outputs, "logits", outputs).float()  # HF's ResNet and ViT return an output object
+        logits = getattr(outputs, "logits", outputs).float()  # a model of your own may return HF's outputs
         return logits.softmax(dim=-1), logits.argmax(dim=-1)
