@@ -22,6 +22,7 @@ from decoder_checks import (  # noqa: F401  (collected here)
     test_training_follows_torch,
     token_batch,
 )
+from gguf_files import hf_weights, write_gguf
 from helpers import backend as torch_backend
 from helpers import tiny_spec
 from kill_campaign import run_campaign
@@ -33,6 +34,8 @@ from tpuplex.commands import cli
 from tpuplex.data.corpus import prepare_corpus
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.decoder import initial_decoder_params
+from tpuplex.models import gguf
+from tpuplex.params import resolve_checkpoint
 from tpuplex.protocol import OptimizerSpec, Prompts
 from tpuplex.tasks.causal_lm import TASK
 
@@ -215,3 +218,21 @@ def test_chat_prompts_take_a_system_message_and_what_the_model_can_take(tmp_path
             in capsys.readouterr().err)
     with pytest.raises(TpuplexError, match="a system message .* is a chat's: add --chat"):
         run.generate("Say apple.", system=system)
+
+
+def test_a_qwen2_gguf_reads_as_transformers_reads_it(tmp_path, monkeypatch) -> None:
+    """A Qwen2 GGUF file (biases, an untied head, Qwen2's pre-tokenizer) converted by tpuplex is what transformers'
+    own GGUF load (`from_pretrained(gguf_file=...)`) makes of it: the same weights and tokens."""
+    monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "cache"))
+    write_gguf(tmp_path / "qwen.gguf", hf_weights(qwen2=True), architecture="qwen2", pre="qwen2")
+    folder = resolve_checkpoint(str(tmp_path / "qwen.gguf"))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="qwen.gguf", dtype=torch.float32)
+    ours = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert type(theirs) is type(ours) is transformers.Qwen2ForCausalLM
+    expected, converted = theirs.state_dict(), ours.state_dict()
+    assert converted.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)
+    text = "<|im_start|>ab a<|im_end|> ba  zz ab"
+    assert (transformers.AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
+            == transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="qwen.gguf")(text)["input_ids"])
