@@ -11,12 +11,17 @@ LLAMA = {"model_type": "llama", "vocab_size": 128, "max_position_embeddings": 64
          "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
 """Wide enough for its weights to be split (`tpuplex.sharding.MIN_SHARDED_ELEMENTS`)."""
+GEMMA2 = {**LLAMA, "model_type": "gemma2", "head_dim": 32, "query_pre_attn_scalar": 32, "sliding_window": 8,
+          "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+"""Gemma 2 at that size: every switch the Llama lacks (norms after the sublayers, a window on every other layer,
+soft caps, scaled embeddings)."""
 
 
-def write_llama_run(folder: Path, shared_text: Path, steps: int, checkpoint_every: int) -> Path:
-    """`<folder>/config.toml` training the Llama for `steps` steps with a checkpoint every `checkpoint_every`."""
+def write_llama_run(folder: Path, shared_text: Path, steps: int, checkpoint_every: int, model: dict = LLAMA) -> Path:
+    """`<folder>/config.toml` training the Llama (or the decoder `model` describes) for `steps` steps with a
+    checkpoint every `checkpoint_every`."""
     (folder / "llama").mkdir()
-    (folder / "llama" / "config.json").write_text(json.dumps(LLAMA))
+    (folder / "llama" / "config.json").write_text(json.dumps(model))
     text = (shared_text / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:20_000]
     (folder / "shakespeare.txt").write_text(text, encoding="utf-8")
     (folder / "config.toml").write_text(f"""

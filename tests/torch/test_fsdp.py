@@ -1,5 +1,6 @@
-"""FSDP2 on 4 CPU processes over gloo (`runtime.mesh` with fsdp, docs/sharding.md): a Llama from a config.json
-trains on tiny Shakespeare to the numbers of the same run replicated over the 4 processes, and each process holds
+"""FSDP2 on 4 CPU processes over gloo (`runtime.mesh` with fsdp, docs/sharding.md): a Llama (and, in the long
+tier, Gemma 2) from a config.json trains on tiny Shakespeare to the numbers of the same run replicated over the 4
+processes, and each process holds
 its quarter of the parameters and Adam's moments. Each run is `tpuplex launch` of the CLI, as a user runs it."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_runs import train_losses, write_llama_run
+from llama_runs import GEMMA2, train_losses, write_llama_run
 from multihost_checks import finish, launch_args, tpuplex
 
 from tpuplex import registry
@@ -60,6 +61,19 @@ def test_fsdp_on_four_processes_trains_as_replicated(config, replicated, tmp_pat
                                        err_msg=name)
     fsdp = 4 if mesh == "{fsdp = 4}" else 2
     assert results["state_bytes_per_device"] <= 1.1 * expected["state_bytes_per_device"] / fsdp
+
+
+@pytest.mark.long
+def test_gemma2_over_fsdp_trains_as_replicated(shared_text, tmp_path) -> None:
+    """A new decoder family under FSDP2 on 4 processes: Gemma 2's own switches, each process holding its shards,
+    give the replicated run's losses."""
+    config = write_llama_run(tmp_path, shared_text, STEPS, STEPS, GEMMA2)
+    expected, results = launched(config, tmp_path / "data", "{data = 4}"), launched(config, tmp_path / "fsdp",
+                                                                                     "{fsdp = 4}")
+    assert "FSDP2" in results["topology"]
+    assert results["state_bytes_per_device"] <= 1.1 * expected["state_bytes_per_device"] / 4
+    np.testing.assert_allclose(losses(tmp_path / "fsdp"), losses(tmp_path / "data"), rtol=1e-5)
+    assert len(losses(tmp_path / "fsdp")) == STEPS
 
 
 @pytest.mark.long
