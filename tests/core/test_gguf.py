@@ -6,6 +6,7 @@ real SmolLM2 file against transformers' own GGUF load is tests/common/decoder_ch
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,20 @@ from gguf_files import FFN, HEADS, KV_HEADS, LAYERS, TEMPLATE, TOKENS, hf_weight
 from tpuplex.errors import TpuplexError
 from tpuplex.models import gguf as tpuplex_gguf
 from tpuplex.params import resolve_checkpoint
+
+
+def check_weights_and_tokens(folder: Path, weights: dict[str, np.ndarray]) -> None:
+    """The converted folder holds `weights` exactly, under their HF names, and tokenizes with the control tokens
+    whole."""
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    converted = load_file(folder / "model.safetensors")
+    assert converted.keys() == weights.keys()
+    for name, array in weights.items():
+        np.testing.assert_array_equal(converted[name], array, err_msg=name)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert tokenizer.encode("<|im_start|>ab a<|im_end|>").tokens == ["<|im_start|>", "ab", "Ġa", "<|im_end|>"]
 
 
 def test_a_llama_gguf_becomes_an_hf_folder(tmp_path, monkeypatch) -> None:
@@ -26,15 +41,7 @@ def test_a_llama_gguf_becomes_an_hf_folder(tmp_path, monkeypatch) -> None:
                                          "intermediate_size", "vocab_size", "tie_word_embeddings", "rope_theta")} == {
         "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "num_hidden_layers": LAYERS,
         "intermediate_size": FFN, "vocab_size": len(TOKENS), "tie_word_embeddings": True, "rope_theta": 100000.0}
-    from safetensors.numpy import load_file
-    from tokenizers import Tokenizer
-
-    converted = load_file(folder / "model.safetensors")
-    assert converted.keys() == weights.keys()
-    for name, array in weights.items():
-        np.testing.assert_array_equal(converted[name], array, err_msg=name)
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    assert tokenizer.encode("<|im_start|>ab a<|im_end|>").tokens == ["<|im_start|>", "ab", "Ġa", "<|im_end|>"]
+    check_weights_and_tokens(folder, weights)
     settings = json.loads((folder / "tokenizer_config.json").read_text())
     assert settings["chat_template"] == TEMPLATE and settings["eos_token"] == "<|im_end|>"
 
@@ -48,15 +55,7 @@ def test_a_qwen2_gguf_becomes_an_hf_folder(tmp_path, monkeypatch) -> None:
     config = json.loads((folder / "config.json").read_text())
     assert (config["model_type"], config["architectures"], config["tie_word_embeddings"]) == (
         "qwen2", ["Qwen2ForCausalLM"], False)
-    from safetensors.numpy import load_file
-    from tokenizers import Tokenizer
-
-    converted = load_file(folder / "model.safetensors")
-    assert converted.keys() == weights.keys()
-    for name, array in weights.items():
-        np.testing.assert_array_equal(converted[name], array, err_msg=name)
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    assert tokenizer.encode("<|im_start|>ab a<|im_end|>").tokens == ["<|im_start|>", "ab", "Ġa", "<|im_end|>"]
+    check_weights_and_tokens(folder, weights)
 
 
 def test_what_is_not_a_llama_gguf_is_refused_in_one_line(tmp_path, monkeypatch) -> None:
