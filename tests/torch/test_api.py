@@ -123,7 +123,8 @@ def test_the_api_runs_each_task_s_example_as_the_cli_does(task, shared_glue, sha
 
     from_cli = json.loads((cli_folder / "results.json").read_text())
     assert run.results["config_hash"] == from_cli["config_hash"] and run.results["step"] == 2
-    assert from_cli["metrics"] and from_cli["train"]["mfu"] > 0  # tests/torch/test_examples.py's subset check
+    train = from_cli["train"]  # its MFU is omitted when above the peak measured under another load (test_cli)
+    assert from_cli["metrics"] and train["model_tflops_per_s"] > 0 and (train["mfu"] is None or 0 < train["mfu"] <= 1)
     assert run.results["losses"] == from_cli["losses"]
     assert run.metrics == from_cli["metrics"]
     evaluated = run.evaluate()["metrics"]

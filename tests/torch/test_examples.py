@@ -105,4 +105,6 @@ def test_the_example_trains_as_documented(path, scale, shared_glue, shared_text,
     tpuplex(*args, cwd=folder)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["step"] == 2 and results["metrics"]
-    assert results["train"]["mfu"] > 0  # a model of your own (custom_model, flowers) counted by torch's counter
+    train = results["train"]  # a model of your own (custom_model, flowers) counted by torch's counter; its MFU is
+    # omitted when above the peak measured under another load (tests/core/test_cli.py)
+    assert train["model_tflops_per_s"] > 0 and (train["mfu"] is None or 0 < train["mfu"] <= 1)
