@@ -8,7 +8,8 @@ kinds only.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import torch.nn.functional as F
@@ -40,6 +41,10 @@ def layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return found + [child for child in model.modules() if isinstance(child, Layer)]
 
 
+Slots = Mapping[str, tuple[torch.nn.Module, str]]
+"""Parameter name -> (the module that holds it, its attribute there): what `register_parameters` returns."""
+
+
 def register_parameters(root: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]
                         ) -> dict[str, tuple[torch.nn.Module, str]]:
     """Register a float32 parameter of each shape in `shapes` on `root` under its dotted name (`a.b.weight`:
@@ -51,6 +56,16 @@ def register_parameters(root: torch.nn.Module, shapes: Mapping[str, tuple[int, .
         owner.register_parameter(leaf, torch.nn.Parameter(torch.empty(tuple(shape), dtype=torch.float32)))
         slots[name] = (owner, leaf)
     return slots
+
+
+def read_slots(slots: Slots) -> dict[str, torch.Tensor]:
+    """The parameters `slots` name, as their modules hold them now (under FSDP2, gathered by then)."""
+    return {name: getattr(owner, leaf) for name, (owner, leaf) in slots.items()}
+
+
+def common_prefix(names: Iterable[str]) -> str:
+    """The dotted prefix every name in `names` shares (`model.layers.3` of a layer's HF names)."""
+    return ".".join(os.path.commonprefix([name.split(".") for name in names]))
 
 
 def add_module_at(root: torch.nn.Module, name: str, module: torch.nn.Module) -> None:

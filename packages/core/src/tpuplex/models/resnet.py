@@ -148,6 +148,12 @@ class ResNet:
             shapes[f"{conv.name}.normalization.bias"] = (conv.out_channels,)
         return shapes | {"classifier.1.weight": (num_labels, self.features), "classifier.1.bias": (num_labels,)}
 
+    def forward_shapes(self, num_labels: int) -> dict[str, tuple[int, ...]]:
+        """The parameters `forward` reads from its `p` (the convolutions and the classifier): every one but the batch
+        norms' weights and biases, which the framework's batch norm holds."""
+        norms = {f"{conv.name}.normalization.{leaf}" for conv in self.convs() for leaf in ("weight", "bias")}
+        return {name: shape for name, shape in self.parameter_shapes(num_labels).items() if name not in norms}
+
     def buffer_shapes(self) -> dict[str, tuple[int, ...]]:
         """HF name -> shape of every batch norm's running statistics and update count."""
         shapes: dict[str, tuple[int, ...]] = {}

@@ -9,22 +9,20 @@ token per forward, over a key/value cache of P + N positions.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 import torch
 from tpuplex.kinds.decoder import parameter_names, parameter_shapes
 from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import Layer, TorchOps, add_module_at, register_parameters
+from tpuplex.layers.torch import Layer, Slots, TorchOps, add_module_at, common_prefix, read_slots, register_parameters
 from tpuplex.models import decoder
 from tpuplex.models.decoder import DecoderArch
 from tpuplex.models.lora import Lora
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 
-Slots = Mapping[str, tuple[torch.nn.Module, str]]
 """Canonical name -> (the module that holds the parameter, its attribute there)."""
 
 
@@ -42,7 +40,7 @@ class DecoderModel(torch.nn.Module):
                     for index in range(arch.num_layers)}
         blocks = [DecoderBlock(arch, lora, index) for index in range(arch.num_layers)]
         for block, names in zip(blocks, in_block.values(), strict=True):
-            add_module_at(self, _common_prefix(names.values()), block)
+            add_module_at(self, common_prefix(names.values()), block)
         registered = register_parameters(self, {hf_name: shapes[hf_name] for hf_name in hf_names.values()})
         for block, names in zip(blocks, in_block.values(), strict=True):
             block.slots = {canonical: registered[hf_name] for canonical, hf_name in names.items()}
@@ -52,7 +50,7 @@ class DecoderModel(torch.nn.Module):
         """The parameters outside the blocks (embeddings, final norm, LM head)."""
 
     def forward(self, input_ids: torch.Tensor, **decoding) -> torch.Tensor | tuple:
-        return decoder.forward(TorchOps(self.training, input_ids.device), _read(self.slots), self.arch, input_ids,
+        return decoder.forward(TorchOps(self.training, input_ids.device), read_slots(self.slots), self.arch, input_ids,
                                lora=self.lora, layer=lambda index, *args: self.blocks[index](*args), **decoding)
 
 
@@ -66,18 +64,8 @@ class DecoderBlock(Layer):
         self.slots: Slots = {}
 
     def forward(self, x: torch.Tensor, *args) -> tuple[torch.Tensor, tuple | None]:
-        return decoder.block(TorchOps(self.training, x.device), _read(self.slots), self.arch, self.lora, self.index,
-                             x, *args)
-
-
-def _read(slots: Slots) -> dict[str, torch.Tensor]:
-    """The parameters `slots` name, as their modules hold them now."""
-    return {name: getattr(owner, leaf) for name, (owner, leaf) in slots.items()}
-
-
-def _common_prefix(names: Iterable[str]) -> str:
-    """The dotted prefix every name in `names` shares (`model.layers.3` of a layer's HF names)."""
-    return ".".join(os.path.commonprefix([name.split(".") for name in names]))
+        return decoder.block(TorchOps(self.training, x.device), read_slots(self.slots), self.arch, self.lora,
+                             self.index, x, *args)
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: int, uniform: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tpuplex.kinds.encoder_decoder import parameter_names, parameter_shapes
 from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import TorchOps, register_parameters
+from tpuplex.layers.torch import TorchOps, read_slots, register_parameters
 from tpuplex.models import search, t5
 from tpuplex.models.t5 import T5Arch
 from tpuplex.params import check_names
@@ -33,7 +33,7 @@ class T5Model(torch.nn.Module):
         self.slots = {canonical: registered[hf] for canonical, hf in hf_names.items()}
 
     def params(self) -> dict[str, torch.Tensor]:
-        return {name: getattr(owner, leaf) for name, (owner, leaf) in self.slots.items()}
+        return read_slots(self.slots)
 
     def ops(self, like: torch.Tensor) -> TorchOps:
         return TorchOps(self.training, like.device)

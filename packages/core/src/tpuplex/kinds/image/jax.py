@@ -81,8 +81,7 @@ class ResNetClassifier(nn.Module):
     @nn.compact
     def __call__(self, images: jax.Array, train: bool = False, deterministic: bool = True) -> jax.Array:
         params = {name: self.param(name, nn.initializers.zeros, shape)
-                  for name, shape in self.arch.parameter_shapes(self.num_labels).items()
-                  if ".normalization." not in name}
+                  for name, shape in self.arch.forward_shapes(self.num_labels).items()}
 
         def batch_norm(module: str, x: jax.Array) -> jax.Array:
             return BatchNorm(self.batch_norm_groups, self.dtype, name=module)(x, train)

@@ -88,7 +88,7 @@ class ResNetClassifier(keras.Model):
         # activation.
         self.named = {name: self.add_weight(shape=shape, initializer="zeros", name=name.replace(".", "_"),
                                             autocast=False)
-                      for name, shape in arch.parameter_shapes(num_labels).items() if ".normalization." not in name}
+                      for name, shape in arch.forward_shapes(num_labels).items()}
         self.norms = {f"{conv.name}.normalization": BatchNorm(conv.out_channels, cross_replica)
                       for conv in arch.convs()}
 

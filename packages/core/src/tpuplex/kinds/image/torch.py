@@ -8,12 +8,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 
-import numpy as np
-
 import torch
 from tpuplex import models
 from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import Layer, TorchOps, add_module_at, register_parameters
+from tpuplex.layers.torch import Layer, Slots, TorchOps, add_module_at, read_slots, register_parameters
 from tpuplex.models import resnet, vit
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
@@ -22,13 +20,13 @@ from tpuplex.protocol import ModelSpec, OptimizerSpec
 class ViTModel(torch.nn.Module):
     """pixel_values float32 [B, C, H, W] (a channels-last view of the host's images) -> logits [B, num_labels]."""
 
-    def __init__(self, arch: vit.ViT, shapes: Mapping[str, tuple[int, ...]]):
+    def __init__(self, arch: vit.ViT, num_labels: int):
         super().__init__()
         self.arch = arch
         blocks = [ViTBlock(arch, index) for index in range(arch.num_layers)]
         for index, block in enumerate(blocks):
             add_module_at(self, f"vit.layers.{index}", block)
-        registered = register_parameters(self, shapes)
+        registered = register_parameters(self, arch.parameter_shapes(num_labels))
         for index, block in enumerate(blocks):
             block.slots = {name: slot for name, slot in registered.items()
                            if name.startswith(f"vit.layers.{index}.")}
@@ -37,7 +35,7 @@ class ViTModel(torch.nn.Module):
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         images = pixel_values.permute(0, 2, 3, 1)  # NHWC: the host batch's own layout, no copy
-        return vit.forward(TorchOps(self.training, images.device), _read(self.slots), self.arch, images,
+        return vit.forward(TorchOps(self.training, images.device), read_slots(self.slots), self.arch, images,
                            layer=lambda index, x: self.blocks[index](x))
 
 
@@ -48,14 +46,10 @@ class ViTBlock(Layer):
     def __init__(self, arch: vit.ViT, index: int):
         super().__init__()
         self.arch, self.index = arch, index
-        self.slots: dict[str, tuple[torch.nn.Module, str]] = {}
+        self.slots: Slots = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return vit.block(TorchOps(self.training, x.device), _read(self.slots), self.arch, self.index, x)
-
-
-def _read(slots: Mapping[str, tuple[torch.nn.Module, str]]) -> dict[str, torch.Tensor]:
-    return {name: getattr(owner, leaf) for name, (owner, leaf) in slots.items()}
+        return vit.block(TorchOps(self.training, x.device), read_slots(self.slots), self.arch, self.index, x)
 
 
 class ResNetModel(torch.nn.Module):
@@ -64,13 +58,12 @@ class ResNetModel(torch.nn.Module):
     under their HF names, each batch norm torch's `BatchNorm2d` at its HF module name (which
     `SyncBatchNorm.convert_sync_batchnorm` turns cross-replica)."""
 
-    def __init__(self, arch: resnet.ResNet, shapes: Mapping[str, tuple[int, ...]]):
+    def __init__(self, arch: resnet.ResNet, num_labels: int):
         super().__init__()
         self.arch = arch
         for conv in arch.convs():
             add_module_at(self, f"{conv.name}.normalization", torch.nn.BatchNorm2d(conv.out_channels))
-        self.slots = register_parameters(self, {name: shape for name, shape in shapes.items()
-                                                if ".normalization." not in name})
+        self.slots = register_parameters(self, arch.forward_shapes(num_labels))
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         images = pixel_values.permute(0, 2, 3, 1)  # NHWC: the host batch's own layout, no copy
@@ -78,7 +71,7 @@ class ResNetModel(torch.nn.Module):
         def batch_norm(module: str, x: torch.Tensor) -> torch.Tensor:
             return self.get_submodule(module)(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
 
-        return resnet.forward(TorchOps(self.training, images.device), _read(self.slots), self.arch, images,
+        return resnet.forward(TorchOps(self.training, images.device), read_slots(self.slots), self.arch, images,
                               batch_norm)
 
 
@@ -88,8 +81,7 @@ class ImageFamily(KindModule):
         layout)."""
         arch = spec.arch if spec.dropout else spec.arch.without_dropout()
         check_names(arch.parameter_shapes(spec.num_labels), spec.params, "the initial parameters")
-        shapes = {name: tuple(np.shape(array)) for name, array in spec.params.items()}
-        model = ViTModel(arch, shapes) if spec.family is models.VIT else ResNetModel(arch, shapes)
+        model = (ViTModel if spec.family is models.VIT else ResNetModel)(arch, spec.num_labels)
         return Built(model.to(memory_format=torch.channels_last),
                      functools.partial(image_logits, model_inputs=task.model_inputs), spec.params, spec.buffers)
 

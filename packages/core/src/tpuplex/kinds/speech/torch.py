@@ -10,7 +10,7 @@ import numpy as np
 
 import torch
 from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import TorchOps, register_parameters
+from tpuplex.layers.torch import TorchOps, read_slots, register_parameters
 from tpuplex.models.conformer import ConformerArch, forward
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 
@@ -25,8 +25,7 @@ class SpeechModel(torch.nn.Module):
 
     def forward(self, features: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lengths = attention_mask.sum(dim=1)
-        params = {name: getattr(owner, leaf) for name, (owner, leaf) in self.slots.items()}
-        logits = forward(TorchOps(self.training, features.device), params, self.arch, features, lengths)
+        logits = forward(TorchOps(self.training, features.device), read_slots(self.slots), self.arch, features, lengths)
         return logits, self.arch.output_frames(lengths)
 
 

@@ -10,21 +10,17 @@ one unit (ALBERT's shared blocks are called once per layer that applies them).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 import torch
 from tpuplex.kinds.text import expected_shapes
 from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import Layer, TorchOps, add_module_at, register_parameters
+from tpuplex.layers.torch import Layer, Slots, TorchOps, add_module_at, common_prefix, read_slots, register_parameters
 from tpuplex.models import encoder
 from tpuplex.models.architecture import Architecture
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, head_inputs
 from tpuplex.tasks.base import Head
-
-Slots = Mapping[str, tuple[torch.nn.Module, str]]
-"""Canonical name -> (the module that holds the parameter, its attribute there)."""
 
 
 class EncoderModel(torch.nn.Module):
@@ -39,7 +35,7 @@ class EncoderModel(torch.nn.Module):
                     for index in range(arch.num_blocks)]
         blocks = [EncoderBlock(arch, index) for index in range(arch.num_blocks)]
         for block, names in zip(blocks, in_block, strict=True):
-            add_module_at(self, ".".join(os.path.commonprefix([name.split(".") for name in names.values()])), block)
+            add_module_at(self, common_prefix(names.values()), block)
         registered = register_parameters(self, {hf_name: shapes[hf_name] for hf_name in hf_names.values()})
         for block, names in zip(blocks, in_block, strict=True):
             block.slots = {canonical: registered[hf_name] for canonical, hf_name in names.items()}
@@ -50,7 +46,7 @@ class EncoderModel(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
                 **head_inputs: torch.Tensor) -> torch.Tensor:
-        ops, p = TorchOps(self.training, input_ids.device), _read(self.slots)
+        ops, p = TorchOps(self.training, input_ids.device), read_slots(self.slots)
         hidden = encoder.forward(ops, p, self.arch, input_ids, token_type_ids, attention_mask,
                                  layer=lambda index, *args: self.blocks[index](*args))
         return self.head.forward(ops, p, hidden, **head_inputs)
@@ -66,13 +62,8 @@ class EncoderBlock(Layer):
         self.slots: Slots = {}
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor, site: int) -> torch.Tensor:
-        return encoder.block(TorchOps(self.training, x.device), _read(self.slots), self.arch, self.index, x,
+        return encoder.block(TorchOps(self.training, x.device), read_slots(self.slots), self.arch, self.index, x,
                              attention_mask, site)
-
-
-def _read(slots: Slots) -> dict[str, torch.Tensor]:
-    """The parameters `slots` name, as their modules hold them now."""
-    return {name: getattr(owner, leaf) for name, (owner, leaf) in slots.items()}
 
 
 class TextEncoder(KindModule):
