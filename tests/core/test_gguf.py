@@ -1,7 +1,8 @@
-"""A GGUF file of the Llama or Qwen2 family becomes an HF checkpoint folder (`tpuplex.models.gguf`): the config from its
-metadata, the weights under HF's names with llama.cpp's query/key row order undone, a byte-level BPE tokenizer
-with its control tokens whole and the chat template; files that are not a Llama GGUF are refused in one line. The
-real SmolLM2 file against transformers' own GGUF load is tests/common/decoder_checks.py's."""
+"""A GGUF file of a decoder family tpuplex has becomes an HF checkpoint folder (`tpuplex.models.gguf`): the config from
+its metadata, the weights under HF's names with llama.cpp's query/key row order (Llama) and norm offset (Gemma)
+undone, a byte-level BPE or SentencePiece tokenizer with its control tokens whole and the chat template; files of
+other families are refused in one line. Against transformers' own GGUF load: tests/torch/test_decoders.py (every
+family) and tests/common/decoder_checks.py (the real SmolLM2 file)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_files import FFN, HEADS, KV_HEADS, LAYERS, TEMPLATE, TOKENS, hf_weights, write_gguf
+from gguf_files import (
+    FFN,
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    PIECES,
+    SENTENCEPIECE_TEXT,
+    TEMPLATE,
+    TOKENS,
+    hf_weights,
+    write_gguf,
+)
 
 from tpuplex.errors import TpuplexError
+from tpuplex.models import DECODER_FAMILIES
 from tpuplex.models import gguf as tpuplex_gguf
 from tpuplex.params import resolve_checkpoint
 
@@ -50,12 +63,40 @@ def test_a_qwen2_gguf_becomes_an_hf_folder(tmp_path, monkeypatch) -> None:
     """Qwen2's biases and untied head under HF's names, its rows as they are (llama.cpp rotates Qwen2 as HF does),
     its tokenizer split by Qwen2's pattern."""
     monkeypatch.setenv(tpuplex_gguf.CACHE_ENV, str(tmp_path / "cache"))
-    weights = hf_weights(qwen2=True)
+    weights = hf_weights("qwen2")
     folder = resolve_checkpoint(str(write_gguf(tmp_path / "qwen.gguf", weights, architecture="qwen2", pre="qwen2")))
     config = json.loads((folder / "config.json").read_text())
     assert (config["model_type"], config["architectures"], config["tie_word_embeddings"]) == (
         "qwen2", ["Qwen2ForCausalLM"], False)
     check_weights_and_tokens(folder, weights)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "phi3", "mistral"])
+def test_a_sentencepiece_family_s_gguf_becomes_the_folder_its_family_reads(family, tmp_path, monkeypatch) -> None:
+    """Gemma 2 (norms stored as 1 + weight, four a layer), Phi-3 (fused projections) and Mistral (a "llama" file
+    with a SentencePiece vocabulary): the weights exactly, a config.json the tpuplex family reads into exactly the
+    file's parameters, and the vocabulary's pieces with BOS first and the bytes of what it lacks."""
+    monkeypatch.setenv(tpuplex_gguf.CACHE_ENV, str(tmp_path / "cache"))
+    architecture = "llama" if family == "mistral" else family
+    weights = hf_weights(architecture, sentencepiece=True)
+    folder = resolve_checkpoint(str(write_gguf(tmp_path / "model.gguf", weights, architecture, sentencepiece=True)))
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    converted = load_file(folder / "model.safetensors")
+    assert converted.keys() == weights.keys()
+    for name, array in weights.items():
+        if family == "gemma2" and name.endswith("norm.weight"):  # stored as 1 + weight, in float32
+            array = (array + np.float32(1)) - np.float32(1)
+        np.testing.assert_array_equal(converted[name], array, err_msg=name)
+    config = json.loads((folder / "config.json").read_text())
+    decoder = next(f for f in DECODER_FAMILIES if config["model_type"] in f.model_types)
+    assert decoder.hf_shapes(decoder.architecture(config)) == {name: a.shape for name, a in weights.items()}
+    assert decoder.name == architecture
+    pieces = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(SENTENCEPIECE_TEXT).tokens
+    assert pieces[0] == "<s>" and "<|user|>" in pieces and "<think>" in pieces
+    assert pieces[-2:] == ["<0xC3>", "<0xA9>"]  # é, byte by byte
+    assert len(PIECES) == config["vocab_size"]
 
 
 def test_what_is_not_a_llama_gguf_is_refused_in_one_line(tmp_path, monkeypatch) -> None:
@@ -65,6 +106,11 @@ def test_what_is_not_a_llama_gguf_is_refused_in_one_line(tmp_path, monkeypatch) 
     with pytest.raises(TpuplexError, match=r"garbage.gguf is not a readable GGUF file"):
         resolve_checkpoint(str(garbage))
     other = write_gguf(tmp_path / "other.gguf", hf_weights(), architecture="gpt2")
-    with pytest.raises(TpuplexError, match=r"holds a 'gpt2' model: tpuplex reads GGUF files of the Llama and Qwen2"):
+    with pytest.raises(TpuplexError, match=r"holds a 'gpt2' model: tpuplex reads GGUF files of the Llama, Mistral"):
         resolve_checkpoint(str(other))
+    long_context = write_gguf(tmp_path / "phi3.gguf", hf_weights("phi3"), "phi3",
+                              extra={"rope_factors_long.weight": np.ones(HEADS, np.float32)})
+    with pytest.raises(TpuplexError, match=r"'rope_factors_long.weight' that HF's Phi3ForCausalLM does not have "
+                                           r"\(long-context rope factors"):
+        resolve_checkpoint(str(long_context))
     assert not any((tmp_path / "cache" / "gguf").iterdir())  # nothing half-written

