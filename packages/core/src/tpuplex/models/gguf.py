@@ -19,8 +19,8 @@ the `gguf` package (pip install gguf; no torch) into a folder in tpuplex's cache
                             Mistral, Gemma, Phi-3); control tokens special, user-defined ones whole
     tokenizer_config.json   bos / eos / pad tokens, whether BOS starts a text, and the chat template
 
-The folder is named after the file's sha256 and the conversion's version, and written beside and renamed into place, so a run killed during the
-conversion leaves nothing half-written and the next run converts again.
+The folder is named after the file's sha256 and the conversion's version, and written beside and renamed into place,
+so a run killed during the conversion leaves nothing half-written and the next run converts again.
 """
 
 from __future__ import annotations
