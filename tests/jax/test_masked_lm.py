@@ -18,5 +18,6 @@ def test_token_losses_match_hf(family_dir):
     mlm_checks.check_token_losses_match_hf(backend(2), family_dir)
 
 
+@pytest.mark.parametrize("family_dir", families.HEADS_TRAINED_FAST, indirect=True)
 def test_twenty_steps_follow_the_torch_backend(family_dir):
     mlm_checks.check_training_follows_torch(backend(1), family_dir)

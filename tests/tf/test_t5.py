@@ -21,9 +21,13 @@ def backend():
     return TfBackend(RuntimeConfig(cpu_devices=2))
 
 
-def test_a_saved_model_of_a_t5_run_is_refused_in_one_line(tmp_path: Path) -> None:
-    """T5's relative-position buckets need static lengths, which a SavedModel signature does not give: the export
-    stops with one line naming what works instead, and writes nothing."""
+def test_a_t5_saved_model_decodes_as_tpuplex_generate_does(tmp_path: Path) -> None:
+    """`tpuplex export RUN --format saved_model` of a text-to-text run: token ids at the run's input length in,
+    greedy decoding in the graph, the same texts as `Run.generate` (the host's search over compiled steps)."""
+    import numpy as np
+    import tensorflow as tf
+    from tokenizers import Tokenizer
+
     checkpoint = tmp_path / "t5"
     shutil.copytree(Path(__file__).resolve().parents[2] / "examples" / "t5" / "t5-tiny", checkpoint)
     rows = [{"words": words, "reversed": " ".join(reversed(words.split()))} for words in ("a b", "c d e", "f")] * 8
@@ -33,8 +37,18 @@ def test_a_saved_model_of_a_t5_run_is_refused_in_one_line(tmp_path: Path) -> Non
         "model": {"checkpoint": str(checkpoint), "dropout": False},
         "task": {"name": "seq2seq", "input_template": "reverse: {{ words }}", "target_template": "{{ reversed }}"},
         "data": {"train_file": str(tmp_path / "train.jsonl"), "eval_files": [str(tmp_path / "dev.jsonl")],
-                 "max_length": 8},
-        "train": {"max_steps": 1, "global_batch": 8}, "runtime": {"output_dir": str(tmp_path / "run")}}), "tf")
-    with pytest.raises(tpuplex.TpuplexError, match=r"no SavedModel export yet: use tpuplex export RUN --format hf"):
-        run.export("saved_model", tmp_path / "saved")
-    assert not (tmp_path / "saved").exists()
+                 "max_length": 16},
+        "train": {"max_steps": 2, "global_batch": 8, "learning_rate": 1e-2},
+        "runtime": {"output_dir": str(tmp_path / "run")}}), "tf")
+    served = tf.saved_model.load(str(run.export("saved_model", tmp_path / "saved"))).signatures["serving_default"]
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    prompts = ["reverse: a b", "reverse: c d e f", "reverse: f"]
+    ids = np.zeros((len(prompts), 16), np.int32)
+    for row, prompt in enumerate(prompts):
+        encoded = tokenizer.encode(prompt).ids  # its tokens, then </s>
+        ids[row, :len(encoded)] = encoded
+    sequences = served(input_ids=tf.constant(ids), attention_mask=tf.constant((ids > 0).astype(np.int32)))
+    sequences = sequences["sequences"].numpy()
+    texts = [tokenizer.decode(list(row[:np.flatnonzero(np.append(row == 1, True))[0]])) for row in sequences]
+    assert texts == run.generate(prompts, tokens=sequences.shape[1])
+    assert sequences.shape == (3, max(len(tokenizer.encode(row["reversed"]).ids) for row in rows))

@@ -83,7 +83,7 @@ _ARCHITECTURES = {
         "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}),
 }
 """`general.architecture` -> the family tpuplex reads from GGUF (Mistral's files are "llama" ones)."""
-FAMILIES = "Llama, Mistral, Qwen2, Gemma 2 and Phi-3"
+_FAMILIES_READ = "Llama, Mistral, Qwen2, Gemma 2 and Phi-3"
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
                r"""|\s+(?!\S)|\s+""")
 """Qwen2's pre-tokenizer pattern (its tokenizer.json, and llama.cpp's "qwen2" pre-tokenizer)."""
@@ -141,11 +141,11 @@ def convert(path: Path, folder: Path) -> None:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError) as error:
         raise CheckpointError(f"{path} is not a readable GGUF file ({error}): give a .gguf file of the "
-                              f"{FAMILIES} families") from None
+                              f"{_FAMILIES_READ} families") from None
     fields = {name: field.contents() for name, field in reader.fields.items() if name not in _VOCABULARY_FIELDS}
     name = fields.get("general.architecture")
     if name not in _ARCHITECTURES:
-        raise CheckpointError(f"{path} holds a {name!r} model: tpuplex reads GGUF files of the {FAMILIES} "
+        raise CheckpointError(f"{path} holds a {name!r} model: tpuplex reads GGUF files of the {_FAMILIES_READ} "
                               f"families (general.architecture = {' or '.join(map(repr, _ARCHITECTURES))})")
     architecture = _ARCHITECTURES[name]
     config = _config(name, fields, {tensor.name for tensor in reader.tensors},
