@@ -8,7 +8,7 @@ import pytest
 from prepared_checks import check_prepared_equals_in_memory, flowers_config, masked_lm_config
 
 
-@pytest.mark.long  # 70-95 s on tf; the torch and jax sessions run it in the fast tier
+@pytest.mark.long  # the data path is the core's: the torch session runs it in the fast tier
 def test_a_prepared_corpus_trains_as_the_rows_in_memory(shared_text, tmp_path) -> None:
     checkpoint = families.write_checkpoint("bert", tmp_path / "bert")
     metrics = check_prepared_equals_in_memory(masked_lm_config(checkpoint, shared_text, tmp_path), "tf",
@@ -16,6 +16,7 @@ def test_a_prepared_corpus_trains_as_the_rows_in_memory(shared_text, tmp_path) -
     assert set(metrics) == {"held-out"} and metrics["held-out"]["loss"] > 0
 
 
+@pytest.mark.long  # the data path is the core's: the torch session runs it in the fast tier
 def test_prepared_images_train_as_the_images_in_memory(shared_images, tmp_path) -> None:
     metrics = check_prepared_equals_in_memory(flowers_config(shared_images, tmp_path), "tf", tmp_path / "runs")
     assert set(metrics) == {"validation"}

@@ -39,7 +39,7 @@ def test_a_t5_saved_model_decodes_as_tpuplex_generate_does(tmp_path: Path) -> No
         "data": {"train_file": str(tmp_path / "train.jsonl"), "eval_files": [str(tmp_path / "dev.jsonl")],
                  "max_length": 16},
         "train": {"max_steps": 2, "global_batch": 8, "learning_rate": 1e-2},
-        "runtime": {"output_dir": str(tmp_path / "run")}}), "tf")
+        "runtime": {"output_dir": str(tmp_path / "run"), "cpu_devices": 1}}), "tf")
     served = tf.saved_model.load(str(run.export("saved_model", tmp_path / "saved"))).signatures["serving_default"]
     tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
     prompts = ["reverse: a b", "reverse: c d e f", "reverse: f"]
