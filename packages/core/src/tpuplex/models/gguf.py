@@ -15,7 +15,7 @@ the `gguf` package (pip install gguf; no torch) into a folder in tpuplex's cache
                             whole in memory
     tokenizer.json          the file's vocabulary as transformers' GGUF load builds it: a byte-level BPE with the
                             file's merges (split as `tokenizer.ggml.pre` says: SmolLM2's digits, Qwen2's pattern) or
-                            SentencePiece's BPE with byte fallback and merges recovered from the scores (Llama 2,
+                            SentencePiece's BPE with byte fallback and its merges (recovered from the scores) (Llama 2,
                             Mistral, Gemma, Phi-3); control tokens special, user-defined ones whole
     tokenizer_config.json   bos / eos / pad tokens, whether BOS starts a text, and the chat template
 
@@ -254,12 +254,13 @@ def _write_tokenizer(reader: Any, fields: dict[str, Any], folder: Path) -> None:
     kinds = [int(kind) for kind in reader.fields["tokenizer.ggml.token_type"].contents()]
     if model == "llama" and fields.get("general.architecture") == "gemma2":
         tokens = _gemma_spelling(tokens)
+    merges = ([tuple(str(merge).split(" ", 1)) for merge in reader.fields["tokenizer.ggml.merges"].contents()]
+              if "tokenizer.ggml.merges" in reader.fields else None)
     if model == "gpt2":
-        merges = [tuple(str(merge).split(" ", 1)) for merge in reader.fields["tokenizer.ggml.merges"].contents()]
-        tokenizer = _byte_level_bpe(tokens, merges, fields.get("tokenizer.ggml.pre"))
+        tokenizer = _byte_level_bpe(tokens, merges or [], fields.get("tokenizer.ggml.pre"))
     elif model == "llama":
         scores = [float(score) for score in reader.fields["tokenizer.ggml.scores"].contents()]
-        tokenizer = _sentencepiece_bpe(tokens, scores, fields)
+        tokenizer = _sentencepiece_bpe(tokens, scores, merges, fields)
     else:
         raise CheckpointError(f"{reader.data.filename} has a {model!r} tokenizer: tpuplex reads GGUF files' byte-level "
                               "BPE (\"gpt2\") and SentencePiece (\"llama\") vocabularies; put the model's "
@@ -303,19 +304,20 @@ def _byte_level_bpe(tokens: list[str], merges: list[tuple[str, ...]], pre: str |
     return tokenizer
 
 
-def _sentencepiece_bpe(tokens: list[str], scores: list[float], fields: dict[str, Any]) -> Any:
-    """A "llama" GGUF vocabulary (SentencePiece BPE: `<0x..>` byte fallback, no merges stored; Gemma's tokens
-    respelled) as transformers' GGUF load builds it: the merges recovered from the scores (Gemma's from the tokens'
-    order, which its scores do not follow), and per family where the word-start mark "▁" comes from: Llama's and
-    Mistral's pre-tokenizer (before the first word when `add_space_prefix`), Phi-3's normalizer (before the text),
-    none for Gemma."""
+def _sentencepiece_bpe(tokens: list[str], scores: list[float], merges: list[tuple[str, ...]] | None,
+                       fields: dict[str, Any]) -> Any:
+    """A "llama" GGUF vocabulary (SentencePiece BPE: `<0x..>` byte fallback; Gemma's tokens respelled) as
+    transformers' GGUF load builds it: the file's merges, or where it stores none (most) the merges recovered from
+    the scores (Gemma's from the tokens' order, which its scores do not follow), and per family where the
+    word-start mark "▁" comes from: Llama's and Mistral's pre-tokenizer (before the first word when
+    `add_space_prefix`), Phi-3's normalizer (before the text), none for Gemma."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     architecture = fields.get("general.architecture")
     unknown = fields.get("tokenizer.ggml.unknown_token_id")
     ranks = [-index for index in range(len(tokens))] if architecture == "gemma2" else scores
     vocabulary = {token: index for index, token in enumerate(tokens)}
-    merges = _merges_by_rank(vocabulary, dict(zip(tokens, ranks, strict=True)))
+    merges = merges or _merges_by_rank(vocabulary, dict(zip(tokens, ranks, strict=True)))
     # transformers' GemmaTokenizer names an unknown token in its BPE, its LlamaTokenizer none (the bytes cover all)
     gemma_unknown = tokens[int(unknown)] if architecture == "gemma2" and unknown is not None else None
     tokenizer = Tokenizer(models.BPE(vocabulary, merges, fuse_unk=True, byte_fallback=True, unk_token=gemma_unknown))
