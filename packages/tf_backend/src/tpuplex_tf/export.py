@@ -7,7 +7,9 @@ ops that TensorFlow does not ship for every family's tokenizer; `tokenizers` run
     input_ids, token_type_ids, attention_mask   int32 [batch, length], any batch and length up to the model's
     -> the task's serving outputs (sequence classification: logits and probabilities [batch, num_labels])
 
-and for images encoded image bytes (`tpuplex.tasks.image_classification.tf`).
+and for images encoded image bytes (`tpuplex.tasks.image_classification.tf`). A text-to-text run's takes input_ids
+and attention_mask at the run's input length and returns the sequences greedy decoding writes, decoded inside the
+graph (`tpuplex.tasks.seq2seq.tf`).
 """
 
 from __future__ import annotations
