@@ -23,8 +23,6 @@ from tpuplex.models.lora import Lora
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 
-"""Canonical name -> (the module that holds the parameter, its attribute there)."""
-
 
 class DecoderModel(torch.nn.Module):
     """input_ids int64 [B, T] -> next-token logits [B, T, V]; with a cache, (logits, the updated cache)
