@@ -82,11 +82,13 @@ def gguf_name(name: str, architecture: str = "llama") -> str:
 
 
 def write_gguf(path: Path, weights: dict[str, np.ndarray], architecture: str = "llama", pre: str = "smollm",
-               sentencepiece: bool | None = None, extra: dict[str, np.ndarray] | None = None) -> Path:
+               sentencepiece: bool | None = None, extra: dict[str, np.ndarray] | None = None,
+               merges: list[str] = MERGES) -> Path:
     """The file llama.cpp writes for `architecture` ("llama": its query and key rows reordered; "gemma2": every norm
     stored as 1 + weight; "qwen2", "phi3": as HF's), with a SentencePiece vocabulary (PIECES, as Gemma's, Phi-3's,
     Mistral's and Llama 2's files) or a byte-level BPE (TOKENS, `pre` its pre-tokenizer) as `sentencepiece` says
-    (by default: as the family's files have); `extra`: tensors added under their GGUF names."""
+    (by default: as the family's files have); `extra`: tensors added under their GGUF names; `merges`: the
+    byte-level vocabulary's (none: the key left out)."""
     writer = gguf.GGUFWriter(path, architecture)
     writer.add_block_count(LAYERS)
     writer.add_context_length(64)
@@ -114,7 +116,8 @@ def write_gguf(path: Path, weights: dict[str, np.ndarray], architecture: str = "
         writer.add_tokenizer_pre(pre)
         writer.add_token_list(TOKENS)
         writer.add_token_types([2, 3, 3] + [1] * (len(TOKENS) - 3))
-        writer.add_token_merges(MERGES)
+        if merges:
+            writer.add_token_merges(merges)
         writer.add_chat_template(TEMPLATE)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)

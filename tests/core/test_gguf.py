@@ -108,6 +108,9 @@ def test_what_is_not_a_llama_gguf_is_refused_in_one_line(tmp_path, monkeypatch) 
     other = write_gguf(tmp_path / "other.gguf", hf_weights(), architecture="gpt2")
     with pytest.raises(TpuplexError, match=r"holds a 'gpt2' model: tpuplex reads GGUF files of the Llama, Mistral"):
         resolve_checkpoint(str(other))
+    unmerged = write_gguf(tmp_path / "unmerged.gguf", hf_weights(), merges=[])
+    with pytest.raises(TpuplexError, match=r"unmerged.gguf has a byte-level vocabulary without its merges"):
+        resolve_checkpoint(str(unmerged))
     long_context = write_gguf(tmp_path / "phi3.gguf", hf_weights("phi3"), "phi3",
                               extra={"rope_factors_long.weight": np.ones(HEADS, np.float32)})
     with pytest.raises(TpuplexError, match=r"'rope_factors_long.weight' that HF's Phi3ForCausalLM does not have "

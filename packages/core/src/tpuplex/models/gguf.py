@@ -257,7 +257,11 @@ def _write_tokenizer(reader: Any, fields: dict[str, Any], folder: Path) -> None:
     merges = ([tuple(str(merge).split(" ", 1)) for merge in reader.fields["tokenizer.ggml.merges"].contents()]
               if "tokenizer.ggml.merges" in reader.fields else None)
     if model == "gpt2":
-        tokenizer = _byte_level_bpe(tokens, merges or [], fields.get("tokenizer.ggml.pre"))
+        if merges is None:
+            raise CheckpointError(f"{reader.data.filename} has a byte-level vocabulary without its merges "
+                                  "(tokenizer.ggml.merges): convert the model again with llama.cpp's "
+                                  "convert_hf_to_gguf.py, or put its tokenizer.json in an HF folder")
+        tokenizer = _byte_level_bpe(tokens, merges, fields.get("tokenizer.ggml.pre"))
     elif model == "llama":
         scores = [float(score) for score in reader.fields["tokenizer.ggml.scores"].contents()]
         tokenizer = _sentencepiece_bpe(tokens, scores, merges, fields)
@@ -315,9 +319,10 @@ def _sentencepiece_bpe(tokens: list[str], scores: list[float], merges: list[tupl
 
     architecture = fields.get("general.architecture")
     unknown = fields.get("tokenizer.ggml.unknown_token_id")
-    ranks = [-index for index in range(len(tokens))] if architecture == "gemma2" else scores
     vocabulary = {token: index for index, token in enumerate(tokens)}
-    merges = merges or _merges_by_rank(vocabulary, dict(zip(tokens, ranks, strict=True)))
+    if merges is None:
+        ranks = [-index for index in range(len(tokens))] if architecture == "gemma2" else scores
+        merges = _merges_by_rank(vocabulary, dict(zip(tokens, ranks, strict=True)))
     # transformers' GemmaTokenizer names an unknown token in its BPE, its LlamaTokenizer none (the bytes cover all)
     gemma_unknown = tokens[int(unknown)] if architecture == "gemma2" and unknown is not None else None
     tokenizer = Tokenizer(models.BPE(vocabulary, merges, fuse_unk=True, byte_fallback=True, unk_token=gemma_unknown))
