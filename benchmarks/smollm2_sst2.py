@@ -11,7 +11,9 @@ template through `tokenizer.apply_chat_template`, labels -100 outside the answer
 same LoraConfig, `transformers.Trainer` with the same optimizer, schedule, batch and steps (its own shuffled order
 and dynamic padding), seed S; its dev answer_accuracy computed as tpuplex's (every answer token the argmax). Each
 seed runs tpuplex, then the peer. `--backends` adds one seed of the LoRA example on each; `--full` one run of
-examples/smollm2/sst2_full.toml (every parameter trained). Writes <out>/summary.json and prints a table.
+examples/smollm2/sst2_full.toml (every parameter trained). `--train-file` / `--dev-file` give both sides other
+SST-2-shaped tables (`sentence`, `label`), e.g. `--short-words 4`'s: the training rows of at most that many words,
+written into <out> (nothing is copied into the repository). Writes <out>/summary.json and prints a table.
 """
 
 from __future__ import annotations
@@ -25,9 +27,27 @@ import sys
 import time
 from pathlib import Path
 
+from tpuplex import config as tpuplex_config
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "smollm2" / "sst2_lora.toml"
 FULL = REPO / "examples" / "smollm2" / "sst2_full.toml"
+
+
+def data_sets(train_file: Path | None, dev_file: Path | None) -> list[str]:
+    """`--set` overrides giving the example other training and dev tables."""
+    return ([f"data.train_file={json.dumps(str(train_file.resolve()))}"] if train_file else []) + \
+        ([f"data.eval_files=[{json.dumps(str(dev_file.resolve()))}]"] if dev_file else [])
+
+
+def short_rows(source: Path, words: int, out: Path) -> Path:
+    """The rows of SST-2 table `source` whose sentence has at most `words` words, written to `out`."""
+    with source.open(encoding="utf-8", newline="") as handle:
+        rows = [row for row in csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+                if len(row["sentence"].split()) <= words]
+    out.write_text("sentence\tlabel\n" + "".join(f"{row['sentence']}\t{row['label']}\n" for row in rows),
+                   encoding="utf-8")
+    return out
 
 
 def tpuplex_run(config: Path, backend: str, out: Path, *sets: str) -> dict:
@@ -42,18 +62,18 @@ def tpuplex_run(config: Path, backend: str, out: Path, *sets: str) -> dict:
             "parameters": results["parameters"]}
 
 
-def peer_run(seed: int, out: Path) -> dict:
-    """The example's recipe in transformers + peft + HF's Trainer (see the module doc)."""
+def peer_run(seed: int, out: Path, sets: list[str]) -> dict:
+    """The example's recipe, with the `--set` overrides `sets`, in transformers + peft + HF's Trainer (see the
+    module doc)."""
     import numpy as np
     import peft
     import transformers
 
     import torch
-    from tpuplex import config as tpuplex_config
     from tpuplex.engine.schedule import warmup_steps
     from tpuplex.params import resolve_checkpoint
 
-    settings = tpuplex_config.load(EXAMPLE)
+    settings = tpuplex_config.load(EXAMPLE, sets)
     train, lora, options = settings.train, settings.model.lora, settings.task.options
     folder = resolve_checkpoint(settings.model.checkpoint)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
@@ -115,27 +135,40 @@ def main() -> None:
     parser.add_argument("--backends", default="", help="one LoRA seed on each of these too, e.g. jax,tf")
     parser.add_argument("--full", action="store_true", help="one run of every parameter fine-tuned")
     parser.add_argument("--out", type=Path, default=Path("runs/smollm2-bench"))
+    parser.add_argument("--train-file", type=Path, help="the training table instead of SST-2's train.tsv")
+    parser.add_argument("--dev-file", type=Path, help="the evaluated table instead of SST-2's dev.tsv")
+    parser.add_argument("--short-words", type=int, help="train on SST-2's training rows of at most this many words")
+    parser.add_argument("--no-zero-shot", action="store_true", help="skip the base model's evaluation")
     args = parser.parse_args()
     if args.out.exists():
         raise SystemExit(f"{args.out} already exists: give a new --out (nothing there is overwritten)")
+    if args.short_words and args.train_file:
+        raise SystemExit("--short-words picks SST-2's short training rows; it cannot be given with --train-file")
     args.out.mkdir(parents=True)
+    if args.short_words:
+        source = (EXAMPLE.parent / tpuplex_config.load(EXAMPLE).data.train_file).resolve()
+        args.train_file = short_rows(source, args.short_words, args.out / f"train-{args.short_words}-words.tsv")
+    sets = data_sets(args.train_file, args.dev_file)
     seeds = [int(seed) for seed in args.seeds.split(",")]
     started = time.strftime("%Y-%m-%d %H:%M")
-    summary: dict = {"started": started, "seeds": seeds, "tpuplex": {}, "peer": {}}
-    summary["zero_shot"] = tpuplex_run(EXAMPLE, "torch", args.out / "zero-shot", "train.max_steps=0",
-                                       "train.epochs=0")
+    summary: dict = {"started": started, "seeds": seeds, "data": sets, "tpuplex": {}, "peer": {}}
+    if not args.no_zero_shot:
+        summary["zero_shot"] = tpuplex_run(EXAMPLE, "torch", args.out / "zero-shot", "train.max_steps=0",
+                                           "train.epochs=0", *sets)
     for seed in seeds:
-        summary["tpuplex"][seed] = tpuplex_run(EXAMPLE, "torch", args.out / f"tpuplex-{seed}", f"train.seed={seed}")
-        summary["peer"][seed] = peer_run(seed, args.out / f"peer-{seed}")
+        summary["tpuplex"][seed] = tpuplex_run(EXAMPLE, "torch", args.out / f"tpuplex-{seed}", f"train.seed={seed}",
+                                               *sets)
+        summary["peer"][seed] = peer_run(seed, args.out / f"peer-{seed}", sets)
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     for backend in filter(None, args.backends.split(",")):
         summary[f"tpuplex-{backend}"] = tpuplex_run(EXAMPLE, backend, args.out / f"tpuplex-{backend}",
-                                                    f"train.seed={seeds[0]}")
+                                                    f"train.seed={seeds[0]}", *sets)
     if args.full:
-        summary["full"] = tpuplex_run(FULL, "torch", args.out / "full", f"train.seed={seeds[0]}")
+        summary["full"] = tpuplex_run(FULL, "torch", args.out / "full", f"train.seed={seeds[0]}", *sets)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
-    print(f"zero-shot base: dev answer_accuracy {summary['zero_shot']['answer_accuracy']:.4f}")
+    if "zero_shot" in summary:
+        print(f"zero-shot base: dev answer_accuracy {summary['zero_shot']['answer_accuracy']:.4f}")
     for who in ("tpuplex", "peer"):
         runs = list(summary[who].values())
         print(f"{who} LoRA, seeds {args.seeds}: dev answer_accuracy {spread([r['answer_accuracy'] for r in runs])}, "

@@ -18,6 +18,7 @@ import transformers
 import torch
 from tpuplex import models
 from tpuplex.config import RuntimeConfig
+from tpuplex.data.batching import Encoded
 from tpuplex.kinds import with_adapters
 from tpuplex.kinds.decoder import Decoders
 from tpuplex.models import gguf
@@ -106,6 +107,30 @@ def test_logits_match_transformers(backend, tmp_path: Path, model_type: str) -> 
     np.testing.assert_allclose(outputs[..., 0], losses.numpy(), atol=1e-4, rtol=0)
     right = (logits.argmax(-1).numpy() == batch["labels"]).astype(np.float32)
     assert (outputs[..., 1] == right).mean() > 0.99
+
+
+def test_a_chat_batch_s_answer_targets_alone_give_the_whole_forward_s_losses(backend, tmp_path: Path) -> None:
+    """A chat batch's compact form (`chat.answer_rows`: the final norm and LM head at each row's answer targets
+    alone) gives the losses and predictions the whole forward gives at those positions, and the same step loss."""
+    spec = decoder_spec(tmp_path, "llama")
+    ids = np.random.default_rng(5).integers(0, VOCAB, (8, 17)).astype(np.int32)
+    answers = np.zeros((8, 17), np.int32)
+    for row, (start, stop) in enumerate([(3, 6), (14, 17), (9, 10), (1, 17), (4, 8), (12, 15), (2, 3), (6, 11)]):
+        answers[row, start:stop] = 1
+    rows = {"input_ids": ids, "attention_mask": np.ones_like(ids), "labels": answers,
+            "weight": np.array([1, 1, 1, 0, 1, 1, 1, 1], np.float32)}  # row 3 is padding, so K < L
+    real = rows["weight"] > 0
+    width = chat.answer_width([Encoded(ids[real], ids[real], np.full(7, 17), answers[real])])
+    compact = chat.answer_rows(rows, width)
+    whole = {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "weight": rows["weight"][:, None] * answers[:, 1:]}
+    assert compact["target_positions"].shape == (8, 5)
+    kept = compact["weight"] > 0
+    at = np.nonzero(kept)
+    found = backend.predict(backend.init(spec, OptimizerSpec()), compact)
+    expected = backend.predict(backend.init(spec, OptimizerSpec()), whole)
+    np.testing.assert_allclose(found[kept], expected[at[0], compact["target_positions"][at]], atol=1e-5, rtol=0)
+    losses = [backend.train_step(backend.init(spec, OptimizerSpec()), batch, 1e-3)[1] for batch in (compact, whole)]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

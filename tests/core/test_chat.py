@@ -43,11 +43,19 @@ def test_only_the_answers_carry_weight(tmp_path) -> None:
     assert encoded.input_ids.shape == (3, 97) and encoded.labels.shape == (3, 97)
     assert answers_of(encoded, tokenizer_dir) == ["Paris.<|im_end|>\n", "4<|im_end|>\n6<|im_end|>\n",
                                                   " positive<|im_end|>"]
-    rows = chat.answer_rows({**encoded.rows(np.arange(3), 97), "weight": np.ones(3, np.float32)})
-    assert rows["input_ids"].shape == rows["labels"].shape == rows["weight"].shape == (3, 96)
-    # The weighted targets are the answers' tokens (next-token targets: one on from the inputs).
-    answers = encoded.labels[:, 1:] > 0
-    np.testing.assert_array_equal(rows["labels"][rows["weight"] > 0], encoded.input_ids[:, 1:][answers])
+    width = chat.answer_width([encoded])
+    rows = chat.answer_rows({**encoded.rows(np.arange(3), 97), "weight": np.array([1, 1, 0], np.float32)}, width)
+    answers = encoded.labels[:, 1:] > 0  # next-token targets: one on from the inputs
+    assert width == answers.sum(axis=1).max() < 96
+    assert rows["input_ids"].shape == (3, 96)
+    assert rows["target_positions"].shape == rows["labels"].shape == rows["weight"].shape == (3, width)
+    # Rows 0 and 1: each answer target in order, at the input before it, then empty slots; row 2 weighs nothing.
+    for row in range(2):
+        count, at = answers[row].sum(), np.flatnonzero(answers[row])
+        np.testing.assert_array_equal(rows["target_positions"][row], np.pad(at, (0, width - count)))
+        np.testing.assert_array_equal(rows["labels"][row], np.pad(encoded.input_ids[row, 1:][at], (0, width - count)))
+        np.testing.assert_array_equal(rows["weight"][row], np.arange(width) < count)
+    assert not rows["weight"][2].any()
 
 
 def test_the_last_conversations_are_held_out(tmp_path) -> None:
@@ -58,7 +66,7 @@ def test_the_last_conversations_are_held_out(tmp_path) -> None:
     options = Options(tokenizer="checkpoint", validation_fraction=0.2)
     TASK.check(config, options)
     data = TASK.prepare(config, options, tokenizer_dir)
-    assert len(data.train) == 8 and len(data.eval["validation"]) == 2 and data.answers
+    assert len(data.train) == 8 and len(data.eval["validation"]) == 2 and data.answer_width == 4  # "a8<|im_end|>\n"
     assert answers_of(data.eval["validation"], tokenizer_dir) == ["a8<|im_end|>\n", "a9<|im_end|>\n"]
 
 
@@ -145,7 +153,7 @@ def test_a_table_becomes_conversations_by_its_templates(tmp_path) -> None:
     options = Options(tokenizer="checkpoint", prompt_template=SST2_PROMPT, answer_template=SST2_ANSWER)
     TASK.check(config, options)
     data = TASK.prepare(config, options, tokenizer_dir)
-    assert data.answers and list(data.eval) == ["dev"]
+    assert data.answer_width and list(data.eval) == ["dev"]
     assert answers_of(data.train, tokenizer_dir) == ["positive<|im_end|>\n", "negative<|im_end|>\n",
                                                     "positive<|im_end|>\n"]
     tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))

@@ -3,6 +3,7 @@
 import pytest
 from decoder_checks import (  # noqa: F401  (collected here)
     smollm2,
+    test_a_chat_batch_s_answer_targets_alone_give_the_whole_forward_s_losses,
     test_generation_matches_transformers,
     test_logits_match_transformers,
     test_lora_training_follows_torch,

@@ -115,13 +115,15 @@ class DecoderArch:
     def window(self, layer: int) -> int:
         return self.windows[layer] if self.windows else 0
 
-    def forward_flops(self, rows: int, length: int) -> float:
+    def forward_flops(self, rows: int, length: int, targets: int | None = None) -> float:
         """Forward FLOPs over [rows, length] tokens (`tpuplex.flops`): every layer's projections (grouped keys and
-        values at their own width) and attention, and the LM head over the vocabulary."""
+        values at their own width) and attention, and the LM head over the vocabulary at `targets` positions a row
+        (`forward`'s target_positions; None: every one)."""
         hidden, heads, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         mlp = (3 if self.gated_mlp else 2) * hidden * self.intermediate_size
         layer = flops.transformer_layer_flops(rows, length, heads, 2 * hidden * heads + 2 * hidden * kv + mlp)
-        return self.num_layers * layer + 2.0 * rows * length * hidden * self.vocab_size
+        head_rows = length if targets is None else targets
+        return self.num_layers * layer + 2.0 * rows * head_rows * hidden * self.vocab_size
 
     def without_dropout(self) -> DecoderArch:
         return dataclasses.replace(self, embedding_dropout=0.0, attention_dropout=0.0, residual_dropout=0.0)
@@ -223,8 +225,10 @@ Cache = tuple[tuple[Any, Any], ...]
 
 def forward(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, input_ids: Any, *, lora: Any = None,
             positions: Any = None, cache: Cache | None = None, cache_index: Any = 0, key_mask: Any = None,
-            layer: Callable[..., tuple[Any, Any]] | None = None) -> Any:
-    """Next-token logits float32 [B, T, V] of input_ids int [B, T].
+            target_positions: Any = None, layer: Callable[..., tuple[Any, Any]] | None = None) -> Any:
+    """Next-token logits float32 [B, T, V] of input_ids int [B, T]; with target_positions int [B, K], those
+    positions' alone, [B, K, V] (a chat batch's answer targets: the final norm and the LM head, a large share of
+    the work of a short row, run on them only).
 
     Training passes the ids alone (positions 0..T-1, causal attention). Decoding passes `positions` int [B, T],
     `key_mask` [B, S] (0 on the prompts' left padding) and a `cache` (each layer's keys and values over S
@@ -253,6 +257,8 @@ def forward(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, input_ids: Any, *
     for index in range(arch.num_layers):
         x, entry = run(index, x, positions, masks, None if cache is None else cache[index], cache_index)
         updated.append(entry)
+    if target_positions is not None:
+        x = ops.take(x, target_positions)
     x = norm(ops, p, arch, "final_norm", x)
     logits = ops.float32(ops.linear(x, p["embeddings.word.weight" if arch.tied else "lm_head.weight"], None))
     logits = soft_cap(ops, logits, arch.logit_softcap)

@@ -70,8 +70,10 @@ class Decoders(ModelKind):
         return initial_decoder_params(self.checkpoint_dir, self.family, self.arch, seed), {}
 
     def forward_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
-        """The decoder with its LM head: the causal-LM task has no head of its own."""
-        return self.arch.forward_flops(*np.shape(batch["input_ids"]))
+        """The decoder with its LM head (at a chat batch's answer targets alone): the causal-LM task has no head of
+        its own."""
+        targets = np.shape(batch["target_positions"])[1] if "target_positions" in batch else None
+        return self.arch.forward_flops(*np.shape(batch["input_ids"]), targets)
 
     def hf_class(self, config: Any, task: Any) -> str:
         return self.family.hf_class

@@ -34,11 +34,11 @@ class DecoderModel(keras.Model):
                       for name, hf in names.items()}
 
     def call(self, input_ids, seed: tf.Tensor | None = None, positions=None, cache=None, cache_index=0,
-             key_mask=None):
+             key_mask=None, target_positions=None):
         params = {name: variable.value for name, variable in self.named.items()}
         ops = TfOps(seed, tf.as_dtype(self.compute_dtype))
         return decoder.forward(ops, params, self.arch, input_ids, lora=self.lora, positions=positions, cache=cache,
-                               cache_index=cache_index, key_mask=key_mask)
+                               cache_index=cache_index, key_mask=key_mask, target_positions=target_positions)
 
     def state_variables(self) -> dict[str, keras.Variable]:
         return {}

@@ -21,7 +21,7 @@ from tpuplex.models import decoder
 from tpuplex.models.decoder import DecoderArch
 from tpuplex.models.lora import Lora
 from tpuplex.params import check_names
-from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
+from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts, head_inputs
 
 
 class DecoderModel(torch.nn.Module):
@@ -81,9 +81,9 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, uniform: torch.
 
 
 def logits(model: DecoderModel, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The next-token logits [b, L, V] of `input_ids` [b, L] (causal attention: no padding mask is needed, padding
-    sits after every real token and is weighted 0)."""
-    return model(batch["input_ids"])
+    """The next-token logits [b, L, V] of `input_ids` [b, L], or [b, K, V] at a chat batch's `target_positions`
+    [b, K] (causal attention: no padding mask is needed, padding sits after every real token and is weighted 0)."""
+    return model(batch["input_ids"], **head_inputs(batch, ("input_ids",)))
 
 
 class Decoder(KindModule):

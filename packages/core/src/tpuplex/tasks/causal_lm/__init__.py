@@ -94,25 +94,26 @@ class CausalLMData(TaskData):
     windows: NextTokenRows | None = None
     """The training stream when training on random windows of it, else None."""
     seed: int = 0
-    answers: bool = False
-    """Conversations (`chat`): each a row of its own, the loss on its answers alone."""
+    answer_width: int = 0
+    """Conversations (`chat`: each a row of its own, the loss on its answers alone): the most answer targets one
+    has (`chat.answer_width`); 0: text."""
     per_token: ClassVar[bool] = True
 
     def train_batch(self, batch: Batch, step: int) -> Batch:
-        if self.answers:
-            return chat.answer_rows(batch)
+        if self.answer_width:
+            return chat.answer_rows(batch, self.answer_width)
         if self.windows is None:
             return text.next_token_rows(batch)
         return text.random_windows(self.windows, *batch["input_ids"].shape, np.random.default_rng([self.seed, step]))
 
     def eval_batch(self, batch: Batch, index: np.ndarray) -> Batch:
-        return chat.answer_rows(batch) if self.answers else text.next_token_rows(batch)
+        return chat.answer_rows(batch, self.answer_width) if self.answer_width else text.next_token_rows(batch)
 
     def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
         """outputs [N, P, 2]: each position's cross-entropy and whether its most likely token is the target.
         Conversations add `answer_accuracy` (`chat.answer_accuracy`)."""
         metrics = token_metrics(outputs, weight)
-        return {**metrics, "answer_accuracy": chat.answer_accuracy(outputs, weight)} if self.answers else metrics
+        return {**metrics, "answer_accuracy": chat.answer_accuracy(outputs, weight)} if self.answer_width else metrics
 
     def vocabulary_size(self) -> int:
         return self.vocabulary.size
@@ -263,7 +264,7 @@ class CausalLM(Task):
                                    f"hold out {options.validation_fraction:.0%}: give more, or data.eval_files")
             train, evaluation["validation"] = chat.rows(train, 0, cut), chat.rows(train, cut, len(train))
         return CausalLMData(data.dataset, train, evaluation, CheckpointTokenizer(tokenizer_dir), None,
-                            config.train.seed, answers=True)
+                            config.train.seed, answer_width=chat.answer_width([train, *evaluation.values()]))
 
     def corpus_encoder(self, tokenizer_dir: Path) -> CorpusEncoder:
         return CorpusEncoder(str(tokenizer_dir))

@@ -141,11 +141,27 @@ def rows(encoded: Encoded, first: int, stop: int) -> Encoded:
     return Encoded(encoded.input_ids[part], encoded.token_type_ids[part], encoded.lengths[part], encoded.labels[part])
 
 
-def answer_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A batch of conversation rows [B, L + 1] -> `next_token_rows`'s input_ids, labels and weight [B, L], the
-    weight kept only where the target is an answer token."""
+def answer_width(splits: Iterable[Encoded]) -> int:
+    """The most answer tokens any conversation of `splits` has as next-token targets (`answer_rows`' width)."""
+    return max(int(encoded.labels[:, 1:].sum(axis=1).max()) for encoded in splits)
+
+
+def answer_rows(batch: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
+    """A batch of conversation rows [B, L + 1] -> input_ids [B, L] (`next_token_rows`'), and each row's answer
+    targets alone, K = min(width, L) of them: target_positions int32 [B, K] (the inputs whose next token is an
+    answer token, in order, then 0), labels [B, K] (those next tokens, then 0) and weight [B, K] (the row's
+    weight, then 0). The decoder computes logits at those positions only (`tpuplex.models.decoder.forward`): its
+    LM head over the vocabulary is most of a short conversation's work, and the loss reads no other position."""
     rows = next_token_rows(batch)
-    return {**rows, "weight": rows["weight"] * batch["labels"][:, 1:].astype(np.float32)}
+    weight = rows["weight"] * batch["labels"][:, 1:].astype(np.float32)
+    targets = min(width, weight.shape[1])
+    if np.any((weight > 0).sum(axis=1) > targets):
+        raise RuntimeError(f"a conversation has more than {targets} answer targets: answer_width undercounted")
+    # A stable sort puts each row's answer positions first, in their order.
+    order = np.argsort(weight <= 0, axis=1, kind="stable")[:, :targets]
+    kept = np.take_along_axis(weight, order, axis=1)
+    return {"input_ids": rows["input_ids"], "target_positions": np.where(kept > 0, order, 0).astype(np.int32),
+            "labels": np.where(kept > 0, np.take_along_axis(rows["labels"], order, axis=1), 0), "weight": kept}
 
 
 def answer_accuracy(outputs: np.ndarray, weight: np.ndarray) -> float:

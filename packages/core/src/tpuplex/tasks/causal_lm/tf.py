@@ -16,7 +16,8 @@ class Module(tasks_tf.TaskModule):
         return (batch["input_ids"],)
 
     def unit_losses(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
-        """Per-token cross-entropy [B, L] of logits [B, L, V] against the next tokens."""
+        """Per-token cross-entropy float32 [B, L] of logits [B, L, V] against the next tokens (a chat batch: [B, K],
+        its answer targets')."""
         return tasks_tf.token_losses(outputs, batch["labels"])
 
     def predict_outputs(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:

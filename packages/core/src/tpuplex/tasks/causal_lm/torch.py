@@ -10,7 +10,8 @@ from tpuplex.tasks import torch as tasks_torch
 
 class Module(tasks_torch.TaskModule):
     def unit_losses(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Per-token cross-entropy [b, L] in float32 of logits [b, L, V] against the next tokens."""
+        """Per-token cross-entropy float32 [b, L] of logits [b, L, V] against the next tokens (a chat batch: [b, K],
+        its answer targets')."""
         return tasks_torch.token_losses(outputs, batch["labels"])
 
     def predict_outputs(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
