@@ -58,7 +58,8 @@ def tpuplex_run(config: Path, backend: str, out: Path, *sets: str) -> dict:
     results = json.loads((out / "results.json").read_text())
     dev = results["metrics"]["dev"]
     return {"answer_accuracy": dev["answer_accuracy"], "answer_loss": dev["loss"],
-            "train_tokens_per_s": results["train"]["tokens_per_s"], "train_seconds": results["train"]["seconds"],
+            "train_tokens_per_s": results["train"]["tokens_per_s"], "train_tokens": results["train"]["tokens"],
+            "train_seconds": results["train"]["seconds"],
             "parameters": results["parameters"]}
 
 
@@ -122,7 +123,7 @@ def peer_run(seed: int, out: Path, sets: list[str]) -> dict:
             answer = targets != -100
             right += ((predicted == targets) | ~answer).all(dim=1).tolist()
     return {"answer_accuracy": float(np.mean(right)), "train_tokens_per_s": tokens / metrics["train_runtime"],
-            "train_seconds": metrics["train_runtime"]}
+            "train_tokens": tokens, "train_seconds": metrics["train_runtime"]}
 
 
 def spread(values: list[float]) -> str:
@@ -169,10 +170,16 @@ def main() -> None:
 
     if "zero_shot" in summary:
         print(f"zero-shot base: dev answer_accuracy {summary['zero_shot']['answer_accuracy']:.4f}")
+    totals = {}
     for who in ("tpuplex", "peer"):
         runs = list(summary[who].values())
+        # The seeds' tokens over their seconds, summed: a mean of rates would weigh a slow seed as a fast one.
+        seconds = sum(r["train_seconds"] for r in runs)
+        totals[who] = sum(r["train_tokens"] for r in runs) / seconds
+        per_seed = ", ".join(f"{r['train_tokens_per_s']:.1f}" for r in runs)
         print(f"{who} LoRA, seeds {args.seeds}: dev answer_accuracy {spread([r['answer_accuracy'] for r in runs])}, "
-              f"train tokens/s {spread([r['train_tokens_per_s'] for r in runs])}")
+              f"train tokens/s {totals[who]:.1f} over {seconds:.1f} s (seeds: {per_seed})")
+    print(f"tpuplex / peer: {totals['tpuplex'] / totals['peer']:.3f}x the tokens a second")
     for key in (k for k in summary if k.startswith("tpuplex-") or k == "full"):
         run = summary[key]
         print(f"{key}: dev answer_accuracy {run['answer_accuracy']:.4f}, train tokens/s "

@@ -150,8 +150,8 @@ def answer_rows(batch: dict[str, np.ndarray], width: int) -> dict[str, np.ndarra
     """A batch of conversation rows [B, L + 1] -> input_ids [B, L] (`next_token_rows`'), and each row's answer
     targets alone, K = min(width, L) of them: target_positions int32 [B, K] (the inputs whose next token is an
     answer token, in order, then 0), labels [B, K] (those next tokens, then 0) and weight [B, K] (the row's
-    weight, then 0). The decoder computes logits at those positions only (`tpuplex.models.decoder.forward`): its
-    LM head over the vocabulary is most of a short conversation's work, and the loss reads no other position."""
+    weight, then 0). The decoder computes logits at those positions only (`tpuplex.models.decoder.forward`): the
+    loss reads no other, and an LM head over a large vocabulary is a fifth of a small model's forward (SmolLM2's)."""
     rows = next_token_rows(batch)
     weight = rows["weight"] * batch["labels"][:, 1:].astype(np.float32)
     targets = min(width, weight.shape[1])
