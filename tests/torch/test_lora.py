@@ -5,6 +5,8 @@ losses; and each new decoder family's PEFT folder on transformers' model against
 import dataclasses
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from tpuplex.engine import checkpoint
 from tpuplex.kinds.decoder import initial_decoder_params
 from tpuplex.models.lora import PEFT_PREFIX, projection_modules
 
+REPO = Path(__file__).resolve().parents[2]
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "glass"]
 TARGETS = ["q_proj", "v_proj", "down_proj"]
 
@@ -169,3 +172,24 @@ def test_each_new_family_peft_folder_gives_the_merged_model_logits(tmp_path, mod
             without = with_adapters(input_ids=ids).logits
     np.testing.assert_allclose(found.numpy(), expected.numpy(), atol=1e-4, rtol=0)
     assert np.abs(without.numpy() - expected.numpy()).max() > 1e-3  # the adapters count
+
+
+def test_the_gpu_lora_benchmark_dry_run(tmp_path) -> None:
+    """`benchmarks/gpu_side_by_side.py lora` as the GPU script calls it, on the CPU with a 2-layer model: the
+    tpuplex side and transformers + peft + HF's Trainer each train six steps of SST-2-shaped conversations and
+    give their tokens a second after the warmup, so a device session never meets a broken side."""
+    folder = write_base(tmp_path / "base")
+    sst2 = tmp_path / "sst2"
+    sst2.mkdir()
+    for split, count in (("train", 64), ("dev", 8)):
+        rows = "".join(f"{' '.join(WORDS[(i + j) % len(WORDS)] for j in range(i % 3 + 1))}\t{i % 2}\n"
+                       for i in range(count))
+        (sst2 / f"{split}.tsv").write_text("sentence\tlabel\n" + rows)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_side_by_side.py"), "lora", "--device", "cpu",
+                    "--quick", "--steps", "6", "--warmup", "2", "--torch-mode", "eager", "--smollm2", str(folder),
+                    "--sst2", str(sst2), "--out", str(out)], check=True, cwd=REPO, capture_output=True)
+    rows = {row["side"]: row for row in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert set(rows) == {"tpuplex-torch", "peft-trainer"}, rows
+    assert all(row["tokens_per_s"] > 0 and 0 < row["mfu"] and np.isfinite(row["loss"]) for row in rows.values()), rows
+    assert rows["tpuplex-torch"]["windows"] == 2 and rows["peft-trainer"]["steps"] == 6  # steps 3-6 timed
