@@ -28,7 +28,8 @@ and steps_per_execution, the JPEG folders under `--data` prepared once first (no
 
 lora: SmolLM2-135M (its config.json and tokenizer files, `--smollm2`; the weights do not travel to the device, so
 both sides draw the model from the config) with examples/smollm2/sst2_lora.toml's LoRA (rank 8 on q/v), SST-2's
-training sentences as that example's conversations (`--sst2`: train.tsv, dev.tsv), batch `--batch`, bf16, two sides:
+training sentences as that example's conversations (`--sst2`: train.tsv's first `--train-rows`, dev.tsv), batch
+`--batch`, bf16, two sides:
   tpuplex-torch   `tpuplex train examples/smollm2/sst2_lora.toml` (torch_mode `--torch-mode`, bf16,
                   steps_per_execution = log_every = `--warmup`); its LM head at the answers' positions alone
   peft-trainer    transformers + peft + HF's Trainer (`bf16=True`, `torch_compile=True` and fused AdamW on a GPU),
@@ -394,6 +395,15 @@ def lora_flops_per_token(checkpoint: Path, length: float) -> float:
     return 2 * arch.forward_flops(1, round(length)) / round(length)
 
 
+def sst2_rows(args, work: Path) -> Path:
+    """The first `--train-rows` rows of `--sst2`'s train.tsv, in `work`: what both sides tokenize before they train
+    (all 67,349 would take the peer's chat template a minute of the step's cap)."""
+    lines = (args.sst2 / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+    rows = work / "sst2-train.tsv"
+    rows.write_text("".join(lines[: args.train_rows + 1]), encoding="utf-8")
+    return rows
+
+
 def tpuplex_lora(checkpoint: Path, args, work: Path) -> dict:
     """The LoRA example on the torch backend with bf16; the rate of its log windows after the first (which holds
     the compilation), and before the last when it is profiled."""
@@ -402,7 +412,7 @@ def tpuplex_lora(checkpoint: Path, args, work: Path) -> dict:
     text = LORA_EXAMPLE.read_text().replace('checkpoint = "smollm2"', f'checkpoint = "{checkpoint}"')
     text = text.replace('output_dir = "runs/smollm2/sst2-lora-{backend}"', f'output_dir = "{run}"')
     config.write_text(text)
-    results = train(config, "torch", f'data.train_file="{args.sst2 / "train.tsv"}"',
+    results = train(config, "torch", f'data.train_file="{sst2_rows(args, work)}"',
                     f'data.eval_files=["{args.sst2 / "dev.tsv"}"]', "train.bf16=true",
                     f"train.global_batch={args.batch}", f"train.max_steps={args.steps}",
                     f"train.steps_per_execution={args.warmup}", f"runtime.log_every={args.warmup}",
@@ -446,7 +456,7 @@ def peft_trainer(checkpoint: Path, args, work: Path) -> dict:
     train_settings, lora = settings.train, settings.model.lora
     tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    rows = peer_conversations(tokenizer, settings.task.options, args.sst2 / "train.tsv")
+    rows = peer_conversations(tokenizer, settings.task.options, sst2_rows(args, work))
     transformers.set_seed(train_settings.seed)
     model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(checkpoint),
                                                           dtype=torch.float32)
@@ -501,6 +511,7 @@ def main() -> None:
     parser.add_argument("--sst2", type=Path, default=REPO.parent / "shared" / "glue" / "SST-2",
                         help="lora: a folder with SST-2's train.tsv and dev.tsv")
     parser.add_argument("--batch", type=int, default=8, help="lora: conversations a step (the example's 8)")
+    parser.add_argument("--train-rows", type=int, default=4096, help="lora: SST-2's first rows to train on")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=False)
     args.text = args.text.resolve()
