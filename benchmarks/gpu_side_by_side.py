@@ -205,17 +205,22 @@ keep_checkpoints = 1
 profile_steps = {[args.steps - 1, args.steps] if args.profile else []}
 """)
     results = train(config, backend)
-    windows = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["event"] == "train"]
-    windows = windows[1:-1] if args.profile else windows[1:]
     if args.profile:
         (work / f"profile-tpuplex-{backend}.txt").write_text(trace_summary(run / "profile"))
-    # Totals over totals: the windows' examples over their seconds, and their FLOPs (each window's model TFLOP/s
-    # times its seconds) over the same seconds; a mean of the windows' rates would weigh a short window as a long.
-    seconds = sum(r["seconds"] for r in windows)
+    windows, seconds, flops_per_s = steady_windows(run, args.profile)
     rate = sum(r["examples"] for r in windows) * args.length / seconds
-    flops = sum(r["model_tflops_per_s"] * 1e12 * r["seconds"] for r in windows)
-    return {"side": f"tpuplex-{backend}", "tokens_per_s": round(rate, 1), "mfu": round(flops / seconds / args.peak, 4),
+    return {"side": f"tpuplex-{backend}", "tokens_per_s": round(rate, 1), "mfu": round(flops_per_s / args.peak, 4),
             "windows": len(windows), "topology": results["topology"], "loss": windows[-1]["loss"]}
+
+
+def steady_windows(run: Path, profiled: bool) -> tuple[list[dict], float, float]:
+    """A tpuplex run's "train" log windows after the first (which holds the compilation) and before the last when
+    it was profiled, their summed seconds, and their model FLOPs (each window's TFLOP/s times its seconds) over
+    those seconds: totals over totals, as a mean of the windows' rates would weigh a short window as a long."""
+    windows = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["event"] == "train"]
+    windows = windows[1:-1] if profiled else windows[1:]
+    seconds = sum(r["seconds"] for r in windows)
+    return windows, seconds, sum(r["model_tflops_per_s"] * 1e12 * r["seconds"] for r in windows) / seconds
 
 
 def train(config: Path, backend: str, *overrides: str) -> dict:
@@ -419,14 +424,11 @@ def tpuplex_lora(checkpoint: Path, args, work: Path) -> dict:
                     f'runtime.torch_mode="{args.torch_mode}"',
                     f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"',
                     f"runtime.profile_steps={[args.steps - 1, args.steps] if args.profile else []}")
-    windows = [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["event"] == "train"]
-    windows = windows[1:-1] if args.profile else windows[1:]
     if args.profile:
         (work / "profile-lora-tpuplex-torch.txt").write_text(trace_summary(run / "profile"))
-    seconds = sum(r["seconds"] for r in windows)
-    flops = sum(r["model_tflops_per_s"] * 1e12 * r["seconds"] for r in windows)
+    windows, seconds, flops_per_s = steady_windows(run, args.profile)
     return {"side": "tpuplex-torch", "tokens_per_s": round(sum(r["tokens"] for r in windows) / seconds, 1),
-            "mfu": round(flops / seconds / args.peak, 4), "windows": len(windows),
+            "mfu": round(flops_per_s / args.peak, 4), "windows": len(windows),
             "topology": results["topology"], "loss": windows[-1]["loss"]}
 
 

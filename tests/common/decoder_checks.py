@@ -120,7 +120,7 @@ def test_a_chat_batch_s_answer_targets_alone_give_the_whole_forward_s_losses(bac
     rows = {"input_ids": ids, "attention_mask": np.ones_like(ids), "labels": answers,
             "weight": np.array([1, 1, 1, 0, 1, 1, 1, 1], np.float32)}  # row 3 is padding, so K < L
     real = rows["weight"] > 0
-    width = chat.answer_width([Encoded(ids[real], ids[real], np.full(7, 17), answers[real])])
+    width = chat.answer_width([Encoded(ids[real], np.zeros_like(ids[real]), np.full(7, 17), answers[real])])
     compact = chat.answer_rows(rows, width)
     whole = {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "weight": rows["weight"][:, None] * answers[:, 1:]}
     assert compact["target_positions"].shape == (8, 5)
