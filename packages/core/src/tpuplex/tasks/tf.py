@@ -8,12 +8,26 @@ head's inputs (`tpuplex.protocol.head_inputs`).
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
 
 from tpuplex import tasks
 from tpuplex.protocol import TEXT_INPUTS
+
+Endpoint = tuple[Callable[..., dict[str, tf.Tensor]], list[tf.TensorSpec]]
+"""A SavedModel endpoint: its function and the function's input signature."""
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What `tpuplex export --format saved_model` writes: the endpoints by name, `serving_default` among them, and
+    the TensorFlow objects beyond the model that they read (a tokenizer's tables), which the archive tracks."""
+
+    endpoints: dict[str, Endpoint]
+    resources: tuple[tf.Module, ...] = ()
 
 
 class TaskModule(abc.ABC):
@@ -35,14 +49,15 @@ class TaskModule(abc.ABC):
     def predict_outputs(self, outputs: tf.Tensor, batch: dict[str, tf.Tensor]) -> tf.Tensor:
         """What `Backend.predict` returns per row."""
 
-    def serving(self, model: Any, data: Any) -> tuple[Any, list[tf.TensorSpec]]:
-        """The SavedModel's `serving_default` (`tpuplex export --format saved_model`): a function and its input
-        signature. For text: input_ids, token_type_ids, attention_mask int32 [batch, length] (the tokenizer runs
-        beside the server) -> `serving_outputs`."""
+    def serving(self, model: Any, data: Any) -> Serving:
+        """The SavedModel's endpoints (`tpuplex export --format saved_model`). For text, `serving_default`:
+        input_ids, token_type_ids, attention_mask int32 [batch, length] (the tokenizer runs beside the server) ->
+        `serving_outputs`."""
         def serve(input_ids: tf.Tensor, token_type_ids: tf.Tensor, attention_mask: tf.Tensor) -> dict[str, tf.Tensor]:
             return self.serving_outputs(model(input_ids, token_type_ids, attention_mask))
 
-        return serve, [tf.TensorSpec([None, None], tf.int32, name=name) for name in TEXT_INPUTS]
+        return Serving({"serving_default": (serve, [tf.TensorSpec([None, None], tf.int32, name=name)
+                                                    for name in TEXT_INPUTS])})
 
     def serving_outputs(self, outputs: tf.Tensor) -> dict[str, tf.Tensor]:
         """The serving outputs of the model's outputs: logits."""

@@ -24,9 +24,10 @@ class Module(tasks_tf.TaskModule):
         """float32 [B, L, 2]: each position's cross-entropy and 1.0 where the most likely token is the next one."""
         return tasks_tf.token_outputs(outputs, batch["labels"])
 
-    def serving(self, model: Any, data: Any) -> tuple[Any, list[tf.TensorSpec]]:
+    def serving(self, model: Any, data: Any) -> tasks_tf.Serving:
         """The SavedModel's `serving_default`: input_ids int32 [batch, length] -> next-token logits."""
         def serve(input_ids: tf.Tensor) -> dict[str, tf.Tensor]:
             return {"logits": model(input_ids)}
 
-        return serve, [tf.TensorSpec([None, None], tf.int32, name="input_ids")]
+        return tasks_tf.Serving({"serving_default": (serve, [tf.TensorSpec([None, None], tf.int32,
+                                                                            name="input_ids")])})

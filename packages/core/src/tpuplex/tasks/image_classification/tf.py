@@ -41,7 +41,7 @@ class Module(tasks_tf.TaskModule):
         """Logits float32 [B, classes]."""
         return tf.cast(outputs, tf.float32)
 
-    def serving(self, model, data) -> tuple:
+    def serving(self, model, data) -> tasks_tf.Serving:
         """`serving_default` of an image run's SavedModel: `images`, a string [batch] of encoded JPEG/PNG files ->
         `classes` int32 [batch] (the best class), `probabilities` float32 [batch, classes] and `class_names` string
         [batch], decoded and resized as `tpuplex prepare` does (`decode_and_resize`)."""
@@ -56,4 +56,4 @@ class Module(tasks_tf.TaskModule):
             return {"classes": classes, "probabilities": tf.nn.softmax(logits, axis=-1),
                     "class_names": tf.gather(names, classes)}
 
-        return serve, [tf.TensorSpec([None], tf.string, name="images")]
+        return tasks_tf.Serving({"serving_default": (serve, [tf.TensorSpec([None], tf.string, name="images")])})

@@ -38,7 +38,7 @@ class Module(tasks_tf.TaskModule):
         return tf.stack([tf.cast(ids, tf.float32), losses], axis=-1)
 
 
-    def serving(self, model, data) -> tuple:
+    def serving(self, model, data) -> tasks_tf.Serving:
         """`serving_default` of a speech run's SavedModel: `audio`, a string [batch] of 16-bit PCM wav files (their
         bytes) -> `transcripts` string [batch]. The log-mel features are computed in the graph with TensorFlow's
         ops (`log_mel`, the recipe of `tpuplex.data.audio.LogMel`); a file at another sample rate than the run's,
@@ -61,7 +61,7 @@ class Module(tasks_tf.TaskModule):
         def serve(audio: tf.Tensor) -> dict[str, tf.Tensor]:
             return {"transcripts": tf.map_fn(transcribe, audio, fn_output_signature=tf.TensorSpec([], tf.string))}
 
-        return serve, [tf.TensorSpec([None], tf.string, name="audio")]
+        return tasks_tf.Serving({"serving_default": (serve, [tf.TensorSpec([None], tf.string, name="audio")])})
 
 
 def log_mel(samples: tf.Tensor, settings: LogMel) -> tf.Tensor:
