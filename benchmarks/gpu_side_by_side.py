@@ -3,6 +3,8 @@
     python benchmarks/gpu_side_by_side.py mlm --length 512 --out runs/gpu-mlm       # BERT-base MLM, bf16
     python benchmarks/gpu_side_by_side.py cifar --data /data/cifar10 --out runs/gpu-cifar   # ResNet-20, 15 epochs
     python benchmarks/gpu_side_by_side.py lora --smollm2 .gpu/smollm2 --sst2 .gpu/sst2 --out runs/gpu-lora  # LoRA
+    python benchmarks/gpu_side_by_side.py speech --fsdd ../shared/audio/fsdd --out runs/gpu-speech     # Conformer-CTC
+    python benchmarks/gpu_side_by_side.py mesh --text .gpu/tinyshakespeare.txt --out runs/gpu-mesh  # runtime.mesh
 
 Needs only what a GPU machine's image holds (torch, transformers, accelerate, jax, flax, optax) and tpuplex with its
 torch and jax backends; `--device cpu --quick` is the dry run (a 2-layer BERT, a few steps).
@@ -38,6 +40,18 @@ training sentences as that example's conversations (`--sst2`: train.tsv's first 
 The figure: real (unpadded) tokens a second after the first `--warmup` steps. MFU: the frozen base's 2x forward
 FLOPs (`tpuplex.flops`) of the real tokens (the peer's padding and its head at every position uncounted).
 
+speech: examples/speech/fsdd.toml (a 4-block Conformer, 144 wide, CTC on characters, batch 16, `--epochs` epochs of
+fsdd's `--fsdd` recordings, `--train-rows` of them with `--quick`) beside the same model and recipe as a plain PyTorch
+loop (benchmarks/speech_side_by_side.py's: its own features, `nn.MultiheadAttention`, `F.ctc_loss`, eager, float32
+as the example): utterances a second after the first `--warmup` steps, dev WER and CER. tpuplex torch under
+`--torch-mode`, float32, steps_per_execution = log_every = `--warmup`.
+
+mesh: nanoGPT's character model (examples/shakespeare_char/gpu.toml, bf16, batch 64 of 256 characters) for
+`--steps` steps on torch (`--torch-mode`) and jax, each without a mesh and over `runtime.mesh = {data = 1,
+fsdp = 1}` on the one device (jax lays every parameter and batch out by the mesh's sharding rules; torch's step is
+the same code):
+characters a second after the first `--warmup` steps, the mesh's cost as the ratio.
+
 `--profile` traces the last two steps of each tpuplex side of mlm (their log window left out of its rate), or three
 steps after four groups of cifar, with the backend's profiler (`runtime.profile_steps`), and writes the device time by
 op, largest first, to `<out>/profile-<side>.txt`.
@@ -71,6 +85,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spec
 SMOLLM2_QUICK = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "num_key_value_heads": 2}
 LORA_EXAMPLE = REPO / "examples" / "smollm2" / "sst2_lora.toml"
+SPEECH_EXAMPLE = REPO / "examples" / "speech" / "fsdd.toml"
+CHAR_EXAMPLE = REPO / "examples" / "shakespeare_char" / "gpu.toml"
 RECIPE = {"batch": 32, "learning_rate": 1e-4, "weight_decay": 0.01, "warmup_ratio": 0.06, "clip_norm": 1.0,
           "mask_probability": 0.15}
 
@@ -486,9 +502,73 @@ def peft_trainer(checkpoint: Path, args, work: Path) -> dict:
             "steps": len(times.marks), "loss": loss}
 
 
+def fsdd_rows(args, work: Path) -> tuple[Path, Path]:
+    """fsdd's train and dev manifests (`--fsdd`), the training one cut to its first `--train-rows` with `--quick`;
+    the paths in them absolute, so they may lie anywhere."""
+    def manifest(split: str, rows: int) -> Path:
+        header, *lines = (args.fsdd / f"{split}.tsv").read_text(encoding="utf-8").splitlines()
+        lines = [f"{args.fsdd / path}\t{text}" for path, text in (line.split("\t", 1) for line in lines[:rows or None])]
+        written = work / f"fsdd-{split}.tsv"
+        written.write_text("\n".join([header, *lines]) + "\n", encoding="utf-8")
+        return written
+
+    return manifest("train", args.train_rows if args.quick else 0), manifest("dev", 0)
+
+
+def tpuplex_speech(args, work: Path) -> dict:
+    """The speech example on the torch backend; utterances a second in its log windows after the first."""
+    run = work / "tpuplex-speech-torch"
+    config = work / "speech-torch.toml"
+    text = SPEECH_EXAMPLE.read_text().replace('checkpoint = "conformer-s"',
+                                              f'checkpoint = "{SPEECH_EXAMPLE.parent / "conformer-s"}"')
+    config.write_text(text.replace('output_dir = "runs/speech/{dataset}-{backend}"', f'output_dir = "{run}"'))
+    train_rows, dev_rows = fsdd_rows(args, work)
+    results = train(config, "torch", f'data.train_file="{train_rows}"', f'data.eval_files=["{dev_rows}"]',
+                    f'data.cache_dir="{work / "features"}"', f"train.epochs={args.epochs}",
+                    f"train.steps_per_execution={args.warmup}", f"runtime.log_every={args.warmup}",
+                    f'runtime.torch_mode="{args.torch_mode}"',
+                    f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"')
+    windows, seconds, _ = steady_windows(run, profiled=False)
+    dev = results["metrics"][dev_rows.stem]
+    return {"side": "tpuplex-torch", "utterances_per_s": round(sum(r["examples"] for r in windows) / seconds, 1),
+            "windows": len(windows), "wer": dev["wer"], "cer": dev["cer"], "topology": results["topology"]}
+
+
+def plain_speech(args, work: Path) -> dict:
+    """The plain PyTorch CTC loop of benchmarks/speech_side_by_side.py on the same manifests and epochs."""
+    from speech_side_by_side import peer_run
+
+    train_rows, dev_rows = fsdd_rows(args, work)
+    result = peer_run(1, args.device, train_rows, dev_rows, args.epochs, args.warmup)
+    return {"side": "plain-torch", "utterances_per_s": result["utterances_per_s"], "wer": result["wer"],
+            "cer": result["cer"]}
+
+
+def tpuplex_char_lm(backend: str, mesh: bool, args, work: Path) -> dict:
+    """examples/shakespeare_char/gpu.toml (its CPU model and rows with `--quick`) for `--steps` on `backend`, over a
+    one-device mesh when `mesh`; characters a second in its log windows after the first."""
+    name = f"tpuplex-{backend}{'-mesh' if mesh else ''}"
+    run = work / name
+    config = work / f"{name}.toml"
+    model = CHAR_EXAMPLE.parent / ("gpt-cpu" if args.quick else "gpt-gpu")
+    length = json.loads((model / "config.json").read_text())["n_positions"]
+    text = CHAR_EXAMPLE.read_text().replace('checkpoint = "gpt-gpu"', f'checkpoint = "{model}"')
+    config.write_text(text.replace('output_dir = "runs/shakespeare_char/gpu-{backend}"', f'output_dir = "{run}"'))
+    results = train(config, backend, f'data.train_file="{args.text}"', f"data.max_length={length}",
+                    f"train.max_steps={args.steps}", f"train.steps_per_execution={args.warmup}",
+                    f"runtime.log_every={args.warmup}", f"runtime.eval_every={args.steps}",
+                    f'runtime.torch_mode="{args.torch_mode}"',
+                    f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"',
+                    *(["runtime.mesh={data = 1, fsdp = 1}"] if mesh else []))
+    windows, seconds, flops_per_s = steady_windows(run, profiled=False)
+    return {"side": name, "tokens_per_s": round(sum(r["examples"] for r in windows) * length / seconds, 1),
+            "mfu": round(flops_per_s / args.peak, 4), "windows": len(windows), "topology": results["topology"],
+            "loss": windows[-1]["loss"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("benchmark", choices=["mlm", "cifar", "lora"])
+    parser.add_argument("benchmark", choices=["mlm", "cifar", "lora", "speech", "mesh"])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--out", type=Path, required=True, help="a new folder for the runs and results.jsonl")
     parser.add_argument("--sides", nargs="+", help="the sides to run, in order (default: all of the benchmark's)")
@@ -513,7 +593,10 @@ def main() -> None:
     parser.add_argument("--sst2", type=Path, default=REPO.parent / "shared" / "glue" / "SST-2",
                         help="lora: a folder with SST-2's train.tsv and dev.tsv")
     parser.add_argument("--batch", type=int, default=8, help="lora: conversations a step (the example's 8)")
-    parser.add_argument("--train-rows", type=int, default=4096, help="lora: SST-2's first rows to train on")
+    parser.add_argument("--train-rows", type=int, default=4096, help="lora: SST-2's first rows to train on; speech "
+                        "with --quick: fsdd's")
+    parser.add_argument("--fsdd", type=Path, default=REPO.parent / "shared" / "audio" / "fsdd",
+                        help="speech: a folder with fsdd's train.tsv, dev.tsv and their recordings")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=False)
     args.text = args.text.resolve()
@@ -535,6 +618,14 @@ def main() -> None:
         checkpoint = smollm2_folder(args.out, args.smollm2 or resolve_checkpoint("smollm2"), args.quick)
         sides = {"tpuplex-torch": lambda: tpuplex_lora(checkpoint, args, args.out),
                  "peft-trainer": lambda: peft_trainer(checkpoint, args, args.out)}
+    elif args.benchmark == "speech":
+        args.fsdd = args.fsdd.resolve()
+        sides = {"tpuplex-torch": lambda: tpuplex_speech(args, args.out),
+                 "plain-torch": lambda: plain_speech(args, args.out)}
+    elif args.benchmark == "mesh":
+        sides = {f"tpuplex-{backend}{suffix}": (lambda backend=backend, mesh=bool(suffix):
+                                                tpuplex_char_lm(backend, mesh, args, args.out))
+                 for backend in ("torch", "jax") for suffix in ("", "-mesh")}
     else:
         prepared = args.data if (args.data / "train" / "manifest.json").is_file() else args.out / "cifar10"
         for split in ("train", "test"):

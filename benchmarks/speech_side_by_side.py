@@ -47,8 +47,11 @@ def tpuplex_run(backend: str, seed: int, out: Path) -> dict:
             "train_seconds": results["train"]["seconds"]}
 
 
-def peer_run(seed: int) -> dict:
-    """The plain PyTorch loop (see the module doc)."""
+def peer_run(seed: int, device: str = "cpu", train_file: Path | None = None, dev_file: Path | None = None,
+             epochs: int = 0, warmup: int = 0) -> dict:
+    """The plain PyTorch loop (see the module doc) on `device`, over the example's data or `train_file` and
+    `dev_file` (manifests as fsdd's), for the example's epochs or `epochs`; its rate counts the steps after the first
+    `warmup` (each step's end waits for the device)."""
     import jiwer
     import soundfile
 
@@ -56,6 +59,7 @@ def peer_run(seed: int) -> dict:
 
     settings = tpuplex_config.load(EXAMPLE)
     options, train = settings.task.options, settings.train
+    epochs = epochs or train.epochs
     arch = json.loads((EXAMPLE.parent / "conformer-s" / "config.json").read_text())
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -75,17 +79,18 @@ def peer_run(seed: int) -> dict:
             rows = list(csv.DictReader(file, delimiter="\t"))
         return [(log_mel(manifest.parent / row["path"]), row["text"]) for row in rows]
 
-    train_set, dev_set = (read(Path(settings.data.train_file)), read(Path(settings.data.eval_files[0])))
+    train_set, dev_set = (read(train_file or Path(settings.data.train_file)),
+                          read(dev_file or Path(settings.data.eval_files[0])))
     characters = sorted(set("".join(text for _, text in train_set)))
     index = {character: i + 1 for i, character in enumerate(characters)}  # 0: the blank
-    model = PlainConformer(bins, len(characters) + 1, arch)
+    model = PlainConformer(bins, len(characters) + 1, arch).to(device)
     decay = [p for n, p in model.named_parameters() if p.ndim > 1]
     no_decay = [p for n, p in model.named_parameters() if p.ndim <= 1]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": train.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=train.learning_rate,
                                   betas=(train.adam_beta1, train.adam_beta2), eps=train.adam_epsilon)
     steps_per_epoch = len(train_set) // train.global_batch
-    total = steps_per_epoch * train.epochs
+    total = steps_per_epoch * epochs
     warmup = math.ceil(total * train.warmup_ratio)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: step / max(1, warmup) if step < warmup else max(0.0, (total - step) / (total - warmup)))
@@ -96,10 +101,10 @@ def peer_run(seed: int) -> dict:
         for row, (feature, _) in enumerate(items):
             features[row, : len(feature)] = spec_augment(feature, rng, options) if augment else feature
         labels = [torch.tensor([index[c] for c in text if c in index]) for _, text in items]
-        return features, lengths, labels
+        return features.to(device), lengths.to(device), labels
 
-    seconds, utterances = 0.0, 0
-    for _ in range(train.epochs):
+    seconds, utterances, steps = 0.0, 0, 0
+    for _ in range(epochs):
         model.train()
         order = rng.permutation(len(train_set))
         for step in range(steps_per_epoch):
@@ -107,23 +112,27 @@ def peer_run(seed: int) -> dict:
             started = time.perf_counter()
             features, lengths, labels = batch(items, augment=True)
             logits, out_lengths = model(features, lengths)
-            loss = F.ctc_loss(logits.log_softmax(-1).transpose(0, 1), torch.cat(labels), out_lengths,
-                              torch.tensor([len(label) for label in labels]), blank=0, reduction="mean",
-                              zero_infinity=True)
+            loss = F.ctc_loss(logits.log_softmax(-1).transpose(0, 1), torch.cat(labels).to(device), out_lengths,
+                              torch.tensor([len(label) for label in labels], device=device), blank=0,
+                              reduction="mean", zero_infinity=True)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), train.clip_norm)
             optimizer.step()
             schedule.step()
-            seconds += time.perf_counter() - started
-            utterances += len(items)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            steps += 1
+            if steps > warmup:
+                seconds += time.perf_counter() - started
+                utterances += len(items)
     model.eval()
     hypotheses = []
     with torch.no_grad():
         for start in range(0, len(dev_set), 32):
             features, lengths, _ = batch(dev_set[start:start + 32], augment=False)
             logits, out_lengths = model(features, lengths)
-            for ids, length in zip(logits.argmax(-1), out_lengths, strict=True):
+            for ids, length in zip(logits.argmax(-1).cpu(), out_lengths.cpu(), strict=True):
                 kept = [int(i) for n, i in enumerate(ids[:length]) if i and (n == 0 or i != ids[n - 1])]
                 hypotheses.append("".join(characters[i - 1] for i in kept))
     references = [text for _, text in dev_set]
@@ -219,7 +228,7 @@ class PlainConformer(nn.Module):
         x = self.linear(x.transpose(1, 2).reshape(rows, frames, channels * bins))
         x = self.dropout(x + self.positions[:frames])
         out_lengths = ((lengths - 3) // 2 + 1 - 3) // 2 + 1
-        real = (torch.arange(frames)[None] < out_lengths[:, None]).float()
+        real = (torch.arange(frames, device=x.device)[None] < out_lengths[:, None]).float()
         for block in self.blocks:
             x = block(x, real)
         return self.head(x), out_lengths

@@ -8,7 +8,13 @@
 #      transformers + peft + HF's Trainer compiled (gpu_side_by_side.py lora)
 #   4. nanoGPT's GPU recipe (character-level Shakespeare, 5,000 iterations, compiled) beside
 #      examples/shakespeare_char/gpu.toml on tpuplex torch, one seed (benchmarks/nanogpt_side_by_side.py --recipe gpu)
-#   5. if time is left, tpuplex jax at attention dropout 0.1 (the unfused path: what the fused kernel bought)
+#   5. the speech example (fsdd, 5 epochs) on tpuplex torch beside the plain PyTorch CTC loop (gpu_side_by_side.py
+#      speech)
+#   6. nanoGPT's character model on tpuplex torch and jax, each without a mesh and over runtime.mesh = {data = 1,
+#      fsdp = 1} (gpu_side_by_side.py mesh)
+#   7. if time is left, tpuplex jax at attention dropout 0.1 (the unfused path: what the fused kernel bought)
+# All of it outlasts one call (at most 600 s of a 15-minute device session): pick the steps with STEPS, those whose
+# figures are missing first (docs/benchmarks.md, "One GPU").
 # STEPS names the steps to run, in order (default: all of them, in the order above); a step the budget cannot
 # start any more is recorded as skipped. TORCH_MODE is the tpuplex torch sides' runtime.torch_mode (default
 # cuda_graphs; a torch side that fails under it leaves the later ones "compile", so one failure costs one step).
@@ -42,11 +48,15 @@ if [ "$DEVICE" = cuda ]; then
     EPOCHS=(--epochs 15 --group 23)
     RECIPE=(--recipe gpu --iters "$NANOGPT_ITERS")
     LORA_SIZE=(--steps 60 --warmup 10 --batch 32)
+    SPEECH_SIZE=(--epochs 5 --warmup 20)
+    MESH_SIZE=(--steps 300 --warmup 50)
 else  # the dry run: a 2-layer BERT, a few steps, one epoch of whatever CIFAR-shaped folders $CARRY holds
     SIZE=(--device cpu --quick --length 64 --steps 6 --warmup 2)
     LORA_SIZE=(--device cpu --quick --steps 6 --warmup 2)
     EPOCHS=(--device cpu --epochs 1 --group 2)
     RECIPE=(--recipe gpu --quick --iters 4)
+    SPEECH_SIZE=(--device cpu --quick --train-rows 48 --epochs 1 --warmup 1)
+    MESH_SIZE=(--device cpu --quick --steps 6 --warmup 2)
 fi
 "$PYTHON" - >> "$OUT/env.txt" <<'PY'
 import importlib.metadata as m, platform
@@ -83,10 +93,14 @@ side() {  # side NAME CAP SCRIPT ARGS...: one benchmark call of at most CAP seco
 
 CIFAR=$CARRY/cifar10
 [ -f "$CARRY/cifar10.tar.gz" ] && tar xzf "$CARRY/cifar10.tar.gz" -C "$WORK" && CIFAR=$WORK/cifar10
+FSDD=$CARRY/fsdd
+[ -f "$CARRY/fsdd.tar.gz" ] && tar xzf "$CARRY/fsdd.tar.gz" -C "$WORK" && FSDD=$WORK/fsdd
 SIDES=benchmarks/gpu_side_by_side.py
 MLM=("$SIDES" mlm "${SIZE[@]}" --text "$CARRY/tinyshakespeare.txt" --tokenizer "$CARRY/minilm")
 LORA=("$SIDES" lora "${LORA_SIZE[@]}" --smollm2 "$CARRY/smollm2" --sst2 "$CARRY/sst2")
-for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trainer cifar lora-tpuplex-torch lora-peft-trainer nanogpt mlm-tpuplex-jax-dropout}; do
+SPEECH=("$SIDES" speech "${SPEECH_SIZE[@]}" --fsdd "$FSDD")
+MESH=("$SIDES" mesh "${MESH_SIZE[@]}" --text "$CARRY/tinyshakespeare.txt")
+for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trainer cifar lora-tpuplex-torch lora-peft-trainer nanogpt speech-tpuplex-torch speech-plain-torch mesh-torch mesh-jax mlm-tpuplex-jax-dropout}; do
     case $step in
         mlm-tpuplex-jax) side "$step" 120 "${MLM[@]}" --sides tpuplex-jax --profile ;;
         mlm-flax-loop) side "$step" 90 "${MLM[@]}" --sides flax-loop ;;
@@ -103,6 +117,10 @@ for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trai
                 for side, rows in json.load(open(sys.argv[1])).items() for row in rows]' \
                 "$WORK/$step/results.json" >> "$OUT/results.jsonl" 2>/dev/null
             cat "$WORK/$step"/nanogpt/out-*.log >> "$OUT/log.txt" 2>/dev/null ;;
+        speech-tpuplex-torch) side "$step" 120 "${SPEECH[@]}" --sides tpuplex-torch --torch-mode "$TORCH_MODE" ;;
+        speech-plain-torch) side "$step" 120 "${SPEECH[@]}" --sides plain-torch ;;
+        mesh-torch) side "$step" 120 "${MESH[@]}" --sides tpuplex-torch tpuplex-torch-mesh --torch-mode "$TORCH_MODE" ;;
+        mesh-jax) side "$step" 120 "${MESH[@]}" --sides tpuplex-jax tpuplex-jax-mesh ;;
         mlm-tpuplex-jax-dropout) side "$step" 90 "${MLM[@]}" --sides tpuplex-jax --attention-dropout 0.1 ;;
         *) echo "unknown step $step (see the list at the top of this file)" >&2; exit 2 ;;
     esac
