@@ -25,8 +25,9 @@ model FLOPs (`tpuplex.flops`; the HF and Flax heads run at every position, tpupl
 chip's dense bf16 peak.
 
 cifar: `examples/cifar10/resnet20.toml` (15 epochs, batch 128) on torch and jax with bf16, torch_mode `--torch-mode`
-and steps_per_execution, the JPEG folders under `--data` prepared once first (not timed): wall seconds of the whole
-`tpuplex train`, training images/s, MFU, test accuracy per epoch.
+and steps_per_execution, the training images held on the device (`task.images_on_device`; `--host-images` reads
+them from the host as before), the JPEG folders under `--data` prepared once first (not timed): wall seconds of the
+whole `tpuplex train`, training images/s, MFU, test accuracy per epoch.
 
 lora: SmolLM2-135M (its config.json and tokenizer files, `--smollm2`; the weights do not travel to the device, so
 both sides draw the model from the config) with examples/smollm2/sst2_lora.toml's LoRA (rank 8 on q/v), SST-2's
@@ -384,6 +385,7 @@ def cifar(backend: str, args, work: Path, prepared: Path) -> dict:
                     f'runtime.torch_mode="{args.torch_mode}"',
                     f"train.steps_per_execution={args.group}", f"train.epochs={args.epochs}",
                     f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"', "runtime.prefetch=4",
+                    f"task.images_on_device={str(args.images_on_device).lower()}",
                     f"runtime.profile_steps={[args.group * 4 + 1, args.group * 4 + 3] if args.profile else []}")
     if args.profile:
         (work / f"profile-cifar-tpuplex-{backend}.txt").write_text(trace_summary(run / "profile"))
@@ -393,7 +395,8 @@ def cifar(backend: str, args, work: Path, prepared: Path) -> dict:
             "train_images_per_s": results["train"]["examples_per_s"], "mfu": results["train"]["mfu"],
             "input_wait_share": results["train"]["input_wait_share"],
             "accuracy_by_epoch": [round(100 * r["accuracy"], 2) for r in evaluations if "accuracy" in r],
-            "compile_count": results["compile_count"], "topology": results["topology"]}
+            "compile_count": results["compile_count"], "topology": results["topology"],
+            "images_on_device": args.images_on_device}
 
 
 def smollm2_folder(work: Path, source: Path, quick: bool) -> Path:
@@ -586,6 +589,8 @@ def main() -> None:
                         "(prepared here first), or with the folders `tpuplex prepare` made of them")
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--group", type=int, default=50, help="cifar: train.steps_per_execution")
+    parser.add_argument("--host-images", dest="images_on_device", action="store_false",
+                        help="cifar: crop and flip on the host (task.images_on_device = false)")
     parser.add_argument("--torch-mode", choices=["eager", "compile", "cuda_graphs"], default="cuda_graphs",
                         help="the tpuplex torch side's runtime.torch_mode")
     parser.add_argument("--smollm2", type=Path, help="lora: a folder with SmolLM2's config.json, tokenizer.json and "

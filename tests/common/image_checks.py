@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tpuplex.data import images
 from tpuplex.data.batching import Batcher
@@ -54,6 +56,23 @@ def train(backend, model: ModelSpec, steps, state=None, learning_rate: float = 3
         state, loss = backend.train_step(state, batch, learning_rate)
         losses.append(loss)
     return state, losses
+
+
+def check_images_held_on_the_device_train_as_the_host_s(make_backend, data: ImageData) -> None:
+    """task.images_on_device: the device holds the training images (`Backend.hold`) and each batch carries only
+    the rows' indices, shifts and flips; the crops and flips the step makes from them are the host's to the pixel, so
+    four dropout-off steps give the host path's losses, and the model FLOPs counted are the same (XLA's count adds
+    the crops' few compares and selects: within 1%)."""
+    held = dataclasses.replace(data, train=dataclasses.replace(data.train, by_index=True))
+    on_device = batches(held, 4)
+    assert "images" not in on_device[0] and set(held.held()) == {"train_images"}
+    host_backend, device_backend = make_backend(), make_backend()
+    device_backend.hold(held.held())
+    host_state, host_losses = train(host_backend, spec(data, dropout=False), batches(data, 4))
+    device_state, device_losses = train(device_backend, spec(held, dropout=False), on_device)
+    np.testing.assert_allclose(device_losses, host_losses, rtol=1e-6)
+    counted = device_backend.forward_flops(device_state, on_device[0])
+    assert counted == pytest.approx(host_backend.forward_flops(host_state, batches(data, 1)[0]), rel=0.01)
 
 
 def check_resume_equals_uninterrupted(make_backend, data: ImageData, folder: Path) -> None:

@@ -130,6 +130,16 @@ def test_augment_crops_and_flips_from_the_generator_alone() -> None:
     np.testing.assert_array_equal(augment(batch, np.random.default_rng(3), 0, False), batch)
 
 
+def test_a_backend_that_holds_no_data_says_so_in_one_line() -> None:
+    """task.images_on_device on a backend without `hold` (tf's, the numpy test backend's): one line naming the
+    field and the backends that hold."""
+    from tpuplex.config import RuntimeConfig
+    from tpuplex.testing.numpy_backend import NumpyBackend
+
+    with pytest.raises(TpuplexError, match="set task.images_on_device = false, or use the torch or jax backend"):
+        NumpyBackend(RuntimeConfig()).hold({"train_images": np.zeros((2, 4, 4, 3), np.uint8)})
+
+
 def test_held_out_is_stratified_seeded_and_disjoint() -> None:
     labels = np.repeat(np.arange(5), 200)
     train, validation = held_out(labels, 0.1, seed=42)

@@ -18,6 +18,10 @@ def test_batch_statistics_are_state_the_optimizer_never_touches(flowers_data, tm
                                       {"batch_stats.norm_0.mean", "batch_stats.norm_0.var"})
 
 
+def test_training_images_held_on_the_devices_train_as_the_host_s(flowers_data):
+    checks.check_images_held_on_the_device_train_as_the_host_s(lambda: backend(2), flowers_data)
+
+
 def test_twenty_dropout_off_steps_follow_the_torch_backend(flowers_data, tmp_path):
     checks.check_follows_torch(lambda: backend(1), "jax", flowers_data)
 

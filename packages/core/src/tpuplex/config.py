@@ -235,10 +235,11 @@ OUTPUT_FIELDS = (("data", "cache_dir"), ("runtime", "output_dir"), ("runtime", "
                  ("runtime", "checkpoint_every"), ("runtime", "keep_checkpoints"), ("runtime", "log_every"),
                  ("runtime", "profile_steps"), ("runtime", "on_preempt"), ("runtime", "host_timeout"),
                  ("runtime", "start_timeout"), ("runtime", "prefetch"), ("runtime", "peak_tflops"), ("runtime", "mesh"),
-                 ("runtime", "cpu_devices"))
+                 ("runtime", "cpu_devices"), ("task", "images_on_device"))
 """Fields that change where results go, when they are written, how long processes wait for each other, how far
-ahead batches are prepared or how the state is laid out over the devices (a checkpoint resumes on any mesh, and on
-any count of CPU devices), never the parameters or metrics computed (beyond the order of float sums)."""
+ahead batches are prepared, where the training images lie, or how the state is laid out over the devices (a
+checkpoint resumes on any mesh, and on any count of CPU devices), never the parameters or metrics computed (beyond
+the order of float sums)."""
 LENGTH_FIELDS = (("train", "epochs"), ("train", "max_steps"))
 """Fields that only say how long to train: a run resumed with more steps continues from its last checkpoint (its
 learning-rate schedule then spans the new length, as HF's `resume_from_checkpoint` with more steps does); one with

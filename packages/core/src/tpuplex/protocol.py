@@ -236,6 +236,11 @@ class Backend(Protocol):
         """The task's predict outputs (`predict_outputs` of its framework module: logits [B, num_labels], or per
         token [B, L, ...]) for every row, padding rows included (the core applies the weights)."""
 
+    def hold(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Place `arrays` on every device once, for the rest of the run (`TaskData.held`: an image run's training
+        images); every later train step's task module reads them beside its batch's entries, under the same
+        names. Raises TpuplexError where the backend holds nothing."""
+
     def state_to_arrays(self, state: Any) -> PortableState:
         """Parameters and Adam moments as numpy arrays under HF names."""
 
@@ -291,6 +296,11 @@ class BackendBase:
         """A backend that holds the state whole everywhere: its whole arrays, which `checkpoint.save` has process 0
         write."""
         return self.state_to_arrays(state)
+
+    def hold(self, arrays: Mapping[str, np.ndarray]) -> None:
+        raise TpuplexError(f"the {getattr(self, 'name', 'this')} backend keeps no data on its devices "
+                           f"({', '.join(arrays)}): set task.images_on_device = false, or use the torch or jax "
+                           "backend")
 
     def train_steps(self, state, batches, learning_rates):
         losses = []

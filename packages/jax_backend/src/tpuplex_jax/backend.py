@@ -9,6 +9,7 @@ numpy.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -75,6 +76,7 @@ class JaxBackend(BackendBase):
         self._rows = NamedSharding(self.mesh, PartitionSpec(sharding.BATCH_AXES))
         self._compiles = step.CompileCounter()
         self._programs: _Programs | None = None
+        self._held: dict[str, jax.Array] = {}
 
     def topology(self) -> Topology:
         return self._topology
@@ -121,9 +123,15 @@ class JaxBackend(BackendBase):
         for batch, learning_rate in zip(batches, learning_rates, strict=True):
             rows = self._global_rows(batch, programs, programs.grad_accum, _keys(batch, programs.inputs))
             with self._compiles.watching():
-                state, loss = programs.train(state, rows, np.float32(learning_rate))
+                state, loss = programs.train(state, rows, np.float32(learning_rate), self._held)
             losses.append(loss.addressable_shards[0].data)
         return state, [float(np.asarray(loss)) for loss in losses]
+
+    def hold(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Each array whole on every device (replicated), each process giving its devices their copies."""
+        self._held = {name: jax.make_array_from_callback(np.shape(array), self._replicated,
+                                                         lambda index, array=array: np.asarray(array)[index])
+                      for name, array in arrays.items()}
 
     def predict(self, state: step.TrainState, batch: Batch) -> np.ndarray:
         programs = self._require_init()
@@ -161,9 +169,9 @@ class JaxBackend(BackendBase):
 
     def forward_flops(self, state: step.TrainState, batch: Batch) -> float | None:
         programs = self._require_init()
-        rows = {name: np.asarray(batch[name]) for name in (*programs.inputs, *head_inputs(batch, programs.inputs))}
+        rows = {name: np.asarray(batch[name]) for name in _keys(batch, programs.inputs) if name not in TARGETS}
         return step.forward_flops(programs.network, programs.model_inputs, state.network_params, state.model_state,
-                                  rows)
+                                  {**rows, **self._held})
 
     def host_allgather(self, values: np.ndarray) -> np.ndarray:
         values = np.asarray(values, np.float64)
@@ -191,8 +199,10 @@ class JaxBackend(BackendBase):
     def _global_rows(self, batch: Batch, programs: _Programs, grad_accum: int,
                      keys: tuple[str, ...]) -> dict[str, jax.Array]:
         """A global batch [B, ...] as arrays split over the mesh's batch axes, from this process's rows."""
-        global_batch, length = batch_rows(batch), np.shape(batch[programs.inputs[0]])[1]
+        global_batch = batch_rows(batch)
         check_micro_batches(global_batch, self._topology.batch_shards, grad_accum, self._topology.mesh)
+        # A batch of rows the devices hold (`hold`) carries their indices instead of the model's inputs.
+        length = np.shape(batch[programs.inputs[0]])[1] if programs.inputs[0] in batch else 0
         if length > programs.max_length:
             raise TpuplexError(
                 f"batches of length {length} exceed the model's {programs.max_length} positions: set "
@@ -208,5 +218,7 @@ class JaxBackend(BackendBase):
 
 
 def _keys(batch: Batch, inputs: tuple[str, ...]) -> tuple[str, ...]:
-    """The batch's model inputs, the task's targets (labels, and weight when given) and the head's inputs."""
-    return (*inputs, *(key for key in TARGETS if key in batch), *head_inputs(batch, inputs))
+    """The batch's model inputs, the task's targets (labels, and weight when given) and the head's inputs (and the
+    entries that choose rows of what the devices hold)."""
+    return (*(key for key in inputs if key in batch), *(key for key in TARGETS if key in batch),
+            *head_inputs(batch, inputs))

@@ -138,23 +138,25 @@ def with_adam_state(opt_state: Any, adam: optax.ScaleByAdamState) -> Any:
 
 def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, grad_accum: int, batch_shards: int,
                     dropout: bool, seed: int, unit_losses: Callable[[Any, dict], jax.Array],
-                    model_inputs: Callable) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, jax.Array]]:
-    """The train step `(state, rows, learning_rate) -> (state, global mean loss)` on the global batch.
+                    model_inputs: Callable) -> Callable[[TrainState, dict, jax.Array, dict],
+                                                        tuple[TrainState, jax.Array]]:
+    """The train step `(state, rows, learning_rate, held) -> (state, global mean loss)` on the global batch.
 
     rows: the model's inputs ([B, L] token ids and masks, or [B, H, W, 3] images), and the task's labels and
     weight (weight: the shape of `unit_losses(outputs, rows)`, the task's loss units), B split into
-    `batch_shards` parts over the mesh.
+    `batch_shards` parts over the mesh. held: the arrays the devices hold for the run (`Backend.hold`; replicated),
+    which every micro-batch's model inputs may read rows of.
     Dropout draws from `key(seed)` folded with the optimizer step and the micro-batch, so a resumed run draws the
     same masks as an uninterrupted one, and (JAX's partitionable threefry) the same on any mesh.
     """
-    def step(state: TrainState, rows: dict, learning_rate: jax.Array) -> tuple[TrainState, jax.Array]:
+    def step(state: TrainState, rows: dict, learning_rate: jax.Array, held: dict) -> tuple[TrainState, jax.Array]:
         denominator = jnp.maximum(jnp.sum(rows["weight"]), 1.0)
         micro_batches = jax.tree.map(lambda a: micro_split(a, batch_shards, grad_accum), rows)
         step_key = jax.random.fold_in(jax.random.key(seed), adam_state(state.opt_state).count)
 
         def scaled_loss(params, model_state, micro, key):
-            outputs, model_state = apply(model, model_inputs, merge_params(params, state.frozen), model_state, micro,
-                                         True, dropout, key)
+            outputs, model_state = apply(model, model_inputs, merge_params(params, state.frozen), model_state,
+                                         {**micro, **held}, True, dropout, key)
             weighted_sum = jnp.sum(micro["weight"] * unit_losses(outputs, micro))
             return weighted_sum / denominator, (weighted_sum, model_state)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -29,6 +30,7 @@ class TorchBackend(BackendBase):
 
     def __init__(self, runtime: RuntimeConfig):
         self.placement = devices.claim(runtime)
+        self._held: dict[str, torch.Tensor] = {}
 
     def topology(self) -> Topology:
         return self.placement.topology
@@ -62,10 +64,13 @@ class TorchBackend(BackendBase):
         return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
 
     def train_step(self, state: TorchState, batch: Batch, learning_rate: float) -> tuple[TorchState, float]:
-        return state, step.train_steps(state, self.placement, [batch], [learning_rate])[0]
+        return state, step.train_steps(state, self.placement, [batch], [learning_rate], self._held)[0]
 
     def train_steps(self, state: TorchState, batches, learning_rates) -> tuple[TorchState, list[float]]:
-        return state, step.train_steps(state, self.placement, batches, learning_rates)
+        return state, step.train_steps(state, self.placement, batches, learning_rates, self._held)
+
+    def hold(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self._held = self.placement.hold(arrays)
 
     def predict(self, state: TorchState, batch: Batch) -> np.ndarray:
         return step.predict(state, self.placement, batch)
@@ -96,7 +101,7 @@ class TorchBackend(BackendBase):
         return self.placement.compile_count()
 
     def forward_flops(self, state: TorchState, batch: Batch) -> float | None:
-        return step.forward_flops(state, self.placement, batch)
+        return step.forward_flops(state, self.placement, batch, self._held)
 
     def host_allgather(self, values: np.ndarray) -> np.ndarray:
         values = np.asarray(values, np.float64)

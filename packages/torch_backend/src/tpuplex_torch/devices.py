@@ -30,7 +30,7 @@ import datetime
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,14 @@ class Placement(abc.ABC):
         torch_xla SPMD laid out over the mesh as `layout` says (the core's, for a parameter and its moments).
         FSDP2's shards are DTensors, made from a block of the array (`tpuplex_torch.checkpoint`)."""
         return torch.from_numpy(np.array(array, dtype=np.float32)).to(self.device)
+
+    def hold(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """`arrays` whole on this process's device (its rows may choose any of them), each marked a static input,
+        so a compiled step replayed as a CUDA graph reads it where it lies instead of copying it in every time."""
+        held = {name: torch.from_numpy(np.ascontiguousarray(array)).to(self.device) for name, array in arrays.items()}
+        for tensor in held.values():
+            torch._dynamo.mark_static_address(tensor)
+        return held
 
     def held_bytes(self, tensor: torch.Tensor) -> int:
         """Bytes of `tensor` this process's most loaded device holds (an FSDP2 DTensor: its local shard)."""
@@ -451,6 +459,10 @@ class XlaPlacement(Placement):
         _, index = self._xla._XLAC._get_local_shard_replica_and_indices([tensor])[0][0]
         shape = tensor.shape if index is Ellipsis else [part.stop - part.start for part in index]
         return math.prod(shape) * tensor.element_size()
+
+    def hold(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        raise TpuplexError(f"torch_xla keeps no data on its devices ({', '.join(arrays)}): set "
+                           "task.images_on_device = false, or use the jax backend on a TPU")
 
     def put(self, batch: Batch) -> dict[str, torch.Tensor]:
         check_divisible(batch_rows(batch), self.replicas_in_view)

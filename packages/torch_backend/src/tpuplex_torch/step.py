@@ -11,7 +11,7 @@ On XLA the whole step is one lazy graph per batch shape, cut by `torch_xla.sync(
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 
 import numpy as np
@@ -88,16 +88,19 @@ def dropout_seed(seed: int, step: int) -> int:
     return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
 
 
-def train_steps(state: TorchState, placement: Placement, batches: Sequence[Batch],
-                learning_rates: Sequence[float]) -> list[float]:
+def train_steps(state: TorchState, placement: Placement, batches: Sequence[Batch], learning_rates: Sequence[float],
+                held: Mapping[str, torch.Tensor]) -> list[float]:
     """One update per batch; the losses are read back after the last, so that a GPU runs the steps back to back
     instead of waiting for the host after each one."""
-    losses = [train_step(state, placement, batch, rate) for batch, rate in zip(batches, learning_rates, strict=True)]
+    losses = [train_step(state, placement, batch, rate, held)
+              for batch, rate in zip(batches, learning_rates, strict=True)]
     return [float(loss.item()) for loss in losses]
 
 
-def train_step(state: TorchState, placement: Placement, batch: Batch, learning_rate: float) -> torch.Tensor:
-    """One AdamW update on the global `batch`; returns the batch's weighted mean loss, a scalar on the device."""
+def train_step(state: TorchState, placement: Placement, batch: Batch, learning_rate: float,
+               held: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """One AdamW update on the global `batch` (beside it, the arrays the device holds, `held`, which the task module
+    reads rows of); returns the batch's weighted mean loss, a scalar on the device."""
     model, spec = state.model, state.spec
     inputs = placement.put(batch)
     placement.begin_step()
@@ -107,7 +110,7 @@ def train_step(state: TorchState, placement: Placement, batch: Batch, learning_r
     total_weight = placement.reduce_sum(inputs["weight"].sum()).clamp(min=1.0)
     loss = torch.zeros((), device=placement.device)
     for index, micro in enumerate(micro_batches(inputs, placement.replicas_in_view, spec.grad_accum)):
-        micro_loss = state.train_loss(model, micro) / total_weight
+        micro_loss = state.train_loss(model, {**micro, **held}) / total_weight
         (micro_loss * placement.gradient_scale).backward()
         if index == 0 and spec.grad_accum > 1 and placement.replays_graphs:
             # The first backward's gradients are the graph's outputs, which the next replay writes over: copied
@@ -184,7 +187,7 @@ def predict(state: TorchState, placement: Placement, batch: Batch) -> np.ndarray
     return placement.gather_rows(outputs).cpu().numpy()
 
 
-def forward_flops(state: TorchState, placement: Placement, batch: Batch) -> float:
+def forward_flops(state: TorchState, placement: Placement, batch: Batch, held: Mapping[str, torch.Tensor]) -> float:
     """The inference forward's FLOPs on the global `batch` as torch's `FlopCounterMode` counts them (matrix
     products, convolutions, attention) in one uncompiled forward without gradients. Each of several processes
     computes its own rows, all of the batch's shapes: its count is scaled to the batch's rows."""
@@ -193,7 +196,7 @@ def forward_flops(state: TorchState, placement: Placement, batch: Batch) -> floa
     state.model.eval()
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            state.forward(state.model, inputs)
+            state.forward(state.model, {**inputs, **held})
     finally:
         state.model.train(training)
     return float(counter.get_total_flops()) * batch_rows(batch) / batch_rows(inputs)

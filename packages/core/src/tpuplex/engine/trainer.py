@@ -238,6 +238,8 @@ class Trainer:
                 reporter.say(f"the run now trains {self.total_steps} steps, not {resume.total_steps} "
                              f"({_length(self.config)}): its learning-rate schedule now spans {self.total_steps} "
                              f"steps (lr {self.learning_rate(at.step + 1):.2e} at step {at.step + 1})")
+        if at.step < self.total_steps and (held := self.data.held()):
+            self.backend.hold(held)
         reporter.start_progress(self.total_steps, at.step)
         first_step = at.step + 1
         # A signal during the final evaluation or save is recorded and ignored: the run is about to end anyway.

@@ -98,6 +98,11 @@ class TaskData:
         """An evaluation batch from the Batcher's rows; `index` [B] is each row's example (-1 for padding)."""
         return batch
 
+    def held(self) -> dict[str, np.ndarray]:
+        """Arrays the devices hold for the whole run, which every train step reads rows of (`Backend.hold`): an
+        image run's training images with task.images_on_device. Empty: every batch carries its own data."""
+        return {}
+
     def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
         """The metrics of eval split `split` from every example's predict outputs [N, ...] and its evaluation
         batch's labels and weight (per row [N], or per token [N, max_length])."""

@@ -30,9 +30,10 @@ class ImageFamilies(ModelKind):
         return initial_image_state(self.checkpoint_dir, self.hf_config, head.num_labels, seed)
 
     def forward_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
-        """The network with its classifier (part of the family's plan): the image task has no head of its own."""
-        rows, height, width, _ = np.shape(batch["images"])
-        return self.arch.forward_flops(rows, height, width, spec.head.num_labels)
+        """The network with its classifier (part of the family's plan): the image task has no head of its own. A
+        batch of rows the devices hold (`image_index`) has the example batch's image size."""
+        _, height, width, _ = np.shape(batch["images"] if "images" in batch else spec.example_batch["images"])
+        return self.arch.forward_flops(len(batch["labels"]), height, width, spec.head.num_labels)
 
 
 def example_image_shape(arch: Any) -> tuple[int, int, int]:

@@ -8,6 +8,7 @@ weights) or your own model (`model.architecture`).
     validation_fraction = 0.1       # without data.eval_files: a seeded 10% of each class is held out
     crop_padding = 0                # training crops: pad by this many pixels, crop back at a random offset
     flip = true                     # training flips: mirror left-right with probability 1/2
+    images_on_device = false        # hold the training images on the device, cropped and flipped in the step
 
     [data]
     dataset = "flowers"
@@ -18,7 +19,10 @@ weights) or your own model (`model.architecture`).
 Data: images are decoded and resized once into memory-mapped shards (`tpuplex.data.images`); a run pointed at raw
 images prepares them into `data.cache_dir` itself. Batches: images uint8 [B, H, W, 3] (each backend's task module
 scales them to [0, 1] on the device), labels int32 [B], weight [B]; the training crops and flips are drawn by the
-core from (seed, step), so every backend and replica count sees the same pixels. Loss: cross-entropy. Metrics:
+core from (seed, step), so every backend and replica count sees the same pixels. With `images_on_device` (torch and
+jax) the devices hold the training set (uint8, `TaskData.held`) and a training batch carries only each row's index,
+shift and flip (`image_index`, `shift` [B, 2], `flip`), which the compiled step turns into the same pixels
+(`data.crop_and_flip`): the host chooses, the device reads. Loss: cross-entropy. Metrics:
 `accuracy` and `loss`. Predictions: a TSV per eval split or image folder (`tpuplex predict --split`). Export: a
 SavedModel served from encoded bytes (`tf.py`), or a `torch.export` program (`torch.py`); see docs/images.md.
 """
@@ -48,7 +52,7 @@ from tpuplex.tasks.base import (
     framework_modules,
     scored_label,
 )
-from tpuplex.tasks.image_classification.data import ImageSplit, augment, held_out
+from tpuplex.tasks.image_classification.data import ImageSplit, augment, augmentation_rows, held_out
 from tpuplex.tasks.sequence_classification.heads import ClassifierHead
 from tpuplex.text_files import staged_text
 
@@ -62,6 +66,9 @@ class Options:
     validation_fraction: float = 0.1
     crop_padding: int = 0
     flip: bool = True
+    images_on_device: bool = False
+    """Hold the training images on the devices (uint8; CIFAR-10's 50,000 are 150 MB) and crop and flip them in the
+    compiled step, so the host only chooses rows: for a fast accelerator the host cannot feed (torch and jax)."""
     classes: tuple[str, ...] = ()
     """The class names in index order; empty: the training images' (sorted folder names or labels). A run records
     them, so its eval, predict and export use the classes it trained on."""
@@ -83,7 +90,12 @@ class ImageData(TaskData):
 
     def train_batch(self, batch: Batch, step: int) -> Batch:
         rng = np.random.default_rng([self.seed, TRAIN_STREAM, step])
+        if self.train.by_index:
+            return {**batch, **augmentation_rows(rng, len(batch["labels"]), self.crop_padding, self.flip)}
         return {**batch, "images": augment(batch["images"], rng, self.crop_padding, self.flip)}
+
+    def held(self) -> dict[str, np.ndarray]:
+        return {"train_images": self.train.images_held()} if self.train.by_index else {}
 
     def metrics(self, split: str, outputs: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
         """outputs: logits [N, classes]."""
@@ -147,12 +159,13 @@ class ImageClassification(Task):
                     raise TpuplexError(f"data.eval_files[{index}] holds {split.image_shape} images, data.train_file "
                                        f"{train.image_shape}: set task.image_size so both are resized alike")
                 splits[Path(spec).name] = ImageSplit(split, np.arange(len(split), dtype=np.int64))
-            train_split = ImageSplit(train, every)
+            train_split = ImageSplit(train, every, options.images_on_device)
         else:
             rows, validation = held_out(train.labels, options.validation_fraction, config.train.seed)
             # Its own reader: what training reads (results.json's train_reads) is counted apart from evaluation.
             held = image_files.PreparedImages(train.shards.reopened())
-            train_split, splits = ImageSplit(train, rows), {"validation": ImageSplit(held, validation)}
+            train_split = ImageSplit(train, rows, options.images_on_device)
+            splits = {"validation": ImageSplit(held, validation)}
         return ImageData(data.dataset, train_split, splits, train.classes, config.train.seed, options.crop_padding,
                          options.flip)
 

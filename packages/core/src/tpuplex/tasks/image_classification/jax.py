@@ -7,15 +7,19 @@ import jax.numpy as jnp
 import optax
 
 import jax
+from tpuplex.layers.jax import JaxOps
 from tpuplex.tasks import jax as tasks_jax
+from tpuplex.tasks.image_classification.data import crop_and_flip
 
 
 class Module(tasks_jax.TaskModule):
     def model_inputs(self, rows: dict[str, jax.Array], train: bool, dropout: bool) -> tuple[tuple, dict]:
-        """images uint8 [b, H, W, 3] scaled to float32 [0, 1] on the device; `train` (batch statistics rather
-        than the moving averages) and `deterministic` (dropout off: outside training, or when model.dropout is
-        false)."""
-        return (rows["images"].astype(jnp.float32) / 255.0,), {"train": train, "deterministic": not (train and dropout)}
+        """images uint8 [b, H, W, 3] (or the held training images' rows, cropped and flipped here) scaled to
+        float32 [0, 1] on the device; `train` (batch statistics rather than the moving averages) and
+        `deterministic` (dropout off: outside training, or when model.dropout is false)."""
+        images = rows["images"] if "images" in rows else crop_and_flip(
+            JaxOps(None, True), rows["train_images"], rows["image_index"], rows["shift"], rows["flip"])
+        return (images.astype(jnp.float32) / 255.0,), {"train": train, "deterministic": not (train and dropout)}
 
     def unit_losses(self, outputs: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
         """Cross-entropy per image [b] from logits [b, classes] (float32)."""

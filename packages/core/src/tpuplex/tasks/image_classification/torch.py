@@ -8,14 +8,19 @@ from collections.abc import Mapping
 import torch.nn.functional as F
 
 import torch
+from tpuplex.layers.torch import TorchOps
 from tpuplex.tasks import torch as tasks_torch
+from tpuplex.tasks.image_classification.data import crop_and_flip
 
 
 class Module(tasks_torch.TaskModule):
     def model_inputs(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor]:
-        """images uint8 [b, H, W, 3] -> float32 [b, 3, H, W] in [0, 1]: torch's channels-first layout, scaled on
-        the device."""
-        return (batch["images"].permute(0, 3, 1, 2).float() / 255.0,)
+        """images uint8 [b, H, W, 3] (or the held training images' rows, cropped and flipped here) -> float32
+        [b, 3, H, W] in [0, 1]: torch's channels-first layout, scaled on the device."""
+        images = batch["images"] if "images" in batch else crop_and_flip(
+            TorchOps(False, batch["image_index"].device), batch["train_images"], batch["image_index"],
+            batch["shift"], batch["flip"])
+        return (images.permute(0, 3, 1, 2).float() / 255.0,)
 
     def unit_losses(self, outputs: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Cross-entropy per image [b] in float32, from logits [b, classes]."""
