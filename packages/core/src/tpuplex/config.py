@@ -114,6 +114,10 @@ class TrainConfig:
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
     bf16: bool = False
+    fp8: bool = False
+    """The networks' matrix products in float8 while training (torchao's float8 training: tensor-wise dynamic scales,
+    e4m3 inputs and weights, e5m2 gradients), beside bf16 for the rest; the torch backend only, on GPUs with float8
+    (H100, H200), emulated elsewhere (numbers only, no speed). Evaluation keeps bf16."""
     steps_per_execution: int = 1
 
 

@@ -156,6 +156,7 @@ class OptimizerSpec:
     clip_norm: float = 1.0
     grad_accum: int = 1
     bf16: bool = False
+    fp8: bool = False
     seed: int = 0
     optimizer: str = "adamw"
     momentum: float = 0.9

@@ -48,7 +48,8 @@ class TorchBackend(BackendBase):
         module = self.placement.shard(self._batch_norm_across_processes(built.module, model_spec))
         train_loss = step.weighted_loss(built.forward, task, lambda: self.placement.autocast(optimizer.bf16))
         state = TorchState(module, step.make_optimizer(module, optimizer), optimizer, built.forward,
-                           self.placement.compiled(train_loss), task, tuple(built.buffers))
+                           self.placement.compiled(train_loss), task, tuple(built.buffers),
+                           self.placement.float8() if optimizer.fp8 else None)
         return self.state_from_arrays(state, checkpoint.initial(built.params, built.buffers, model_spec.frozen))
 
     def _batch_norm_across_processes(self, module: torch.nn.Module, model_spec: ModelSpec) -> torch.nn.Module:

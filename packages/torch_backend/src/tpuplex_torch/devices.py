@@ -45,7 +45,7 @@ from tpuplex.data.batching import check_divisible
 from tpuplex.errors import MeshError, TpuplexError
 from tpuplex.hardware import Topology
 from tpuplex.hosts import process_rows
-from tpuplex.layers.torch import layers
+from tpuplex.layers.torch import Float8Matmuls, layers
 from tpuplex.protocol import TARGETS, Batch, batch_rows, device_dtype
 
 WeightedLoss = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
@@ -128,6 +128,17 @@ class Placement(abc.ABC):
         torch_xla SPMD laid out over the mesh as `layout` says (the core's, for a parameter and its moments).
         FSDP2's shards are DTensors, made from a block of the array (`tpuplex_torch.checkpoint`)."""
         return torch.from_numpy(np.array(array, dtype=np.float32)).to(self.device)
+
+    def float8(self) -> Float8Matmuls:
+        """The float8 products of `train.fp8` on this device: torch's `_scaled_mm` on a GPU that has float8 (compute
+        capability 8.9: Ada, Hopper, Blackwell), emulated in float32 elsewhere (the same numbers, no speed)."""
+        try:
+            import torchao  # noqa: F401
+        except ImportError as missing:
+            raise TpuplexError("train.fp8 runs torchao's float8 training, which is not installed: pip install "
+                               "torchao (or set train.fp8 = false)") from missing
+        native = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (8, 9)
+        return Float8Matmuls(emulate=not native)
 
     def hold(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """`arrays` whole on this process's device (its rows may choose any of them), each marked a static input,
@@ -459,6 +470,10 @@ class XlaPlacement(Placement):
         _, index = self._xla._XLAC._get_local_shard_replica_and_indices([tensor])[0][0]
         shape = tensor.shape if index is Ellipsis else [part.stop - part.start for part in index]
         return math.prod(shape) * tensor.element_size()
+
+    def float8(self) -> Float8Matmuls:
+        raise TpuplexError("train.fp8 runs on torch's eager or compiled modes (GPUs, or emulated on the CPU), not "
+                           "torch_xla: set train.fp8 = false")
 
     def hold(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         raise TpuplexError(f"torch_xla keeps no data on its devices ({', '.join(arrays)}): set "

@@ -21,6 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import torch
 from tpuplex.data.batching import check_micro_batches
 from tpuplex.kinds.torch import Forward
+from tpuplex.layers.torch import Float8Matmuls, float8_products
 from tpuplex.protocol import Batch, OptimizerSpec, batch_rows, decays
 from tpuplex.tasks.torch import TaskModule
 from tpuplex_torch.devices import Placement, WeightedLoss
@@ -32,7 +33,8 @@ class TorchState:
     train_loss: a micro-batch's weighted loss sum as the train step calls it (`weighted_loss`; compiled under
     torch_mode "compile" and "cuda_graphs"); task: the task's torch module (`tpuplex.tasks.torch.TaskModule`:
     `unit_losses`, `predict_outputs`); buffer_names: the model's buffers that checkpoints carry (a user model's
-    batch-norm statistics); step: optimizer updates applied so far."""
+    batch-norm statistics); float8: the float8 products the training forward runs (`train.fp8`; None: none);
+    step: optimizer updates applied so far."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -41,6 +43,7 @@ class TorchState:
     train_loss: WeightedLoss
     task: TaskModule
     buffer_names: tuple[str, ...] = ()
+    float8: Float8Matmuls | None = None
     step: int = 0
 
 
@@ -110,7 +113,8 @@ def train_step(state: TorchState, placement: Placement, batch: Batch, learning_r
     total_weight = placement.reduce_sum(inputs["weight"].sum()).clamp(min=1.0)
     loss = torch.zeros((), device=placement.device)
     for index, micro in enumerate(micro_batches(inputs, placement.replicas_in_view, spec.grad_accum)):
-        micro_loss = state.train_loss(model, {**micro, **held}) / total_weight
+        with float8_products(state.float8):
+            micro_loss = state.train_loss(model, {**micro, **held}) / total_weight
         (micro_loss * placement.gradient_scale).backward()
         if index == 0 and spec.grad_accum > 1 and placement.replays_graphs:
             # The first backward's gradients are the graph's outputs, which the next replay writes over: copied

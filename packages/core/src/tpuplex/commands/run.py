@@ -88,6 +88,9 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None, 
         backend, config = create_backend(config, backend_name, any_layout)
     topology = backend.topology()
     _check_batch_sizes(config, topology)
+    if config.train.fp8 and backend_name != "torch":
+        raise ConfigError(f"train.fp8 (torchao's float8 training) runs on the torch backend, not {backend_name}: set "
+                          "train.fp8 = false, or use --backend torch")
 
     data = (task.model_data(config, options, kind.checkpoint_dir) if model_only else None) or task.prepare(
         config, options, kind.checkpoint_dir)
@@ -301,8 +304,8 @@ def optimizer_spec(config: Config) -> OptimizerSpec:
     train = config.train
     return OptimizerSpec(weight_decay=train.weight_decay, beta1=train.adam_beta1, beta2=train.adam_beta2,
                          epsilon=train.adam_epsilon, clip_norm=train.clip_norm, grad_accum=train.grad_accum,
-                         bf16=train.bf16, seed=train.seed, optimizer=train.optimizer, momentum=train.momentum,
-                         nesterov=train.nesterov)
+                         bf16=train.bf16, fp8=train.fp8, seed=train.seed, optimizer=train.optimizer,
+                         momentum=train.momentum, nesterov=train.nesterov)
 
 
 def loss_summary(result: TrainResult, window: int) -> dict[str, Any]:

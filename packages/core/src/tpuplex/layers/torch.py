@@ -7,9 +7,10 @@ kinds only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch.nn.functional as F
@@ -86,10 +87,55 @@ def _parent(root: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
     return owner, leaf
 
 
+class Float8Matmuls:
+    """torchao's float8 training for the matrix products `TorchOps.linear` is given (`train.fp8`): each input and
+    weight cast to float8 e4m3 with a scale from its absolute maximum, the output's gradient to e5m2, products by
+    `torch._scaled_mm` (emulated in float32 where the chip has no float8), as torchao's `Float8Linear.forward` does;
+    the networks written once hold their weights as parameters, not `nn.Linear` modules, so the module swap
+    (`convert_to_float8_training`) would find nothing to swap. Products whose sides are not multiples of 16 (what
+    `_scaled_mm` takes: a classifier's few labels) stay in bf16."""
+
+    def __init__(self, emulate: bool):
+        from torchao.float8 import Float8LinearConfig, LinearMMConfig, ScaledMMConfig
+        from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
+
+        self.config = config = Float8LinearConfig(emulate=emulate)
+        gemms = (config.gemm_config_output, config.gemm_config_grad_input, config.gemm_config_grad_weight)
+        self.mm_config = LinearMMConfig(*(ScaledMMConfig(emulate, gemm.use_fast_accum, False, config.pad_inner_dim)
+                                          for gemm in gemms))
+        self.matmul = matmul_with_hp_or_float8_args.apply
+
+    def __call__(self, x: torch.Tensor, weight_in_out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        out = self.matmul(x, weight_in_out, self.mm_config, self.config)
+        return out if bias is None else out + bias.to(out.dtype)
+
+    @staticmethod
+    def takes(weight: torch.Tensor) -> bool:
+        return weight.dim() == 2 and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0
+
+
+_float8: Float8Matmuls | None = None
+"""The float8 products `TorchOps.linear` runs while a train step's forward is traced or run (`float8_products`)."""
+
+
+@contextlib.contextmanager
+def float8_products(matmuls: Float8Matmuls | None) -> Iterator[None]:
+    """`TorchOps.linear` computes in float8 by `matmuls` inside (None: as it is)."""
+    global _float8
+    previous, _float8 = _float8, matmuls
+    try:
+        yield
+    finally:
+        _float8 = previous
+
+
 class TorchOps:
     """`tpuplex.models.ops.Ops` in torch: dropout from torch's generator when `training`; attention through
     `scaled_dot_product_attention` (its fused causal kernels when the mask is plain causal), written out only where
-    the scores are soft-capped. Under autocast the Linear layers compute in bfloat16 as torch chooses."""
+    the scores are soft-capped. Under autocast the Linear layers compute in bfloat16 as torch chooses, inside
+    `float8_products` in float8."""
 
     def __init__(self, training: bool, device: torch.device):
         self.training, self.device = training, device
@@ -101,6 +147,8 @@ class TorchOps:
     tanh = staticmethod(torch.tanh)
 
     def linear(self, x, weight, bias, in_out=False):
+        if _float8 is not None and Float8Matmuls.takes(weight):
+            return _float8(x, weight if in_out else weight.t(), bias)
         if not in_out:
             return F.linear(x, weight, bias)
         # [in, out] (GPT-2's Conv1D): x @ W, whose weight gradient x^T @ g needs no transpose of W
