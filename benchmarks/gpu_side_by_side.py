@@ -230,7 +230,8 @@ profile_steps = {[args.steps - 1, args.steps] if args.profile else []}
     windows, seconds, flops_per_s = steady_windows(run, args.profile)
     rate = sum(r["examples"] for r in windows) * args.length / seconds
     return {"side": side, "tokens_per_s": round(rate, 1), "mfu": round(flops_per_s / args.peak, 4),
-            "windows": len(windows), "topology": results["topology"], "loss": windows[-1]["loss"]}
+            "windows": len(windows), "topology": results["topology"], "loss": windows[-1]["loss"],
+            **({"xla_flags": os.environ.get("XLA_FLAGS", "")} if backend == "jax" else {})}
 
 
 def steady_windows(run: Path, profiled: bool) -> tuple[list[dict], float, float]:

@@ -13,7 +13,9 @@
 #      speech)
 #   6. nanoGPT's character model on tpuplex torch and jax, each without a mesh and over runtime.mesh = {data = 1,
 #      fsdp = 1} (gpu_side_by_side.py mesh)
-#   7. if time is left, tpuplex jax at attention dropout 0.1 (the unfused path: what the fused kernel bought)
+#   7. tpuplex jax's BERT-base under each of four XLA GPU options in turn (cuBLASLt epilogues, no Triton GEMMs, no
+#      command buffers, the latency-hiding scheduler): step mlm-jax-xla-flags
+#   8. if time is left, tpuplex jax at attention dropout 0.1 (the unfused path: what the fused kernel bought)
 # All of it outlasts one call (at most 600 s of a 15-minute device session): pick the steps with STEPS, those whose
 # figures are missing first (docs/benchmarks.md, "One GPU").
 # STEPS names the steps to run, in order (default: all of them, in the order above); a step the budget cannot
@@ -101,7 +103,7 @@ MLM=("$SIDES" mlm "${SIZE[@]}" --text "$CARRY/tinyshakespeare.txt" --tokenizer "
 LORA=("$SIDES" lora "${LORA_SIZE[@]}" --smollm2 "$CARRY/smollm2" --sst2 "$CARRY/sst2")
 SPEECH=("$SIDES" speech "${SPEECH_SIZE[@]}" --fsdd "$FSDD")
 MESH=("$SIDES" mesh "${MESH_SIZE[@]}" --text "$CARRY/tinyshakespeare.txt")
-for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trainer cifar lora-tpuplex-torch lora-peft-trainer nanogpt mlm-tpuplex-torch-fp8 speech-tpuplex-torch speech-plain-torch mesh-torch mesh-jax mlm-tpuplex-jax-dropout}; do
+for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trainer cifar lora-tpuplex-torch lora-peft-trainer nanogpt mlm-tpuplex-torch-fp8 speech-tpuplex-torch speech-plain-torch mesh-torch mesh-jax mlm-jax-xla-flags mlm-tpuplex-jax-dropout}; do
     case $step in
         mlm-tpuplex-jax) side "$step" 120 "${MLM[@]}" --sides tpuplex-jax --profile ;;
         mlm-flax-loop) side "$step" 90 "${MLM[@]}" --sides flax-loop ;;
@@ -123,6 +125,13 @@ for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trai
         speech-plain-torch) side "$step" 120 "${SPEECH[@]}" --sides plain-torch ;;
         mesh-torch) side "$step" 120 "${MESH[@]}" --sides tpuplex-torch tpuplex-torch-mesh --torch-mode "$TORCH_MODE" ;;
         mesh-jax) side "$step" 120 "${MESH[@]}" --sides tpuplex-jax tpuplex-jax-mesh ;;
+        mlm-jax-xla-flags)  # XLA's GPU options one at a time, each beside mlm-tpuplex-jax's default
+            i=0
+            for flags in --xla_gpu_enable_cublaslt=true --xla_gpu_enable_triton_gemm=false \
+                         --xla_gpu_enable_command_buffer= --xla_gpu_enable_latency_hiding_scheduler=true; do
+                i=$((i + 1))
+                XLA_FLAGS="$flags" side "$step-$i" 90 "${MLM[@]}" --sides tpuplex-jax
+            done ;;
         mlm-tpuplex-jax-dropout) side "$step" 90 "${MLM[@]}" --sides tpuplex-jax --attention-dropout 0.1 ;;
         *) echo "unknown step $step (see the list at the top of this file)" >&2; exit 2 ;;
     esac
