@@ -118,5 +118,8 @@ def test_hash_ignores_where_and_how_often_outputs_are_written() -> None:
                                        "runtime.log_every=3", "runtime.eval_every=7", "runtime.checkpoint_every=9",
                                        "runtime.keep_checkpoints=5", "runtime.profile_steps=[2, 4]"])
     assert elsewhere.hash() == base.hash()
+    images = ['task.name="image_classification"']
+    held = config_lib.load(None, [*images, "task.images_on_device=true"])  # where the training images lie
+    assert held.hash() == config_lib.load(None, images).hash() and held.hash() != base.hash()
     assert {(section, name) for section, name in config_lib.OUTPUT_FIELDS} <= {
-        (section, name) for section, fields in base.to_dict().items() for name in fields}
+        (section, name) for section, fields in held.to_dict().items() for name in fields}

@@ -18,6 +18,7 @@ from tpuplex import models
 from tpuplex.kinds import ModelKind
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
 from tpuplex.params import check_names
+from tpuplex.protocol import batch_rows
 
 
 class ImageFamilies(ModelKind):
@@ -33,7 +34,7 @@ class ImageFamilies(ModelKind):
         """The network with its classifier (part of the family's plan): the image task has no head of its own. A
         batch of rows the devices hold (`image_index`) has the example batch's image size."""
         _, height, width, _ = np.shape(batch["images"] if "images" in batch else spec.example_batch["images"])
-        return self.arch.forward_flops(len(batch["labels"]), height, width, spec.head.num_labels)
+        return self.arch.forward_flops(batch_rows(batch), height, width, spec.head.num_labels)
 
 
 def example_image_shape(arch: Any) -> tuple[int, int, int]:

@@ -90,8 +90,8 @@ class TextTokenizer(tf.Module):
             list(spec.special), list(spec.special.values()), tf.string, tf.int32), default_value=-1)
         self.special_pattern = "|".join(rf"\Q{token}\E" for token in spec.special)
         self.pieces = tf.constant(spec.pieces)
-        self.is_special = tf.constant(
-            [index in set(spec.special.values()) for index in range(len(spec.pieces))])
+        special_ids = set(spec.special.values())
+        self.is_special = tf.constant([index in special_ids for index in range(len(spec.pieces))])
 
     def encode(self, text: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """text string [B] -> input_ids, attention_mask int32 [B, S]: each text's tokens then </s>, cut to S
