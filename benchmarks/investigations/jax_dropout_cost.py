@@ -43,7 +43,7 @@ def tpuplex_step(data_dir: str, prng: str, dropout: bool) -> tuple[Callable[[int
     backend = experiment.backend
     programs = backend._require_init()
     rows = [backend._local_rows(b, programs, per_replica_split=1, keys=TRAIN_KEYS) for b in batches]
-    compiled = programs.train.lower(experiment.state, rows[0], np.float32(1e-5)).compile()
+    compiled = programs.train.lower(experiment.state, rows[0], np.float32(1e-5), {}).compile()
     jax.config.update("jax_default_prng_impl", "threefry2x32")
     state = [experiment.state]
 

@@ -21,7 +21,7 @@ def lowered_train_step(tiny_dir, bf16: bool) -> str:
     programs = jax_backend._require_init()
     rows = jax_backend._global_rows(batch_of(encoded_split(4, max_length=16)), programs, 1,
                                     ("input_ids", "token_type_ids", "attention_mask", "labels", "weight"))
-    return programs.train.lower(state, rows, np.float32(1e-3)).as_text()
+    return programs.train.lower(state, rows, np.float32(1e-3), {}).as_text()
 
 
 def operand_types(program: str) -> list[tuple[str, str]]:
