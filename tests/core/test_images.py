@@ -130,14 +130,17 @@ def test_augment_crops_and_flips_from_the_generator_alone() -> None:
     np.testing.assert_array_equal(augment(batch, np.random.default_rng(3), 0, False), batch)
 
 
-def test_a_backend_that_holds_no_data_says_so_in_one_line() -> None:
-    """task.images_on_device on a backend without `hold` (tf's, the numpy test backend's): one line naming the
-    field and the backends that hold."""
-    from tpuplex.config import RuntimeConfig
-    from tpuplex.testing.numpy_backend import NumpyBackend
-
-    with pytest.raises(TpuplexError, match="set task.images_on_device = false, or use the torch or jax backend"):
-        NumpyBackend(RuntimeConfig()).hold({"train_images": np.zeros((2, 4, 4, 3), np.uint8)})
+def test_a_backend_that_holds_no_data_refuses_images_on_device_before_writing(tree, tmp_path, capsys) -> None:
+    """task.images_on_device on a backend without `hold` (tf's, torch_xla, the numpy test backend's): one line
+    naming the field and the backends that hold, and no run folder."""
+    config = tmp_path / "held.toml"
+    config.write_text(f'[task]\nname = "image_classification"\nimages_on_device = true\nimage_size = [16, 16]\n'
+                      f'[model]\narchitecture = "nowhere:Model"\n[data]\ntrain_file = "{tree}"\n'
+                      f'cache_dir = "{tmp_path / "cache"}"\n[runtime]\noutput_dir = "{tmp_path / "run"}"\n')
+    assert cli.main(["train", str(config), "--backend", "numpy"]) == 2
+    assert ("task.images_on_device = true: the numpy backend keeps no data on its devices; set it to false, or use "
+            "the torch or jax backend") in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_held_out_is_stratified_seeded_and_disjoint() -> None:

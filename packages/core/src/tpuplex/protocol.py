@@ -240,7 +240,7 @@ class Backend(Protocol):
     def hold(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Place `arrays` on every device once, for the rest of the run (`TaskData.held`: an image run's training
         images); every later train step's task module reads them beside its batch's entries, under the same
-        names. Raises TpuplexError where the backend holds nothing."""
+        names. Raises TpuplexError where the backend holds nothing (`holds_data` false)."""
 
     def state_to_arrays(self, state: Any) -> PortableState:
         """Parameters and Adam moments as numpy arrays under HF names."""
@@ -298,10 +298,12 @@ class BackendBase:
         write."""
         return self.state_to_arrays(state)
 
+    holds_data: ClassVar[bool] = False
+    """Whether `hold` places data on the devices (a run that asks for it is refused before it starts otherwise)."""
+
     def hold(self, arrays: Mapping[str, np.ndarray]) -> None:
         raise TpuplexError(f"the {getattr(self, 'name', 'this')} backend keeps no data on its devices "
-                           f"({', '.join(arrays)}): set task.images_on_device = false, or use the torch or jax "
-                           "backend")
+                           f"({', '.join(arrays)})")
 
     def train_steps(self, state, batches, learning_rates):
         losses = []

@@ -67,6 +67,7 @@ class _Programs:
 class JaxBackend(BackendBase):
     name: ClassVar[str] = "jax"
     shards_parameters: ClassVar[bool] = True
+    holds_data: ClassVar[bool] = True
 
     def __init__(self, runtime: RuntimeConfig):
         self.runtime = runtime

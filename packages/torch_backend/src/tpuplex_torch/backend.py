@@ -70,6 +70,11 @@ class TorchBackend(BackendBase):
     def train_steps(self, state: TorchState, batches, learning_rates) -> tuple[TorchState, list[float]]:
         return state, step.train_steps(state, self.placement, batches, learning_rates, self._held)
 
+    @property
+    def holds_data(self) -> bool:  # type: ignore[override]
+        """Eager and compiled torch hold data on their device; torch_xla does not."""
+        return self.placement.mode != "xla"
+
     def hold(self, arrays: Mapping[str, np.ndarray]) -> None:
         self._held = self.placement.hold(arrays)
 

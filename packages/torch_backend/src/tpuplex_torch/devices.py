@@ -475,10 +475,6 @@ class XlaPlacement(Placement):
         raise TpuplexError("train.fp8 runs on torch's eager or compiled modes (GPUs, or emulated on the CPU), not "
                            "torch_xla: set train.fp8 = false")
 
-    def hold(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        raise TpuplexError(f"torch_xla keeps no data on its devices ({', '.join(arrays)}): set "
-                           "task.images_on_device = false, or use the jax backend on a TPU")
-
     def put(self, batch: Batch) -> dict[str, torch.Tensor]:
         check_divisible(batch_rows(batch), self.replicas_in_view)
         placed = {}

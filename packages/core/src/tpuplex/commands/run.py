@@ -95,6 +95,9 @@ def prepare(config: Config, backend_name: str, config_path: Path | None = None, 
     data = (task.model_data(config, options, kind.checkpoint_dir) if model_only else None) or task.prepare(
         config, options, kind.checkpoint_dir)
     kind.check_data(data)
+    if data.held_by and not backend.holds_data:
+        raise ConfigError(f"{data.held_by} = true: the {backend_name} backend keeps no data on its devices; set it "
+                          "to false, or use the torch or jax backend")
     model = kind.spec(config, task, data)
     trainer = Trainer(backend, config, data, output_dir, model)
     with trainer.hosts.watchdog.watch("building the model"):

@@ -98,6 +98,10 @@ class TaskData:
         """An evaluation batch from the Batcher's rows; `index` [B] is each row's example (-1 for padding)."""
         return batch
 
+    held_by: ClassVar[str] = ""
+    """The config field that asks the devices to hold this data (`held`), where it is set ("task.images_on_device");
+    empty: every batch carries its own data."""
+
     def held(self) -> dict[str, np.ndarray]:
         """Arrays the devices hold for the whole run, which every train step reads rows of (`Backend.hold`): an
         image run's training images with task.images_on_device. Empty: every batch carries its own data."""

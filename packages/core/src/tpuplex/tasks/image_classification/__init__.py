@@ -94,6 +94,10 @@ class ImageData(TaskData):
             return {**batch, **augmentation_rows(rng, len(batch["labels"]), self.crop_padding, self.flip)}
         return {**batch, "images": augment(batch["images"], rng, self.crop_padding, self.flip)}
 
+    @property
+    def held_by(self) -> str:  # type: ignore[override]
+        return "task.images_on_device" if self.train.by_index else ""
+
     def held(self) -> dict[str, np.ndarray]:
         return {"train_images": self.train.images_held()} if self.train.by_index else {}
 
