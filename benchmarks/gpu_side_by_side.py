@@ -87,6 +87,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spec
 SMOLLM2_QUICK = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "num_key_value_heads": 2}
 LORA_EXAMPLE = REPO / "examples" / "smollm2" / "sst2_lora.toml"
+CIFAR_EXAMPLE = REPO / "examples" / "cifar10" / "resnet20.toml"
 SPEECH_EXAMPLE = REPO / "examples" / "speech" / "fsdd.toml"
 CHAR_EXAMPLE = REPO / "examples" / "shakespeare_char" / "gpu.toml"
 RECIPE = {"batch": 32, "learning_rate": 1e-4, "weight_decay": 0.01, "warmup_ratio": 0.06, "clip_norm": 1.0,
@@ -217,14 +218,13 @@ steps_per_execution = {args.warmup}
 [runtime]
 device = "{'gpu' if args.device == 'cuda' else 'cpu'}"
 torch_mode = "{args.torch_mode}"
-output_dir = "{run}"
 log_every = {args.warmup}
 eval_every = {args.steps}
 checkpoint_every = {args.steps}
 keep_checkpoints = 1
 profile_steps = {[args.steps - 1, args.steps] if args.profile else []}
 """)
-    results = train(config, backend)
+    results = train(config, backend, run)
     if args.profile:
         (work / f"profile-{side}.txt").write_text(trace_summary(run / "profile"))
     windows, seconds, flops_per_s = steady_windows(run, args.profile)
@@ -244,13 +244,13 @@ def steady_windows(run: Path, profiled: bool) -> tuple[list[dict], float, float]
     return windows, seconds, sum(r["model_tflops_per_s"] * 1e12 * r["seconds"] for r in windows) / seconds
 
 
-def train(config: Path, backend: str, *overrides: str) -> dict:
-    """`tpuplex train` in its own process; its results.json."""
-    sets = [part for value in overrides for part in ("--set", value)]
+def train(config: Path, backend: str, run: Path, *overrides: str) -> dict:
+    """`tpuplex train` of `config` (an example read in place: its relative paths are its folder's) in its own
+    process, into the folder `run`; its results.json."""
+    sets = [part for value in (f'runtime.output_dir="{run}"', *overrides) for part in ("--set", value)]
     subprocess.run([sys.executable, "-m", "tpuplex", "train", str(config), "--backend", backend, *sets], check=True,
                    cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    found = next(line for line in config.read_text().splitlines() if line.startswith("output_dir"))
-    return json.loads((Path(found.split('"')[1]) / "results.json").read_text())
+    return json.loads((run / "results.json").read_text())
 
 
 def hf_trainer(checkpoint: Path, args, work: Path) -> dict:
@@ -378,13 +378,8 @@ def flax_loop(checkpoint: Path, args, work: Path) -> dict:
 def cifar(backend: str, args, work: Path, prepared: Path) -> dict:
     """`examples/cifar10/resnet20.toml` with bf16, `--torch-mode` and steps_per_execution on `prepared` data."""
     run = work / f"cifar-{backend}"
-    config = work / f"cifar-{backend}.toml"
-    text = (REPO / "examples" / "cifar10" / "resnet20.toml").read_text()
-    text = text.replace('checkpoint = "resnet20"', f'checkpoint = "{REPO / "examples" / "cifar10" / "resnet20"}"')
-    text = text.replace('output_dir = "runs/cifar10/{dataset}-resnet20-{backend}"', f'output_dir = "{run}"')
-    config.write_text(text)
     started = time.perf_counter()
-    results = train(config, backend, f'data.train_file="{prepared / "train"}"',
+    results = train(CIFAR_EXAMPLE, backend, run, f'data.train_file="{prepared / "train"}"',
                     f'data.eval_files=["{prepared / "test"}"]', "train.bf16=true",
                     f'runtime.torch_mode="{args.torch_mode}"',
                     f"train.steps_per_execution={args.group}", f"train.epochs={args.epochs}",
@@ -436,11 +431,8 @@ def tpuplex_lora(checkpoint: Path, args, work: Path) -> dict:
     """The LoRA example on the torch backend with bf16; the rate of its log windows after the first (which holds
     the compilation), and before the last when it is profiled."""
     run = work / "tpuplex-lora-torch"
-    config = work / "lora-torch.toml"
-    text = LORA_EXAMPLE.read_text().replace('checkpoint = "smollm2"', f'checkpoint = "{checkpoint}"')
-    text = text.replace('output_dir = "runs/smollm2/sst2-lora-{backend}"', f'output_dir = "{run}"')
-    config.write_text(text)
-    results = train(config, "torch", f'data.train_file="{sst2_rows(args, work)}"',
+    results = train(LORA_EXAMPLE, "torch", run, f'model.checkpoint="{checkpoint}"',
+                    f'data.train_file="{sst2_rows(args, work)}"',
                     f'data.eval_files=["{args.sst2 / "dev.tsv"}"]', "train.bf16=true",
                     f"train.global_batch={args.batch}", f"train.max_steps={args.steps}",
                     f"train.steps_per_execution={args.warmup}", f"runtime.log_every={args.warmup}",
@@ -525,12 +517,8 @@ def fsdd_rows(args, work: Path) -> tuple[Path, Path]:
 def tpuplex_speech(args, work: Path) -> dict:
     """The speech example on the torch backend; utterances a second in its log windows after the first."""
     run = work / "tpuplex-speech-torch"
-    config = work / "speech-torch.toml"
-    text = SPEECH_EXAMPLE.read_text().replace('checkpoint = "conformer-s"',
-                                              f'checkpoint = "{SPEECH_EXAMPLE.parent / "conformer-s"}"')
-    config.write_text(text.replace('output_dir = "runs/speech/{dataset}-{backend}"', f'output_dir = "{run}"'))
     train_rows, dev_rows = fsdd_rows(args, work)
-    results = train(config, "torch", f'data.train_file="{train_rows}"', f'data.eval_files=["{dev_rows}"]',
+    results = train(SPEECH_EXAMPLE, "torch", run, f'data.train_file="{train_rows}"', f'data.eval_files=["{dev_rows}"]',
                     f'data.cache_dir="{work / "features"}"', f"train.epochs={args.epochs}",
                     f"train.steps_per_execution={args.warmup}", f"runtime.log_every={args.warmup}",
                     f'runtime.torch_mode="{args.torch_mode}"',
@@ -556,12 +544,10 @@ def tpuplex_char_lm(backend: str, mesh: bool, args, work: Path) -> dict:
     one-device mesh when `mesh`; characters a second in its log windows after the first."""
     name = f"tpuplex-{backend}{'-mesh' if mesh else ''}"
     run = work / name
-    config = work / f"{name}.toml"
     model = CHAR_EXAMPLE.parent / ("gpt-cpu" if args.quick else "gpt-gpu")
     length = json.loads((model / "config.json").read_text())["n_positions"]
-    text = CHAR_EXAMPLE.read_text().replace('checkpoint = "gpt-gpu"', f'checkpoint = "{model}"')
-    config.write_text(text.replace('output_dir = "runs/shakespeare_char/gpu-{backend}"', f'output_dir = "{run}"'))
-    results = train(config, backend, f'data.train_file="{args.text}"', f"data.max_length={length}",
+    results = train(CHAR_EXAMPLE, backend, run, f'model.checkpoint="{model}"', f'data.train_file="{args.text}"',
+                    f"data.max_length={length}",
                     f"train.max_steps={args.steps}", f"train.steps_per_execution={args.warmup}",
                     f"runtime.log_every={args.warmup}", f"runtime.eval_every={args.steps}",
                     f'runtime.torch_mode="{args.torch_mode}"',
