@@ -534,9 +534,9 @@ def plain_speech(args, work: Path) -> dict:
     from speech_side_by_side import peer_run
 
     train_rows, dev_rows = fsdd_rows(args, work)
-    result = peer_run(1, args.device, train_rows, dev_rows, args.epochs, args.warmup)
-    return {"side": "plain-torch", "utterances_per_s": result["utterances_per_s"], "wer": result["wer"],
-            "cer": result["cer"]}
+    result = peer_run(1, args.device, train_rows, dev_rows, args.epochs, untimed=args.warmup)
+    return {"side": "plain-torch", "utterances_per_s": result["utterances_per_s"],
+            "utterances": result["timed_utterances"], "wer": result["wer"], "cer": result["cer"]}
 
 
 def tpuplex_char_lm(backend: str, mesh: bool, args, work: Path) -> dict:

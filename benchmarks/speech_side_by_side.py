@@ -48,10 +48,10 @@ def tpuplex_run(backend: str, seed: int, out: Path) -> dict:
 
 
 def peer_run(seed: int, device: str = "cpu", train_file: Path | None = None, dev_file: Path | None = None,
-             epochs: int = 0, warmup: int = 0) -> dict:
+             epochs: int = 0, untimed: int = 0) -> dict:
     """The plain PyTorch loop (see the module doc) on `device`, over the example's data or `train_file` and
     `dev_file` (manifests as fsdd's), for the example's epochs or `epochs`; its rate counts the steps after the first
-    `warmup` (each step's end waits for the device)."""
+    `untimed` (each step's end waits for the device)."""
     import jiwer
     import soundfile
 
@@ -123,7 +123,7 @@ def peer_run(seed: int, device: str = "cpu", train_file: Path | None = None, dev
             if device != "cpu":
                 torch.cuda.synchronize()
             steps += 1
-            if steps > warmup:
+            if steps > untimed:
                 seconds += time.perf_counter() - started
                 utterances += len(items)
     model.eval()
@@ -137,7 +137,8 @@ def peer_run(seed: int, device: str = "cpu", train_file: Path | None = None, dev
                 hypotheses.append("".join(characters[i - 1] for i in kept))
     references = [text for _, text in dev_set]
     return {"wer": jiwer.wer(references, hypotheses), "cer": jiwer.cer(references, hypotheses),
-            "utterances_per_s": round(utterances / seconds, 2), "train_seconds": round(seconds, 3)}
+            "utterances_per_s": round(utterances / seconds, 2), "train_seconds": round(seconds, 3),
+            "timed_utterances": utterances}
 
 
 def htk_filterbank(bins: int, spectrum_bins: int, rate: int) -> np.ndarray:
