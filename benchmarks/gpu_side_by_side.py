@@ -15,6 +15,8 @@ bf16 compute with float32 weights, dropout 0.1 (attention probabilities: `--atte
 MosaicBERT trains, so every side may run a fused attention kernel), 15% masking, four sides in turn:
   tpuplex-torch   `tpuplex train` (torch_mode `--torch-mode`, bf16, steps_per_execution = log_every)
   tpuplex-torch-fp8  the same with `train.fp8` (torchao's float8 products; its MFU still over the bf16 peak)
+  tpuplex-torch-compiled-random  the same with `runtime.torch_random = "compiled"` (dropout fused into Inductor's
+                  kernels instead of a kernel of its own each)
   tpuplex-jax     the same config on the jax backend
   hf-trainer      transformers' Trainer as run_mlm.py drives it (`bf16=True`, `torch_compile=True`, fused AdamW,
                   DataCollatorForLanguageModeling): BertForMaskedLM, logits at every position
@@ -188,10 +190,11 @@ def trace_summary(folder: Path, top: int = 30) -> str:
     return "\n".join(lines) + "\n"
 
 
-def tpuplex_mlm(backend: str, checkpoint: Path, args, work: Path, fp8: bool = False) -> dict:
-    """`tpuplex train` on the raw text (the masked-LM task packs and masks it), with `train.fp8` when `fp8`; the rate
-    of the log windows after the first (which holds the compilation), and before the last when it is profiled."""
-    side = f"tpuplex-{backend}{'-fp8' if fp8 else ''}"
+def tpuplex_mlm(backend: str, checkpoint: Path, args, work: Path, variant: str = "", *overrides: str) -> dict:
+    """`tpuplex train` on the raw text (the masked-LM task packs and masks it), with `overrides` (`--set` values) as
+    the side "tpuplex-{backend}{variant}"; the rate of the log windows after the first (which holds the compilation),
+    and before the last when it is profiled."""
+    side = f"tpuplex-{backend}{variant}"
     run = work / side
     config = work / f"mlm-{side}.toml"
     config.write_text(f"""
@@ -213,7 +216,6 @@ global_batch = {RECIPE["batch"]}
 epochs = 1000
 max_steps = {args.steps}
 bf16 = true
-fp8 = {str(fp8).lower()}
 steps_per_execution = {args.warmup}
 [runtime]
 device = "{'gpu' if args.device == 'cuda' else 'cpu'}"
@@ -224,7 +226,7 @@ checkpoint_every = {args.steps}
 keep_checkpoints = 1
 profile_steps = {[args.steps - 1, args.steps] if args.profile else []}
 """)
-    results = train(config, backend, run)
+    results = train(config, backend, run, *overrides)
     if args.profile:
         (work / f"profile-{side}.txt").write_text(trace_summary(run / "profile"))
     windows, seconds, flops_per_s = steady_windows(run, args.profile)
@@ -603,7 +605,11 @@ def main() -> None:
         tokenizer = args.tokenizer or resolve_checkpoint("minilm")
         checkpoint = bert_folder(args.out, tokenizer, args.quick, args.attention_dropout)
         sides = {"tpuplex-torch": lambda: tpuplex_mlm("torch", checkpoint, args, args.out),
-                 "tpuplex-torch-fp8": lambda: tpuplex_mlm("torch", checkpoint, args, args.out, fp8=True),
+                 "tpuplex-torch-fp8": lambda: tpuplex_mlm("torch", checkpoint, args, args.out, "-fp8",
+                                                          "train.fp8=true"),
+                 "tpuplex-torch-compiled-random": lambda: tpuplex_mlm("torch", checkpoint, args, args.out,
+                                                                      "-compiled-random",
+                                                                      'runtime.torch_random="compiled"'),
                  "tpuplex-jax": lambda: tpuplex_mlm("jax", checkpoint, args, args.out),
                  "hf-trainer": lambda: hf_trainer(checkpoint, args, args.out),
                  "flax-loop": lambda: flax_loop(checkpoint, args, args.out)}

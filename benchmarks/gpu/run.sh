@@ -3,7 +3,8 @@
 # that a slow one leaves the next its time; the figures docs/benchmarks.md's "One GPU" section records:
 #   1. BERT-base masked LM at 512, bf16: tpuplex jax (profiled), the plain Flax loop, tpuplex torch (profiled), HF's
 #      Trainer compiled (benchmarks/gpu_side_by_side.py mlm; attention dropout 0 on every side); later, tpuplex
-#      torch with train.fp8 (step mlm-tpuplex-torch-fp8)
+#      torch with train.fp8 (step mlm-tpuplex-torch-fp8), and with runtime.torch_random = "compiled"
+#      (step mlm-tpuplex-torch-compiled-random)
 #   2. ResNet-20 on CIFAR-10, 15 epochs, bf16, torch and jax (gpu_side_by_side.py cifar)
 #   3. SmolLM2-135M (drawn from its config) with LoRA on SST-2's conversations, bf16: tpuplex torch (profiled) beside
 #      transformers + peft + HF's Trainer compiled (gpu_side_by_side.py lora)
@@ -103,13 +104,15 @@ MLM=("$SIDES" mlm "${SIZE[@]}" --text "$CARRY/tinyshakespeare.txt" --tokenizer "
 LORA=("$SIDES" lora "${LORA_SIZE[@]}" --smollm2 "$CARRY/smollm2" --sst2 "$CARRY/sst2")
 SPEECH=("$SIDES" speech "${SPEECH_SIZE[@]}" --fsdd "$FSDD")
 MESH=("$SIDES" mesh "${MESH_SIZE[@]}" --text "$CARRY/tinyshakespeare.txt")
-for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trainer cifar lora-tpuplex-torch lora-peft-trainer nanogpt mlm-tpuplex-torch-fp8 speech-tpuplex-torch speech-plain-torch mesh-torch mesh-jax mlm-jax-xla-flags mlm-tpuplex-jax-dropout}; do
+for step in ${STEPS:-mlm-tpuplex-jax mlm-flax-loop mlm-tpuplex-torch mlm-hf-trainer cifar lora-tpuplex-torch lora-peft-trainer nanogpt mlm-tpuplex-torch-fp8 mlm-tpuplex-torch-compiled-random speech-tpuplex-torch speech-plain-torch mesh-torch mesh-jax mlm-jax-xla-flags mlm-tpuplex-jax-dropout}; do
     case $step in
         mlm-tpuplex-jax) side "$step" 120 "${MLM[@]}" --sides tpuplex-jax --profile ;;
         mlm-flax-loop) side "$step" 90 "${MLM[@]}" --sides flax-loop ;;
         mlm-tpuplex-torch) side "$step" 150 "${MLM[@]}" --sides tpuplex-torch --profile --torch-mode "$TORCH_MODE" ;;
         mlm-hf-trainer) side "$step" 150 "${MLM[@]}" --sides hf-trainer ;;
         mlm-tpuplex-torch-fp8) side "$step" 150 "${MLM[@]}" --sides tpuplex-torch-fp8 --torch-mode "$TORCH_MODE" ;;
+        mlm-tpuplex-torch-compiled-random) side "$step" 150 "${MLM[@]}" --sides tpuplex-torch-compiled-random \
+            --profile --torch-mode "$TORCH_MODE" ;;
         cifar) side "$step" 240 "$SIDES" cifar "${EPOCHS[@]}" --data "$CIFAR" --profile --torch-mode "$TORCH_MODE" \
             ${CIFAR_SIDES:+--sides $CIFAR_SIDES} ;;
         lora-tpuplex-torch) side "$step" 150 "${LORA[@]}" --sides tpuplex-torch --profile --torch-mode "$TORCH_MODE" ;;

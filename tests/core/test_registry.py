@@ -50,5 +50,8 @@ def test_a_torch_setting_on_another_backend_is_one_warning_line(capsys) -> None:
     registry.create("numpy", RuntimeConfig(torch_mode="compile"))
     assert capsys.readouterr().err == ("tpuplex: warning: runtime.torch_mode = 'compile' sets how the torch backend "
                                        "runs; the numpy backend ignores it\n")
+    registry.create("numpy", RuntimeConfig(torch_random="compiled"))
+    assert capsys.readouterr().err == ("tpuplex: warning: runtime.torch_random = 'compiled' sets how the torch "
+                                       "backend runs; the numpy backend ignores it\n")
     registry.create("numpy", RuntimeConfig())
     assert capsys.readouterr().err == ""

@@ -14,8 +14,11 @@ import pytest
 from helpers import assert_params_close, backend, learning_rates, run, tiny_spec, train_batches
 
 import torch
+from tpuplex.config import RuntimeConfig
+from tpuplex.errors import TpuplexError
 from tpuplex.protocol import OptimizerSpec
 from tpuplex.testing.specs import image_family_spec
+from tpuplex_torch.backend import TorchBackend
 
 pytestmark = pytest.mark.started_first
 
@@ -62,6 +65,32 @@ def test_cuda_graphs_on_the_cpu_warns_once_and_trains_as_compile(compiled_run, c
     assert "torch eager + torch.compile; runtime.torch_mode = cuda_graphs" in graphs.topology().report()
     _, losses = run(graphs, compiled_run["spec"], compiled_run["batches"], compiled_run["rates"], OptimizerSpec(seed=3))
     assert losses == compiled_run["losses"]
+
+
+def dropout_kernels(torch_backend, state, batch, rate) -> int:
+    """The eager dropout kernels one training step of `state` runs, from torch's profiler."""
+    with torch.profiler.profile() as profile:
+        torch_backend.train_steps(state, [batch], [rate])
+    return sum(event.name in ("aten::native_dropout", "aten::bernoulli_") for event in profile.events())
+
+
+def test_compiled_random_draws_the_masks_inside_the_compiled_kernels_reproducibly(compiled_run):
+    spec, batches, rates = compiled_run["spec"], compiled_run["batches"], compiled_run["rates"]
+    inductor = TorchBackend(RuntimeConfig(torch_mode="compile", torch_random="compiled"))
+    state, losses = run(inductor, spec, batches, rates, OptimizerSpec(seed=3))
+    _, again = run(inductor, spec, batches, rates, OptimizerSpec(seed=3))
+
+    assert again == losses, "the same seed draws the same masks"
+    assert losses != compiled_run["losses"], "Inductor's masks are its own, not torch's generator's"
+    np.testing.assert_allclose(losses, compiled_run["losses"], rtol=0.02)
+    assert dropout_kernels(inductor, state, batches[0], rates[-1]) == 0
+    assert dropout_kernels(compiled_run["backend"], compiled_run["state"], batches[0], rates[-1]) > 0
+
+
+def test_compiled_random_without_a_compiled_mode_is_refused():
+    with pytest.raises(TpuplexError, match='torch_random = "compiled" draws dropout\'s masks in torch.compile\'s '
+                                           'kernels, but runtime.torch_mode = "eager" compiles nothing'):
+        TorchBackend(RuntimeConfig(torch_mode="eager", torch_random="compiled"))
 
 
 def task_runs(task: str, folder) -> tuple:

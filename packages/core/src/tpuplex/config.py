@@ -142,6 +142,12 @@ class RuntimeConfig:
     """PyTorch only: auto (XLA on TPU, else eager), eager, compile (eager with the training forward, loss and
     backward compiled by torch.compile, one program per batch shape), cuda_graphs (compile, each program replayed on
     a GPU as one CUDA graph: torch.compile's mode "reduce-overhead"; on a CPU the same as compile) or xla."""
+    torch_random: str = "eager"
+    """PyTorch under torch_mode compile or cuda_graphs: what draws dropout's masks. "eager": torch's generator, as eager
+    mode does (Inductor's `fallback_random`), so a compiled run's losses are eager's up to the order of float sums;
+    "compiled": Inductor's own random numbers inside the kernels it generates, each dropout fused with its neighbours
+    (the residual add and LayerNorm after it) instead of a mask kernel and a pass of its own: other masks, drawn from
+    the same per-step seeds, so a run is still reproduced by its seed."""
     host_timeout: float = 600.0
     """Multi-process runs: seconds a process waits for the others (in a step, evaluation or checkpoint barrier)
     once its first step is done, before it stops with one line and exit status 69 (`tpuplex.hosts`)."""
@@ -253,6 +259,7 @@ fewer steps than its checkpoint is refused (`Trainer.find_resume_point`)."""
 _CHOICES = {
     ("runtime", "device"): ("auto", "tpu", "gpu", "cpu"),
     ("runtime", "torch_mode"): ("auto", "eager", "compile", "cuda_graphs", "xla"),
+    ("runtime", "torch_random"): ("eager", "compiled"),
     ("runtime", "on_preempt"): ("checkpoint", "exit"),
     ("model", "batch_norm"): ("cross_replica", "per_replica"),
     ("train", "schedule"): ("linear", "cosine"),

@@ -5,12 +5,13 @@
   over every device, shape (replicas, devices / replicas) with axes ("data", "copy"); a batch is sharded over
   "data" and repeated over "copy". `runtime.cpu_devices = N` on XLA:CPU asks for N devices (CPU_NUM_DEVICES) or,
   when the runtime already runs more, for N replicas over them.
-- eager: everything else, through accelerate: the CPU, one GPU, or several GPUs (or CPU processes) with one
-  process each under `accelerate launch` / torchrun, every process holding its share of the global batch's rows.
-  `runtime.torch_mode = "compile"` is eager mode with the training forward and loss (and so their backward)
-  compiled by torch.compile: one program per batch shape, dropout drawn from torch's own generator as in eager
-  mode. `"cuda_graphs"` compiles the same and, on a GPU, replays each program as one CUDA graph (torch.compile's
-  mode "reduce-overhead"), so a step costs the host a few launches instead of hundreds.
+- eager: everything else, through accelerate: the CPU, one GPU, or several GPUs (or CPU processes) with one process
+  each under `accelerate launch` / torchrun, every process holding its share of the global batch's rows.
+  `runtime.torch_mode = "compile"` is eager mode with the training forward and loss (and so their backward) compiled
+  by torch.compile: one program per batch shape, dropout drawn from torch's own generator as in eager mode (or,
+  `runtime.torch_random = "compiled"`, in Inductor's kernels). `"cuda_graphs"` compiles the same and, on a GPU,
+  replays each program as one CUDA graph (torch.compile's mode "reduce-overhead"), so a step costs the host a few
+  launches instead of hundreds.
 
 A mesh (`runtime.mesh`, `tpuplex.sharding`) with `fsdp` above 1 shards parameters and Adam's moments with FSDP2
 (`fully_shard` on each block and the root over a (data, fsdp) `DeviceMesh`; data above 1 too is HSDP) in eager
@@ -60,6 +61,10 @@ _XLA_KIND = {"TPU": "tpu", "CUDA": "gpu", "CPU": "cpu"}
 def claim(runtime: RuntimeConfig) -> Placement:
     """The placement for `runtime`: xla or eager mode (see the module docstring), its devices confirmed."""
     found = core_devices.discover(runtime.device)  # a TPU/GPU asked for but absent fails here, naming the fix
+    if runtime.torch_random == "compiled" and runtime.torch_mode not in ("compile", "cuda_graphs"):
+        raise TpuplexError(f'runtime.torch_random = "compiled" draws dropout\'s masks in torch.compile\'s kernels, but '
+                           f'runtime.torch_mode = "{runtime.torch_mode}" compiles nothing: set runtime.torch_mode = '
+                           '"compile" or "cuda_graphs", or leave torch_random = "eager"')
     if runtime.torch_mode == "xla":
         return XlaPlacement(runtime, found, "runtime.torch_mode = xla")
     if runtime.torch_mode == "auto" and found.kind == "tpu":
@@ -251,6 +256,7 @@ class EagerPlacement(Placement):
             if mesh.shards_parameters else None)
         fsdp = f" + FSDP2 ({'HSDP' if mesh.data > 1 else 'fully sharded'})" if self.device_mesh else ""
         self._compiles = runtime.torch_mode in ("compile", "cuda_graphs")
+        self._eager_random = runtime.torch_random == "eager"
         self.replays_graphs = runtime.torch_mode == "cuda_graphs" and self.device.type == "cuda"
         if runtime.torch_mode == "cuda_graphs" and self.device.type != "cuda":
             print(f'tpuplex: warning: runtime.torch_mode = "cuda_graphs" replays CUDA graphs on a GPU; on the '
@@ -348,16 +354,16 @@ class EagerPlacement(Placement):
         if not self._compiles:
             return loss
         import torch._dynamo.config
-        import torch._inductor.config
 
-        # Inductor's own random kernels would draw other dropout masks than eager mode; falling back to torch's
-        # generator keeps the masks, so losses differ from eager only by the compiler's reordered sums.
-        torch._inductor.config.fallback_random = True
         # One program per batch shape (a few fitted buckets). Past the limit dynamo would quietly run the forward
         # eagerly; failing says so instead.
         torch._dynamo.config.recompile_limit = 64
         torch._dynamo.config.fail_on_recompile_limit_hit = True
-        return torch.compile(loss, dynamic=False, mode="reduce-overhead" if self.replays_graphs else None)
+        # Inductor's options for this program alone ("triton.cudagraphs" is what mode "reduce-overhead" sets, which
+        # torch.compile takes only without options). `fallback_random` (runtime.torch_random = "eager") draws the
+        # masks from torch's generator as eager mode does, each dropout then a kernel of its own.
+        return torch.compile(loss, dynamic=False, options={"fallback_random": self._eager_random,
+                                                           "triton.cudagraphs": self.replays_graphs})
 
     def compile_count(self) -> int:
         return _compiled_graphs() - self._graphs_before if self._compiles else 0
