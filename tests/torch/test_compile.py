@@ -78,9 +78,11 @@ def test_compiled_random_draws_the_masks_inside_the_compiled_kernels_reproducibl
     spec, batches, rates = compiled_run["spec"], compiled_run["batches"], compiled_run["rates"]
     inductor = TorchBackend(RuntimeConfig(torch_mode="compile", torch_random="compiled"))
     state, losses = run(inductor, spec, batches, rates, OptimizerSpec(seed=3))
-    _, again = run(inductor, spec, batches, rates, OptimizerSpec(seed=3))
+    half, first = run(inductor, spec, batches[:3], rates[:3], OptimizerSpec(seed=3))
+    resumed = inductor.state_from_arrays(inductor.init(spec, OptimizerSpec(seed=3)), inductor.state_to_arrays(half))
+    _, rest = inductor.train_steps(resumed, batches[3:], rates[3:])
 
-    assert again == losses, "the same seed draws the same masks"
+    assert first + rest == losses, "a run resumed half-way draws the uninterrupted run's masks (its seed's)"
     assert losses != compiled_run["losses"], "Inductor's masks are its own, not torch's generator's"
     np.testing.assert_allclose(losses, compiled_run["losses"], rtol=0.02)
     assert dropout_kernels(inductor, state, batches[0], rates[-1]) == 0
