@@ -75,18 +75,22 @@ def dropout_kernels(torch_backend, state, batch, rate) -> int:
 
 
 def test_compiled_random_draws_the_masks_inside_the_compiled_kernels_reproducibly(compiled_run):
-    spec, batches, rates = compiled_run["spec"], compiled_run["batches"], compiled_run["rates"]
+    # One batch shape (the fixture's five long batches): one compile more, the default's program found compiled.
+    spec, default = compiled_run["spec"], compiled_run["backend"]
+    batches = [batch for batch in compiled_run["batches"] if batch["input_ids"].shape[1] == 16]
+    rates = learning_rates(len(batches))
     inductor = TorchBackend(RuntimeConfig(torch_mode="compile", torch_random="compiled"))
     state, losses = run(inductor, spec, batches, rates, OptimizerSpec(seed=3))
-    half, first = run(inductor, spec, batches[:3], rates[:3], OptimizerSpec(seed=3))
+    half, first = run(inductor, spec, batches[:2], rates[:2], OptimizerSpec(seed=3))
     resumed = inductor.state_from_arrays(inductor.init(spec, OptimizerSpec(seed=3)), inductor.state_to_arrays(half))
-    _, rest = inductor.train_steps(resumed, batches[3:], rates[3:])
+    _, rest = inductor.train_steps(resumed, batches[2:], rates[2:])
+    default_state, default_losses = run(default, spec, batches, rates, OptimizerSpec(seed=3))
 
     assert first + rest == losses, "a run resumed half-way draws the uninterrupted run's masks (its seed's)"
-    assert losses != compiled_run["losses"], "Inductor's masks are its own, not torch's generator's"
-    np.testing.assert_allclose(losses, compiled_run["losses"], rtol=0.02)
+    assert losses != default_losses, "Inductor's masks are its own, not torch's generator's"
+    np.testing.assert_allclose(losses, default_losses, rtol=0.02)
     assert dropout_kernels(inductor, state, batches[0], rates[-1]) == 0
-    assert dropout_kernels(compiled_run["backend"], compiled_run["state"], batches[0], rates[-1]) > 0
+    assert dropout_kernels(default, default_state, batches[0], rates[-1]) > 0
 
 
 def test_compiled_random_without_a_compiled_mode_is_refused():
