@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +280,35 @@ def test_training_learns_the_separable_task(tmp_path, model_dir) -> None:
     assert np.mean(result.losses[-5:]) < np.mean(result.losses[:5]) - 0.2
     assert result.metrics["dev"]["loss"] < math.log(2)  # better than the uniform prediction
     assert result.metrics["dev"]["accuracy"] > 0.7  # 37 examples: chance would be 0.5 +- 0.08
+
+
+def test_while_a_group_runs_the_input_thread_builds_the_next(tmp_path, model_dir, monkeypatch) -> None:
+    """`runtime.prefetch` counts calls: a group's batches are all taken before it runs, so with room for only
+    `prefetch` batches the thread would stop two into the next group and the device would wait for the rest."""
+    built, count = threading.Condition(), [0]
+    build = SplitData.train_batch
+
+    def counted(self, batch, step):
+        out = build(self, batch, step)
+        with built:
+            count[0] += 1
+            built.notify_all()
+        return out
+
+    monkeypatch.setattr(SplitData, "train_batch", counted)
+    group, per_epoch = 5, 15  # 120 rows, 8 a step
+
+    class Waiting(SpyBackend):
+        def train_steps(self, state, batches, learning_rates):
+            epoch_end = (state.step // per_epoch + 1) * per_epoch
+            wanted = min(state.step + 2 * group, epoch_end)  # this group's batches and the next one's
+            with built:  # the thread's progress, awaited: a timeout only when it cannot get there
+                assert built.wait_for(lambda: count[0] >= wanted, timeout=120), (state.step, count[0], wanted)
+            return super().train_steps(state, batches, learning_rates)
+
+    trainer, backend, _ = fit(tmp_path, model_dir, "runtime.prefetch=1", f"train.steps_per_execution={group}",
+                              "data.buckets=[16]", backend_cls=Waiting)
+    assert trainer.steps_per_epoch == per_epoch and len(backend.groups) >= 2  # runs of one shape, each waited on
 
 
 def test_steps_per_execution_groups_same_shape_batches_and_changes_nothing(tmp_path, model_dir) -> None:

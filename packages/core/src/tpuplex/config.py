@@ -155,8 +155,9 @@ class RuntimeConfig:
     """Multi-process runs: the same, until this process's first step is done: joining the others, building the
     model and the first step's compilation, which take each process its own time (more on a loaded machine)."""
     prefetch: int = 2
-    """Training batches prepared ahead of the step in a background thread (read, gathered, augmented); 0 prepares
-    each in the training loop."""
+    """Training steps' batches prepared ahead in a background thread (read, gathered, augmented), counted in calls:
+    `prefetch` x `train.steps_per_execution` batches, so the next group is ready when the current one is done; 0
+    prepares each in the training loop."""
     peak_tflops: float = 0.0
     """Dense TFLOP/s of one device, for the MFU in progress lines and results.json; 0 takes the chip's from
     `tpuplex.flops.CHIP_PEAKS` (on a CPU, a measured matrix rate)."""

@@ -524,9 +524,12 @@ class _Run:
         # Only the batches this run trains on are built (and their records read), however far input runs ahead.
         epoch = itertools.islice(trainer.train_batcher.train_batches(at.epoch, at.position), stop - at.step)
         first_step = at.step + 1
-        # The Batcher's batch rides along with the task's: its attention_mask counts the real tokens.
+        # The Batcher's batch rides along with the task's: its attention_mask counts the real tokens. `prefetch`
+        # counts calls: a group's batches are all taken before it runs, so a thread only `prefetch` batches ahead
+        # would leave the rest of the next group to be built after this one, while the device waits.
+        depth = trainer.config.runtime.prefetch * trainer.config.train.steps_per_execution
         prefetcher = Prefetcher(((batch, trainer.data.train_batch(batch, first_step + offset))
-                                 for offset, batch in enumerate(epoch)), trainer.config.runtime.prefetch)
+                                 for offset, batch in enumerate(epoch)), depth)
         batches = _Lookahead(prefetcher)
         try:
             while at.step < stop:
