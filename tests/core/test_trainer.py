@@ -284,7 +284,8 @@ def test_training_learns_the_separable_task(tmp_path, model_dir) -> None:
 
 def test_while_a_group_runs_the_input_thread_builds_the_next(tmp_path, model_dir, monkeypatch) -> None:
     """`runtime.prefetch` counts calls: a group's batches are all taken before it runs, so with room for only
-    `prefetch` batches the thread would stop two into the next group and the device would wait for the rest."""
+    `prefetch` batches the thread would stop two into the next group and the device would wait for the rest; and the
+    thread goes on into the next epoch while this one's last group runs."""
     built, count = threading.Condition(), [0]
     build = SplitData.train_batch
 
@@ -296,19 +297,19 @@ def test_while_a_group_runs_the_input_thread_builds_the_next(tmp_path, model_dir
         return out
 
     monkeypatch.setattr(SplitData, "train_batch", counted)
-    group, per_epoch = 5, 15  # 120 rows, 8 a step
+    group, per_epoch, epochs = 5, 15, 2  # 120 rows, 8 a step, all of the one bucket
 
     class Waiting(SpyBackend):
         def train_steps(self, state, batches, learning_rates):
-            epoch_end = (state.step // per_epoch + 1) * per_epoch
-            wanted = min(state.step + 2 * group, epoch_end)  # this group's batches and the next one's
+            wanted = min(state.step + 2 * group, epochs * per_epoch)  # this group's batches and the next one's
             with built:  # the thread's progress, awaited: a timeout only when it cannot get there
                 assert built.wait_for(lambda: count[0] >= wanted, timeout=120), (state.step, count[0], wanted)
             return super().train_steps(state, batches, learning_rates)
 
     trainer, backend, _ = fit(tmp_path, model_dir, "runtime.prefetch=1", f"train.steps_per_execution={group}",
-                              "data.buckets=[16]", backend_cls=Waiting)
-    assert trainer.steps_per_epoch == per_epoch and len(backend.groups) >= 2  # runs of one shape, each waited on
+                              "data.buckets=[24]", f"train.epochs={epochs}", backend_cls=Waiting)
+    assert trainer.steps_per_epoch == per_epoch
+    assert [done for done, _ in backend.groups] == list(range(0, epochs * per_epoch, group))
 
 
 def test_steps_per_execution_groups_same_shape_batches_and_changes_nothing(tmp_path, model_dir) -> None:

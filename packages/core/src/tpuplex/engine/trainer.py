@@ -248,6 +248,7 @@ class Trainer:
                 while at.step < self.total_steps:
                     run.epoch()
             finally:
+                run.close_input()
                 run.profiler.stop()
             if run.last_eval_step != at.step or not run.metrics:
                 run.evaluate()
@@ -513,41 +514,34 @@ class _Run:
         self.train_throughput = Throughput()
         self.eval_throughput = Throughput()
         self.compiles_by_epoch: dict[int, int] = {}
+        self.input: Prefetcher | None = None  # the training batches over epochs (`_training_batches`), and
+        self.batches: _Lookahead | None = None  # the same with one batch of lookahead (a group's shape)
 
     # -- training ----------------------------------------------------------------------------------------
 
     def epoch(self) -> None:
         """Train from the current position to the end of the epoch (or to the last step)."""
         trainer, at = self.trainer, self.at
-        # Each batch of the epoch is augmented for the step that trains on it (steps follow the batches in order).
         stop = min(trainer.total_steps, at.step + trainer.steps_per_epoch - at.position)
-        # Only the batches this run trains on are built (and their records read), however far input runs ahead.
-        epoch = itertools.islice(trainer.train_batcher.train_batches(at.epoch, at.position), stop - at.step)
-        first_step = at.step + 1
-        # The Batcher's batch rides along with the task's: its attention_mask counts the real tokens. `prefetch`
-        # counts calls: a group's batches are all taken before it runs, so a thread only `prefetch` batches ahead
-        # would leave the rest of the next group to be built after this one, while the device waits.
-        depth = trainer.config.runtime.prefetch * trainer.config.train.steps_per_execution
-        prefetcher = Prefetcher(((batch, trainer.data.train_batch(batch, first_step + offset))
-                                 for offset, batch in enumerate(epoch)), depth)
-        batches = _Lookahead(prefetcher)
-        try:
-            while at.step < stop:
-                started, waited = time.perf_counter(), prefetcher.waited
-                read, group = zip(*self._next_group(batches, stop), strict=True)
-                self.profiler.before_step(at.step + 1)
-                losses = self._run_group(list(group))
-                # The group ran as one call: each of its steps is charged an equal share of its wall time (and of
-                # its wait for input), so that the log windows, whose edges may cut a group, add up to the run.
-                share = 1.0 / len(group)
-                elapsed, waited = (time.perf_counter() - started) * share, (prefetcher.waited - waited) * share
-                steps = [Throughput().add(batch, trainer.train_flops(task_batch, self.state)).timed(elapsed, waited)
-                         for batch, task_batch in zip(read, group, strict=True)]
-                self.train_throughput = sum(steps, self.train_throughput)
-                self._after_steps(losses, steps)
-                self._stop_if_signalled()
-        finally:
-            prefetcher.close()
+        if self.input is None:
+            self.input = Prefetcher(self._training_batches(at.step, at.epoch, at.position),
+                                    trainer.config.runtime.prefetch * trainer.config.train.steps_per_execution)
+            self.batches = _Lookahead(self.input)
+        prefetcher, batches = self.input, self.batches
+        while at.step < stop:
+            started, waited = time.perf_counter(), prefetcher.waited
+            read, group = zip(*self._next_group(batches, stop), strict=True)
+            self.profiler.before_step(at.step + 1)
+            losses = self._run_group(list(group))
+            # The group ran as one call: each of its steps is charged an equal share of its wall time (and of
+            # its wait for input), so that the log windows, whose edges may cut a group, add up to the run.
+            share = 1.0 / len(group)
+            elapsed, waited = (time.perf_counter() - started) * share, (prefetcher.waited - waited) * share
+            steps = [Throughput().add(batch, trainer.train_flops(task_batch, self.state)).timed(elapsed, waited)
+                     for batch, task_batch in zip(read, group, strict=True)]
+            self.train_throughput = sum(steps, self.train_throughput)
+            self._after_steps(losses, steps)
+            self._stop_if_signalled()
         if at.position == trainer.steps_per_epoch:
             at.epoch, at.position = at.epoch + 1, 0
             if self.cadence.eval_every == 0 and self.last_eval_step != at.step:
@@ -557,6 +551,25 @@ class _Run:
             # Cumulative programs at each epoch's end: equal counts after the first mean no recompilation.
             self.compiles_by_epoch[at.epoch] = self.backend.compile_count()
             self.reporter.record("epoch", at.step, epoch=at.epoch, compiles=self.compiles_by_epoch[at.epoch])
+
+    def _training_batches(self, step: int, epoch: int, position: int) -> Iterator[tuple[Batch, Batch]]:
+        """(Batcher's batch, task's batch) for every step after `step` (batch `position` of `epoch`) to the last, over
+        epochs: the input thread (`runtime.prefetch` calls ahead, each of `steps_per_execution` batches, since a
+        group's batches are all taken before it runs) builds the next epoch's first groups while this one's last group
+        runs, and the next group while a group runs. Each batch is made by the task for the step that trains on it;
+        the Batcher's rides along (its attention_mask counts the real tokens). Only the batches this run trains on are
+        built (and their records read)."""
+        trainer = self.trainer
+        while step < trainer.total_steps:
+            count = min(trainer.total_steps - step, trainer.steps_per_epoch - position)
+            for batch in itertools.islice(trainer.train_batcher.train_batches(epoch, position), count):
+                step += 1
+                yield batch, trainer.data.train_batch(batch, step)
+            epoch, position = epoch + 1, 0
+
+    def close_input(self) -> None:
+        if self.input is not None:
+            self.input.close()
 
     def _next_group(self, batches: _Lookahead, stop: int) -> list[tuple[Batch, Batch]]:
         """The next 1 or `steps_per_execution` (Batcher's batch, task's batch) pairs: a whole group only if it ends
