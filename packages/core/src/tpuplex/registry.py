@@ -55,11 +55,11 @@ def create(name: str, runtime: RuntimeConfig) -> Backend:
             "do (it keeps every parameter whole on each device): train this mesh with --backend jax, or set "
             "runtime.mesh = {data = -1} (docs/sharding.md)",
             f"runtime.mesh = {runtime.mesh} splits parameters, which the {name} backend keeps whole")
-    torch_only = {"torch_mode": "auto", "torch_random": "eager"}
-    for field in (field for field, default in torch_only.items() if getattr(runtime, field) != default):
-        if name != "torch":  # one config serves every backend: a warning, not an error
-            print(f"tpuplex: warning: runtime.{field} = {getattr(runtime, field)!r} sets how the torch backend runs; "
-                  f"the {name} backend ignores it", file=sys.stderr)
+    if name != "torch":  # one config serves every backend: a torch setting is a warning elsewhere, not an error
+        for field, default in (("torch_mode", "auto"), ("torch_random", "eager")):
+            if (value := getattr(runtime, field)) != default:
+                print(f"tpuplex: warning: runtime.{field} = {value!r} sets how the torch backend runs; the {name} "
+                      "backend ignores it", file=sys.stderr)
     backend = cls(runtime)
     topology = backend.topology()
     if topology.mesh is None:  # a data-only backend: the mesh must still name its devices
