@@ -218,15 +218,13 @@ max_steps = {args.steps}
 bf16 = true
 steps_per_execution = {args.warmup}
 [runtime]
-device = "{'gpu' if args.device == 'cuda' else 'cpu'}"
-torch_mode = "{args.torch_mode}"
 log_every = {args.warmup}
 eval_every = {args.steps}
 checkpoint_every = {args.steps}
 keep_checkpoints = 1
 profile_steps = {[args.steps - 1, args.steps] if args.profile else []}
 """)
-    results = train(config, backend, run, *overrides)
+    results = train(config, backend, run, args, *overrides)
     if args.profile:
         (work / f"profile-{side}.txt").write_text(trace_summary(run / "profile"))
     windows, seconds, flops_per_s = steady_windows(run, args.profile)
@@ -246,10 +244,12 @@ def steady_windows(run: Path, profiled: bool) -> tuple[list[dict], float, float]
     return windows, seconds, sum(r["model_tflops_per_s"] * 1e12 * r["seconds"] for r in windows) / seconds
 
 
-def train(config: Path, backend: str, run: Path, *overrides: str) -> dict:
+def train(config: Path, backend: str, run: Path, args, *overrides: str) -> dict:
     """`tpuplex train` of `config` (an example read in place: its relative paths are its folder's) in its own
-    process, into the folder `run`; its results.json."""
-    sets = [part for value in (f'runtime.output_dir="{run}"', *overrides) for part in ("--set", value)]
+    process, into the folder `run`, on `--device` with torch under `--torch-mode`; its results.json."""
+    device = f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"'
+    sets = [part for value in (f'runtime.output_dir="{run}"', device, f'runtime.torch_mode="{args.torch_mode}"',
+                               *overrides) for part in ("--set", value)]
     subprocess.run([sys.executable, "-m", "tpuplex", "train", str(config), "--backend", backend, *sets], check=True,
                    cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     return json.loads((run / "results.json").read_text())
@@ -381,11 +381,9 @@ def cifar(backend: str, args, work: Path, prepared: Path) -> dict:
     """`examples/cifar10/resnet20.toml` with bf16, `--torch-mode` and steps_per_execution on `prepared` data."""
     run = work / f"cifar-{backend}"
     started = time.perf_counter()
-    results = train(CIFAR_EXAMPLE, backend, run, f'data.train_file="{prepared / "train"}"',
+    results = train(CIFAR_EXAMPLE, backend, run, args, f'data.train_file="{prepared / "train"}"',
                     f'data.eval_files=["{prepared / "test"}"]', "train.bf16=true",
-                    f'runtime.torch_mode="{args.torch_mode}"',
-                    f"train.steps_per_execution={args.group}", f"train.epochs={args.epochs}",
-                    f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"', "runtime.prefetch=4",
+                    f"train.steps_per_execution={args.group}", f"train.epochs={args.epochs}", "runtime.prefetch=4",
                     f"task.images_on_device={str(args.images_on_device).lower()}",
                     f"runtime.profile_steps={[args.group * 4 + 1, args.group * 4 + 3] if args.profile else []}")
     if args.profile:
@@ -433,13 +431,11 @@ def tpuplex_lora(checkpoint: Path, args, work: Path) -> dict:
     """The LoRA example on the torch backend with bf16; the rate of its log windows after the first (which holds
     the compilation), and before the last when it is profiled."""
     run = work / "tpuplex-lora-torch"
-    results = train(LORA_EXAMPLE, "torch", run, f'model.checkpoint="{checkpoint}"',
+    results = train(LORA_EXAMPLE, "torch", run, args, f'model.checkpoint="{checkpoint}"',
                     f'data.train_file="{sst2_rows(args, work)}"',
                     f'data.eval_files=["{args.sst2 / "dev.tsv"}"]', "train.bf16=true",
                     f"train.global_batch={args.batch}", f"train.max_steps={args.steps}",
                     f"train.steps_per_execution={args.warmup}", f"runtime.log_every={args.warmup}",
-                    f'runtime.torch_mode="{args.torch_mode}"',
-                    f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"',
                     f"runtime.profile_steps={[args.steps - 1, args.steps] if args.profile else []}")
     if args.profile:
         (work / "profile-lora-tpuplex-torch.txt").write_text(trace_summary(run / "profile"))
@@ -520,11 +516,10 @@ def tpuplex_speech(args, work: Path) -> dict:
     """The speech example on the torch backend; utterances a second in its log windows after the first."""
     run = work / "tpuplex-speech-torch"
     train_rows, dev_rows = fsdd_rows(args, work)
-    results = train(SPEECH_EXAMPLE, "torch", run, f'data.train_file="{train_rows}"', f'data.eval_files=["{dev_rows}"]',
-                    f'data.cache_dir="{work / "features"}"', f"train.epochs={args.epochs}",
-                    f"train.steps_per_execution={args.warmup}", f"runtime.log_every={args.warmup}",
-                    f'runtime.torch_mode="{args.torch_mode}"',
-                    f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"')
+    results = train(SPEECH_EXAMPLE, "torch", run, args, f'data.train_file="{train_rows}"',
+                    f'data.eval_files=["{dev_rows}"]', f'data.cache_dir="{work / "features"}"',
+                    f"train.epochs={args.epochs}", f"train.steps_per_execution={args.warmup}",
+                    f"runtime.log_every={args.warmup}")
     windows, seconds, _ = steady_windows(run, profiled=False)
     dev = results["metrics"][dev_rows.stem]
     return {"side": "tpuplex-torch", "utterances_per_s": round(sum(r["examples"] for r in windows) / seconds, 1),
@@ -548,12 +543,10 @@ def tpuplex_char_lm(backend: str, mesh: bool, args, work: Path) -> dict:
     run = work / name
     model = CHAR_EXAMPLE.parent / ("gpt-cpu" if args.quick else "gpt-gpu")
     length = json.loads((model / "config.json").read_text())["n_positions"]
-    results = train(CHAR_EXAMPLE, backend, run, f'model.checkpoint="{model}"', f'data.train_file="{args.text}"',
+    results = train(CHAR_EXAMPLE, backend, run, args, f'model.checkpoint="{model}"', f'data.train_file="{args.text}"',
                     f"data.max_length={length}",
                     f"train.max_steps={args.steps}", f"train.steps_per_execution={args.warmup}",
                     f"runtime.log_every={args.warmup}", f"runtime.eval_every={args.steps}",
-                    f'runtime.torch_mode="{args.torch_mode}"',
-                    f'runtime.device="{"gpu" if args.device == "cuda" else "cpu"}"',
                     *(["runtime.mesh={data = 1, fsdp = 1}"] if mesh else []))
     windows, seconds, flops_per_s = steady_windows(run, profiled=False)
     return {"side": name, "tokens_per_s": round(sum(r["examples"] for r in windows) * length / seconds, 1),
