@@ -165,7 +165,8 @@ def test_a_table_becomes_conversations_by_its_templates(tmp_path) -> None:
     (SST2_PROMPT, "", r"task.prompt_template and task.answer_template make a table's rows conversations together"),
     ("{{ sentense }}", SST2_ANSWER, r"task.prompt_template reads the column 'sentense', which .*train.tsv "
                                     r"\(data.train_file\) does not have"),
-    ("{{ sentence }}", "{{ ['a', 'b'][label | int + 5] }}", r"task.answer_template cannot render .*train.tsv line 2"),
+    ("{{ sentence }}", "{{ ['a', 'b'][label | int + 5] }}", r"task.answer_template = .* cannot render .*train.tsv "
+                                                             r"line 2"),
     ("{{ sentence", SST2_ANSWER, r"task.prompt_template = '\{\{ sentence' is not a jinja2 template"),
     (SST2_PROMPT, "{{ '' }}", r"train.tsv line 2 \(data.train_file\): task.answer_template renders an empty answer"),
 ])

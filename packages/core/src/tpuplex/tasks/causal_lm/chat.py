@@ -24,8 +24,10 @@ exactly by greedy decoding (`answer_accuracy`).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import reprlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -85,8 +87,7 @@ def table_records(file: DataFile, prompt: str, answer: str, tokenizer_dir: Path)
     for row in range(len(table)):
         values = {column: values[row] for column, values in table.columns.items()}
         where = f"{table.where(row)} ({file.field})"
-        question, reply = (render_row(template, values, option, where)
-                           for option, (template, _) in templates.items())
+        question, reply = (render_row(template, values, where) for template, _ in templates.values())
         if not reply.strip():
             raise DataError(f"{where}: task.answer_template renders an empty answer, nothing to learn: fix the "
                             "template or the row")
@@ -256,31 +257,70 @@ class _Template:
                                   f"({type(error).__name__}: {error}): fix the template") from None
 
 
-def row_templates(sources: dict[str, str]) -> dict[str, tuple[Any, set[str]]]:
+def row_templates(sources: dict[str, str]) -> dict[str, tuple[RowTemplate, set[str]]]:
     """Templates over a table's columns (option -> jinja2 source: task.prompt_template, task.answer_template)
     compiled (a column name they misspell fails when rendered), each with the columns it reads."""
     from jinja2 import StrictUndefined, TemplateSyntaxError, meta
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    environment = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+    environment = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True,
+                                                finalize=_text_only)
     compiled = {}
     for option, source in sources.items():
         try:
             parsed = environment.parse(source)
-            compiled[option] = environment.from_string(source), meta.find_undeclared_variables(parsed)
+            compiled[option] = (RowTemplate(option, source, environment.from_string(source)),
+                                meta.find_undeclared_variables(parsed))
         except TemplateSyntaxError as error:
             raise DataError(f"{option} = {source!r} is not a jinja2 template ({error.message}): write the "
                             "columns as {{ column }}") from None
     return compiled
 
 
-def render_row(template: Any, values: dict[str, Any], option: str, where: str) -> str:
-    from jinja2 import TemplateError
+@dataclasses.dataclass(frozen=True)
+class RowTemplate:
+    """The template of `option` (its jinja2 `source`, `compiled`), which writes only text: a value it prints that
+    is a JSON null, list or object is refused, never written as Python's str() of it ("None", "[1, 2]")."""
 
+    option: str
+    source: str
+    compiled: Any
+
+    def render(self, **values: Any) -> str:
+        return self.compiled.render(**values)
+
+
+class _NotText(Exception):
+    """A template printed a value that is not text (`_text_only`)."""
+
+    def __init__(self, value: Any):
+        super().__init__(value)
+        self.value = value
+
+
+def _text_only(value: Any) -> Any:
+    """Each value a `RowTemplate` prints: text, a number or a boolean pass; a null, list or object is refused (an
+    undefined value passes on, to fail as StrictUndefined fails when printed)."""
+    from jinja2 import Undefined
+
+    if value is None or not isinstance(value, str | int | float | bool | np.generic | Undefined):
+        raise _NotText(value)
+    return value
+
+
+def render_row(template: RowTemplate, values: dict[str, Any], where: str) -> str:
+    """`template` over one row's `values` (`where` names the row): a row it cannot render, or a value that is not
+    text, is the user's error, in one line."""
     try:
         return template.render(**values)
-    except TemplateError as error:
-        raise DataError(f"{option} cannot render {where} ({error}): fix the template") from None
+    except _NotText as error:
+        kind = {type(None): "a null", list: "a list", dict: "an object"}.get(type(error.value), "a value")
+        raise DataError(f"{where}: {template.option} = {template.source!r} prints {kind} "
+                        f"({'null' if error.value is None else reprlib.repr(error.value)}), not text: give that row "
+                        'text there, or make text of it in the template (e.g. {{ column | join(" ") }})') from None
+    except Exception as error:  # noqa: BLE001 - a template runs the user's expressions on the user's data
+        raise DataError(f"{template.option} = {template.source!r} cannot render {where} "
+                        f"({type(error).__name__}: {error}): fix the template or the row") from None
 
 
 def user_turn(tokenizer_dir: Path, system: str | None = None) -> Callable[[str], str]:

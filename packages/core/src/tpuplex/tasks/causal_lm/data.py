@@ -129,10 +129,37 @@ class CheckpointTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, what: str) -> np.ndarray:
-        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
+        return self.encode_telling_unknown(text)[0]
+
+    def encode_telling_unknown(self, text: str) -> tuple[np.ndarray, str]:
+        """(int32 ids of `text`, the characters of `text` the tokenizer encodes as its unknown token): a
+        tokenizer without byte fallback has no id for a character its vocabulary lacks (T5's trained on
+        Shakespeare has no digits), and decoding drops the unknown token, so a caller says how many there were."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = np.asarray(encoding.ids, np.int32)
+        if self.unknown_id is None or not (ids == self.unknown_id).any():
+            return ids, ""
+        return ids, "".join(text[start:end] for (start, end), token in zip(encoding.offsets, ids, strict=True)
+                            if token == self.unknown_id)
+
+    @functools.cached_property
+    def unknown_id(self) -> int | None:
+        """The id of the tokenizer's unknown token (its model's `unk_id` or `unk_token`), None without one."""
+        model = json.loads(self.tokenizer.to_str()).get("model", {})
+        if isinstance(model.get("unk_id"), int):
+            return model["unk_id"]
+        return self.tokenizer.token_to_id(model["unk_token"]) if isinstance(model.get("unk_token"), str) else None
 
     def decode(self, ids: np.ndarray) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def unknown_note(characters: str, what: str) -> str:
+    """One line saying how many `characters` of `what` the tokenizer encodes as its unknown token, and which."""
+    distinct = "".join(sorted(set(characters)))
+    shown = repr(distinct[:20]) + (" and more" if len(distinct) > 20 else "")
+    return (f"the tokenizer has no token for {len(characters):,} character(s) of {what} ({shown}): they are read as "
+            "its unknown token and do not come back in written text; use a tokenizer whose vocabulary has them")
 
 
 Vocabulary = Characters | CheckpointTokenizer

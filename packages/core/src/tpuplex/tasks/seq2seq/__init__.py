@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,12 +37,13 @@ from tpuplex import metrics as scores
 from tpuplex.data.batching import Encoded
 from tpuplex.data.tables import read_table, resolve_file
 from tpuplex.errors import DataError, TpuplexError
+from tpuplex.hosts import expected_process_index
 from tpuplex.models import Architecture, Family
 from tpuplex.models.t5 import INPUTS, shift_right
 from tpuplex.protocol import Batch, Prompts
 from tpuplex.tasks.base import Head, Task, TaskData, check_inputs, check_split_names, framework_modules
 from tpuplex.tasks.causal_lm.chat import render_row, row_templates
-from tpuplex.tasks.causal_lm.data import CheckpointTokenizer
+from tpuplex.tasks.causal_lm.data import CheckpointTokenizer, unknown_note
 from tpuplex.tasks.sequence_classification.glue import GlueData, get_dataset
 from tpuplex.text_files import staged_text
 
@@ -99,6 +101,8 @@ class Seq2SeqData(TaskData):
     """A GLUE dataset's words as token rows [C, T] (IGNORED after each), to read a row's class from its target."""
     glue: str = ""
     cut_inputs: int = 0
+    unknown_characters: int = 0
+    """Characters of the data the tokenizer has no token for (read as its unknown token)."""
     per_token: ClassVar[bool] = True
 
     def train_batch(self, batch: Batch, step: int) -> Batch:
@@ -144,7 +148,7 @@ class Seq2SeqData(TaskData):
         return self.vocabulary.size
 
     def report(self) -> dict[str, Any]:
-        return {"inputs_cut_to_max_length": self.cut_inputs}
+        return {"inputs_cut_to_max_length": self.cut_inputs, "unknown_characters": self.unknown_characters}
 
 
 class Seq2Seq(Task):
@@ -192,9 +196,13 @@ class Seq2Seq(Task):
         else:
             splits, glue = self._glue(config), config.data.dataset
         eos = tokenizer.end_of_text
+        unknown: list[str] = []
 
         def encode(text: str) -> np.ndarray:
-            return np.append(tokenizer.encode(text, ""), np.int32(eos))
+            ids, lacking = tokenizer.encode_telling_unknown(text)
+            if lacking:
+                unknown.append(lacking)
+            return np.append(ids, np.int32(eos))
 
         encoded = {name: ([encode(text) for text in inputs], [encode(text) for text in targets])
                    for name, (inputs, targets) in splits.items()}
@@ -205,11 +213,11 @@ class Seq2Seq(Task):
                 raise DataError(f"a target of the {name} split has {too_long} tokens (with its end-of-text), more "
                                 f"than task.max_target_length = {target_length}: raise it to at least {too_long}, "
                                 "or 0 to fit the longest target")
-        cut = 0
-        pairs = {}
-        for name, (inputs, targets) in encoded.items():
-            cut += sum(len(ids) > config.data.max_length for ids in inputs)
-            pairs[name] = _pairs(inputs, targets, config.data.max_length, target_length, eos)
+        cut = _cut_inputs(encoded, config.data.max_length)
+        if missing := "".join(unknown):
+            _say(unknown_note(missing, "the data"))
+        pairs = {name: _pairs(inputs, targets, config.data.max_length, target_length, eos)
+                 for name, (inputs, targets) in encoded.items()}
         classes = None
         if glue:
             words = list(dict.fromkeys(T5_GLUE[glue][1].values()))
@@ -217,7 +225,8 @@ class Seq2Seq(Task):
                              eos).labels
             classes = np.where(classes == IGNORED, pad_id, classes)
         train = pairs.pop("train")
-        return Seq2SeqData(config.data.dataset, train, pairs, tokenizer, start_id, pad_id, classes, glue, cut)
+        return Seq2SeqData(config.data.dataset, train, pairs, tokenizer, start_id, pad_id, classes, glue, cut,
+                           len(missing))
 
     @staticmethod
     def _tables(config: Any, options: Options) -> dict[str, tuple[list[str], list[str]]]:
@@ -237,8 +246,8 @@ class Seq2Seq(Task):
             for row in range(len(table)):
                 values = {column: values[row] for column, values in table.columns.items()}
                 where = f"{table.where(row)} ({file.field})"
-                for texts, (option, (template, _)) in zip(rendered, templates.items(), strict=True):
-                    texts.append(render_row(template, values, option, where))
+                for texts, (template, _) in zip(rendered, templates.values(), strict=True):
+                    texts.append(render_row(template, values, where))
                 if not rendered[1][-1].strip():
                     raise DataError(f"{where}: task.target_template renders an empty target, nothing to learn: fix "
                                     "the template or the row")
@@ -351,6 +360,30 @@ def _tokenizer(folder: Path) -> tuple[CheckpointTokenizer, int, int]:
                         "(tokenizer.json with </s>)")
     model = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     return tokenizer, model.get("decoder_start_token_id", 0), model.get("pad_token_id", 0)
+
+
+def _cut_inputs(encoded: Mapping[str, tuple[list[np.ndarray], list[np.ndarray]]], max_length: int) -> int:
+    """How many inputs of every split `encoded` (name -> (inputs, targets), each ending at end-of-text) data.max_length
+    cuts, said in one line; refused when it cuts every training input to its end-of-text alone."""
+    lengths = {name: np.asarray([len(ids) for ids in inputs]) for name, (inputs, _) in encoded.items()}
+    train = lengths["train"]
+    if train.max() > 1 and (np.minimum(train, max_length) <= 1).all():
+        raise DataError(f"data.max_length = {max_length} cuts every training input to its end-of-text token alone, "
+                        f"nothing left to read: raise it (the longest input is {train.max()} tokens with its "
+                        "end-of-text)")
+    cut = sum(int((found > max_length).sum()) for found in lengths.values())
+    if cut:
+        total = sum(len(found) for found in lengths.values())
+        _say(f"{cut:,} of {total:,} inputs are longer than data.max_length = {max_length} tokens and are cut (their "
+             f"end-of-text kept; the longest is {max(found.max() for found in lengths.values())} tokens): raise "
+             "data.max_length to read them whole")
+    return cut
+
+
+def _say(line: str) -> None:
+    """One line about the data on stderr, from the first process alone (each prepares the same data)."""
+    if expected_process_index() == 0:
+        print(f"tpuplex: {line}", file=sys.stderr, flush=True)
 
 
 def _pairs(inputs: Sequence[np.ndarray], targets: Sequence[np.ndarray], max_length: int, target_length: int,
