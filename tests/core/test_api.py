@@ -173,6 +173,20 @@ def test_an_argument_of_the_wrong_type_is_a_tpuplex_error(call, error, message) 
         call()
 
 
+def test_a_generate_option_of_the_wrong_type_names_it_and_the_type_it_takes(write_config) -> None:
+    """Checked before the run is read, as every task's `Run.generate` (a T5 run's too) takes them."""
+    run = tpuplex.train(write_config(train__max_steps=1), "numpy")
+    for option, flag, value, takes in (("temperature", "--temperature", "hot", "a number (float)"),
+                                       ("top_k", "--top-k", 2.5, "a whole number (int)"),
+                                       ("beams", "--beams", "4", "a whole number (int)"),
+                                       ("tokens", "--tokens", None, "a whole number (int)"),
+                                       ("seed", "--seed", True, "a whole number (int)"),
+                                       ("length_penalty", "--length-penalty", [1], "a number (float)")):
+        with pytest.raises(tpuplex.TpuplexError, match=re.escape(
+                f"{option} = {value!r} is a {type(value).__name__}: {option} ({flag}) takes {takes}")):
+            run.generate("ROMEO:", **{option: value})
+
+
 def test_a_run_refuses_prompts_that_are_not_text_and_events_it_never_logs(write_config) -> None:
     run = tpuplex.train(write_config(train__max_steps=2), "numpy")
     for prompts in (123, ["ROMEO:", 5]):

@@ -71,3 +71,20 @@ def test_bad_text_to_text_input_is_one_line(tmp_path: Path, change: dict, messag
     with pytest.raises(tpuplex.TpuplexError, match=message):
         tpuplex.train(tpuplex.Config.from_dict(config), "torch")
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_characters_the_tokenizer_lacks_are_counted_and_generate_options_typed(tmp_path: Path, capfd) -> None:
+    """The T5 example's tokenizer (trained on Shakespeare) has no digits or double quotes: a held-out text with them
+    is counted in the run's output and results.json, and so are a prompt's in generation, which writes the rest."""
+    config = reversal_config(tmp_path, max_steps=2, global_batch=8)
+    held_out = tmp_path / "dev.jsonl"
+    held_out.write_text(json.dumps({"words": 'apple "100" river', "reversed": "river apple"}) + "\n")
+    run = tpuplex.train(tpuplex.Config.from_dict(config), "torch")
+    assert run.results["data"]["unknown_characters"] == 5
+    assert "tpuplex: the tokenizer has no token for 5 character(s) of the data" in capfd.readouterr().err
+    assert isinstance(run.generate('reverse: "42" apple', tokens=4), str)
+    assert ("tpuplex: the tokenizer has no token for 4 character(s) of the prompts ('\"24'): they are read as its "
+            "unknown token and do not come back in written text") in capfd.readouterr().err
+    with pytest.raises(tpuplex.TpuplexError, match=r"^temperature = 'hot' is a str: temperature \(--temperature\) "
+                                                   r"takes a number \(float\)$"):
+        run.generate("reverse: apple", temperature="hot")

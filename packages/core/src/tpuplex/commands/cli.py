@@ -312,8 +312,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from tpuplex.commands import run_folder
-    from tpuplex.commands.generate import TEXT_TO_TEXT, generate
+    from tpuplex.commands.generate import generate
     from tpuplex.text_files import read_utf8
 
     if args.prompt_file and not args.prompt_file.is_file():
@@ -322,9 +321,8 @@ def _generate(args: argparse.Namespace) -> int:
     result = generate(args.checkpoint, args.backend, prompts, args.tokens, args.temperature, args.top_k, args.seed,
                       cache=not args.no_cache, chat=args.chat, system=args.system, beams=args.beams,
                       length_penalty=args.length_penalty)
-    text_to_text = run_folder.locate(args.checkpoint).config.task.name in TEXT_TO_TEXT
-    for prompt, text in zip(result.prompts, result.texts, strict=True):
-        print(text if args.chat or text_to_text else prompt + text)
+    for text in result.texts:  # what `Run.generate` returns: the new text alone, never the prompt before it
+        print(text)
     tokens = sum(len(ids) for ids in result.ids)
     print(f"{tokens} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s, "
           f"{'with' if not args.no_cache else 'without'} the key/value cache)", file=sys.stderr)

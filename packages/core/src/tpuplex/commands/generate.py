@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+import reprlib
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.params import resolve_checkpoint
 from tpuplex.protocol import Prompts
 from tpuplex.tasks.causal_lm import chat as conversations
+from tpuplex.tasks.causal_lm.data import CheckpointTokenizer, unknown_note
 
 SMALLEST_BUCKET = 8
 TEXT_TO_TEXT = ("seq2seq", "span_corruption")
@@ -90,7 +94,14 @@ def check_options(new_tokens: int, temperature: float, top_k: int, seed: int, pr
                   chat: bool = False, system: str | None = None, beams: int = 1,
                   length_penalty: float = 1.0) -> None:
     """The sampling options and the prompts, checked before the run is read."""
-    if not isinstance(beams, int) or beams < 1:
+    numbers_given = (("tokens", "--tokens", new_tokens, int), ("temperature", "--temperature", temperature, float),
+                     ("top_k", "--top-k", top_k, int), ("seed", "--seed", seed, int), ("beams", "--beams", beams, int),
+                     ("length_penalty", "--length-penalty", length_penalty, float))
+    for name, flag, value, kind in numbers_given:
+        check_number(name, flag, value, kind)
+    if not isinstance(chat, bool):
+        raise TpuplexError(f"chat = {reprlib.repr(chat)} is a {type(chat).__name__}: chat takes True or False")
+    if beams < 1:
         raise TpuplexError(f"--beams {beams}: give 1 (no beam search) or more beams")
     if beams > 1 and temperature:
         raise TpuplexError(f"--beams {beams} --temperature {temperature}: beam search is not sampled: give "
@@ -111,6 +122,16 @@ def check_options(new_tokens: int, temperature: float, top_k: int, seed: int, pr
         raise TpuplexError(f"--seed {seed}: use a seed in [0, 2^63)")
     if not prompts or not all(prompts):
         raise TpuplexError("give each prompt some text: --prompt TEXT (or --prompt-file FILE)")
+
+
+def check_number(name: str, flag: str, value: Any, kind: type) -> None:
+    """`value` of the option `name` (`flag` on the command line) is a number of `kind` (int, or float: any real
+    number), not a bool or a string."""
+    wanted = numbers.Integral if kind is int else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, wanted):
+        what = "a whole number" if kind is int else "a number"
+        raise TpuplexError(f"{name} = {reprlib.repr(value)} is a {type(value).__name__}: {name} ({flag}) takes "
+                           f"{what} ({kind.__name__})")
 
 
 def check_run(found: run_folder.Found, beams: int = 1) -> None:
@@ -147,7 +168,7 @@ def generate_restored(found: run_folder.Found, experiment: Any, state: Any, prom
     template = (conversations.user_turn(resolve_checkpoint(found.config.model.checkpoint), system) if chat
                 else None)
     vocabulary = experiment.data.vocabulary
-    rows = [vocabulary.encode(template(prompt) if template else prompt, "the prompt") for prompt in prompts]
+    rows = encoded(vocabulary, [template(prompt) if template else prompt for prompt in prompts], "the prompt")
     if not all(len(row) for row in rows):
         raise TpuplexError("a prompt gives no tokens: give each prompt some text")
     if chat:  # cropped, a prompt would lose the template's start: the window grows to hold it instead
@@ -178,7 +199,7 @@ def text_to_text(found: run_folder.Found, experiment: Any, state: Any, inputs: l
     vocabulary = experiment.data.vocabulary
     end = vocabulary.end_of_text
     longest = found.config.data.max_length
-    rows = [np.append(vocabulary.encode(text, "the input")[: longest - 1], np.int32(end)) for text in inputs]
+    rows = [np.append(ids[: longest - 1], np.int32(end)) for ids in encoded(vocabulary, inputs, "the input")]
     width = min(max(SMALLEST_BUCKET, 1 << (max(map(len, rows)) - 1).bit_length()), longest)
     ids, mask = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), np.int32)
     for index, row in enumerate(rows):
@@ -191,6 +212,21 @@ def text_to_text(found: run_folder.Found, experiment: Any, state: Any, inputs: l
     written = [row[: np.flatnonzero(np.append(row == end, True))[0]] for row in tokens]
     return Generated(inputs, [vocabulary.tokenizer.decode([int(i) for i in row], skip_special_tokens=True)
                               for row in written], written, seconds)
+
+
+def encoded(vocabulary: Any, texts: list[str], what: str) -> list[np.ndarray]:
+    """Each text's ids; the characters a checkpoint's tokenizer has no token for (read as its unknown token, and
+    lost from the text written) are counted and said in one line on stderr (a character vocabulary refuses them)."""
+    if not isinstance(vocabulary, CheckpointTokenizer):
+        return [vocabulary.encode(text, what) for text in texts]
+    rows, unknown = [], ""
+    for text in texts:
+        ids, lacking = vocabulary.encode_telling_unknown(text)
+        rows.append(ids)
+        unknown += lacking
+    if unknown:
+        print(f"tpuplex: {unknown_note(unknown, 'the prompts')}", file=sys.stderr, flush=True)
+    return rows
 
 
 def model_positions(experiment: Any, context: int) -> int:
