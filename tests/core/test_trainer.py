@@ -520,11 +520,12 @@ def test_every_window_rates_its_own_steps_however_groups_epochs_evaluations_and_
     run_rate = result.train.examples / result.train.seconds
     assert result.train.seconds == pytest.approx(51 * 0.5) and run_rate == pytest.approx(16.0)
     windows = log_records(tmp_path, "train")
-    assert [w["step"] for w in windows] == list(range(4, 49, 4))
+    assert [w["step"] for w in windows] == [*range(4, 49, 4), 51]  # the last step closes a window of 3
     for window in windows:
+        steps = 3 if window["step"] == 51 else 4
         assert window["examples_per_s"] == pytest.approx(run_rate, rel=0.1)
-        assert window["examples"] == 32 and window["seconds"] == pytest.approx(2.0)
-    assert sum(w["seconds"] for w in windows) == pytest.approx(48 * 0.5)  # the windows add up to their steps
+        assert window["examples"] == 8 * steps and window["seconds"] == pytest.approx(0.5 * steps)
+    assert sum(w["seconds"] for w in windows) == pytest.approx(51 * 0.5)  # the windows add up to the run's steps
 
 
 def test_history_and_tensorboard_carry_the_log_s_windows_and_their_mfu(tmp_path, model_dir, monkeypatch) -> None:
@@ -574,3 +575,31 @@ def tensorboard_scalars(folder: Path) -> dict[str, dict[int, float]]:
             for value in event.summary.value:
                 scalars.setdefault(value.tag, {})[event.step] = value.simple_value
     return scalars
+
+
+def test_the_time_left_is_paced_by_the_steps_after_the_first_group(tmp_path, monkeypatch) -> None:
+    """The first group's 30 s are mostly compilation: no time left is shown before a step after it, and then it
+    is the pace of those steps (1 s each: 8 s for 8 steps), not 31 s over 2 steps."""
+    import io
+
+    from rich.console import Console
+
+    from tpuplex.engine import run_log
+
+    clock = iter([30.0, 31.0, 31.0])
+    monkeypatch.setattr(run_log.time, "perf_counter", lambda: next(clock))
+    shown = io.StringIO()
+    with Reporter(tmp_path, console=Console(file=shown, width=200)) as reporter:
+        reporter.start_progress(10, 0)
+        reporter.record("train", 1, loss=0.5, examples_per_s=1.0)
+        reporter.advance(1, 0.5, 1.0)  # at 30 s
+        reporter.record("train", 2, loss=0.5, examples_per_s=1.0)  # at 31 s
+    lines = shown.getvalue().splitlines()
+    assert "eta" not in lines[0] and lines[1].endswith(" eta 0:00:08"), lines
+
+
+def test_a_run_shorter_than_log_every_records_its_loss(tmp_path, model_dir) -> None:
+    """The last step closes its log window, however short: `Run.history()` is never empty after training."""
+    _, _, result = fit(tmp_path, model_dir, "train.max_steps=3", "runtime.log_every=100")
+    windows = log_records(tmp_path, "train")
+    assert [w["step"] for w in windows] == [3] and windows[0]["loss"] == pytest.approx(np.mean(result.losses))

@@ -86,7 +86,8 @@ class Reporter:
         )
         self._bar = None
         self._plain_progress = write and not live
-        self._total, self._first, self._since = 0, 0, time.perf_counter()
+        self._total = 0
+        self._paced_from: tuple[int, float] | None = None  # (step, time) after the first step group
         self._last_logged = 0  # the step of the last "train" record: a record's window is the steps since
 
     def __enter__(self) -> Self:
@@ -117,14 +118,15 @@ class Reporter:
             self.say(self._progress_line(step, fields))
 
     def start_progress(self, total_steps: int, done: int) -> None:
-        self._total, self._first, self._since = total_steps, done, time.perf_counter()
+        self._total, self._paced_from = total_steps, None
         self._last_logged = done
         self._bar = self._progress.add_task("train", total=total_steps, completed=done, loss="-", rate="-")
         self._progress.start()
 
     def _progress_line(self, step: int, fields: dict[str, Any]) -> str:
         """The progress bar's figures as one line: step, share done, the window's mean loss (said so when the
-        window holds more than one step), learning rate and examples/s, and the time left at this run's pace."""
+        window holds more than one step), learning rate and examples/s, and the time left at the pace of the steps
+        after the first group (none before: that group's time is mostly compilation)."""
         window, self._last_logged = step - self._last_logged, step
         line = f"step {step}/{self._total} ({100 * step // max(self._total, 1)}%) loss {fields['loss']:.4f}"
         if window > 1:
@@ -136,12 +138,17 @@ class Reporter:
             line += f" {fields['model_tflops_per_s']:.3g} TFLOP/s"
         if fields.get("mfu") is not None:  # None also above the peak (`tpuplex.flops.rates`)
             line += f" MFU {100 * fields['mfu']:.1f}%"
-        if step > self._first:
-            left = (time.perf_counter() - self._since) / (step - self._first) * (self._total - step)
+        if self._paced_from is not None and step > self._paced_from[0]:
+            first, since = self._paced_from
+            left = (time.perf_counter() - since) / (step - first) * (self._total - step)
             line += f" eta {datetime.timedelta(seconds=round(left))}"
         return line
 
     def advance(self, step: int, loss: float, examples_per_s: float, mfu: float | None = None) -> None:
+        """Steps up to `step` are done. The first call after `start_progress` ends the first step group, whose time is
+        mostly compilation: the time left is paced by the steps after it."""
+        if self._paced_from is None:
+            self._paced_from = (step, time.perf_counter())
         if self._bar is not None:
             rate = f"{examples_per_s:.1f} ex/s" + (f" MFU {100 * mfu:.1f}%" if mfu is not None else "")
             self._progress.update(self._bar, completed=step, loss=f"{loss:.4f}", rate=rate)

@@ -7,8 +7,9 @@ counted as optimizer updates; "step n" is the n-th update (1-based), and `lr` of
 
 Cadence (`runtime`):
     eval_every / checkpoint_every    every this many steps; 0 means at the end of each epoch
-    log_every                        one "train" record per this many steps: the window's mean loss and its
-                                     throughput, its steps' examples over their time (`_LossLog`)
+    log_every                        one "train" record per this many steps, and one at the last step: the
+                                     window's mean loss and its throughput, its steps' examples over their time
+                                     (`_LossLog`)
     profile_steps = [a, b]           backend.start_profile before step a, stop_profile after step b
 Training always ends with an evaluation and a checkpoint of the final state.
 
@@ -192,6 +193,9 @@ class Trainer:
         self.on_evaluation: Callable[[int, int, dict[str, dict[str, float]]], None] | None = None
         """Called after each evaluation of `fit` with (step, total_steps, every split's metrics): `tpuplex tune`
         reports them to its study there, and stops a pruned trial by raising. None: nothing is called."""
+        self.said: set[str] = set()
+        """The notes said once (an MFU above the peak): a set shared by several runs (`tpuplex tune`'s trials) says
+        each once for them all."""
 
     @functools.cached_property
     def peak(self) -> flops.Peak:
@@ -289,10 +293,13 @@ class Trainer:
             return None
         arrays, info = checkpoint.load(path, verified=True)
         if not self.config.hash_matches(info.get("config_hash")):
+            recorded = info.get("config")
+            changes = self.config.changes_from(recorded) if isinstance(recorded, dict) else []
+            differs = (f"{'; '.join(changes)}" if changes
+                       else f"hash {info.get('config_hash')}, now {self.config.hash()}")
             raise CheckpointError(
-                f"{path} was written with another configuration (hash {info.get('config_hash')}, now "
-                f"{self.config.hash()}): restore that configuration to resume, or set a new runtime.output_dir"
-            )
+                f"{path} was written with another configuration ({differs}): restore that configuration to resume, "
+                "or set a new runtime.output_dir")
         if int(info["step"]) > self.total_steps:
             raise CheckpointError(
                 f"{path} is at step {info['step']}, past the {self.total_steps} steps this config trains "
@@ -426,9 +433,9 @@ class _Cadence:
 
 
 class _LossLog:
-    """The "train" records: each `log_every` steps' mean loss, the learning rate of the last of them, and their
-    throughput (`Throughput.summary`: examples, tokens, seconds, examples_per_s, tokens_per_s, input wait,
-    model_tflops_per_s, mfu).
+    """The "train" records: each `log_every` steps' mean loss (and the last step's window, however short), the
+    learning rate of the last of them, and their throughput (`Throughput.summary`: examples, tokens, seconds,
+    examples_per_s, tokens_per_s, input wait, model_tflops_per_s, mfu).
 
     A window's seconds are the sum of its steps' times, each step's time its share of the group it ran in
     (`_Run.epoch`), so a window that cuts a group of `steps_per_execution` gets the time of the steps it holds, the
@@ -442,21 +449,22 @@ class _LossLog:
         self.every = trainer.config.runtime.log_every
         self._losses: list[float] = []
         self._window = Throughput()
-        self._said_above_peak = False
 
     def add(self, step: int, loss: float, epoch: int, work: Throughput) -> None:
         """Step `step` (1-based) trained with `loss`; `work` is its batch's throughput and its share of the time."""
         self._losses.append(loss)
         self._window += work
-        if step % self.every == 0:
+        # The last step closes its window too, however short: a run shorter than log_every records its loss.
+        if step % self.every == 0 or step == self.trainer.total_steps:
             self.reporter.record("train", step, epoch=epoch, loss=float(np.mean(self._losses)),
                                  learning_rate=self.trainer.learning_rate(step), **self.figures(self._window, step))
             self._losses, self._window = [], Throughput()
 
     def figures(self, work: Throughput, step: int) -> dict[str, float | None]:
         """`work.summary` against the run's peak, saying once why an MFU above 1 is left out."""
-        if not self._said_above_peak and flops.above_peak(work.flops, work.seconds, self.peak.flops_per_s):
-            self._said_above_peak = True
+        said = self.trainer.said
+        if "above peak" not in said and flops.above_peak(work.flops, work.seconds, self.peak.flops_per_s):
+            said.add("above peak")
             self.reporter.say(
                 f"MFU left out at step {step} and wherever else it would exceed 100%: "
                 f"{work.flops / work.seconds / 1e12:.4g} model TFLOP/s against a peak of "
@@ -671,6 +679,7 @@ class _Run:
                                f"the trainer ran {at.step}")
         trainer_state = {"step": at.step, "epoch": at.epoch, "position": at.position,
                          "seed": trainer.config.train.seed, "config_hash": trainer.config.hash(),
+                         "config": trainer.config.to_dict(),
                          "total_steps": trainer.total_steps,
                          "train_data": trainer.train_data_fingerprint,
                          "metrics": self.metrics}
