@@ -265,3 +265,18 @@ def test_random_window_steps_read_no_rows(tmp_path):
     assert not rows["input_ids"].any() and rows["attention_mask"].all()
     batch = data.train_batch({**rows, "weight": np.ones(3, np.float32)}, step=1)
     assert batch["input_ids"].shape == (3, 8) and batch["input_ids"].any()
+
+
+def test_a_character_vocabulary_is_written_as_a_tokenizer_giving_its_ids(tmp_path) -> None:
+    """A character-level run's HF export carries its vocabulary as tokenizer.json: each character its run's id,
+    whitespace and repeated characters kept, the text decoded back as it was, end-of-text the last id."""
+    from tokenizers import Tokenizer
+
+    text = "ROMEO:\nO Juliet,  thou art fair!\t1\n\n"
+    vocabulary = Characters.of([text])
+    vocabulary.save_pretrained(tmp_path)
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    ids = tokenizer.encode(text).ids
+    assert ids == vocabulary.encode(text, "the text").tolist() and tokenizer.decode(ids) == text
+    assert tokenizer.token_to_id("<|endoftext|>") == vocabulary.end_of_text
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"

@@ -2,7 +2,7 @@
 started from deleted, `tpuplex generate` gives the same text as from the original folder (the vocabulary comes
 from run.json, the model's config.json from the folder's `model/` copy), and an HF export reads it too. The
 config.json leaves `vocab_size` out, as nanoGPT sizes its vocabulary from the text: the run takes the characters
-and end-of-text, and the export's config.json says so."""
+and end-of-text, and the export's config.json says so; its tokenizer is the run's characters."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import json
 import shutil
 from pathlib import Path
 
+import transformers
+
 from tpuplex.commands import api, cli
+from tpuplex.tasks.causal_lm.data import Characters
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,5 +47,10 @@ def test_a_run_folder_copied_alone_generates_the_same_text(tmp_path, shared_text
     assert len(set(original)) > 3  # sampled characters, not a run of one
     continued = api.Run.open(alone).generate("ROMEO:", tokens=40, temperature=1.0, seed=7)
     assert continued.rstrip("\n") == original  # the CLI prints what Run.generate returns: the new text alone
-    exported = json.loads((api.Run.open(alone).export("hf") / "config.json").read_text())
+    folder = api.Run.open(alone).export("hf")
+    exported = json.loads((folder / "config.json").read_text())
     assert exported["vocab_size"] == len(set(corpus_text)) + 1
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)  # the run's characters, written as a tokenizer
+    ids = tokenizer(corpus_text[:500])["input_ids"]
+    assert ids == Characters.of([corpus_text]).encode(corpus_text[:500], "the text").tolist()
+    assert tokenizer.decode(ids) == corpus_text[:500]

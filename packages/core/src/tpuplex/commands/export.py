@@ -4,8 +4,9 @@
                   checkpoint's, with the task's settings, e.g. num_labels and id2label, and its HF class in
                   "architectures"), model.safetensors (the portable checkpoint's parameters, already under HF's
                   names and layout, written a block at a time: the model is never whole in memory) and the
-                  tokenizer files. A LoRA run's needs `--merge`: its adapters folded into the base (W += alpha /
-                  rank * B A). Written by the core, no framework needed.
+                  tokenizer files (a character-level run's vocabulary written as one: `Characters.save_pretrained`).
+                  A LoRA run's needs `--merge`: its adapters folded into the base (W += alpha / rank * B A).
+                  Written by the core, no framework needed.
     peft          a LoRA run's adapters as PEFT writes them: adapter_config.json and adapter_model.safetensors, which
                   `peft.PeftModel.from_pretrained(base, folder)` puts on the base model (the HF folder the run read,
                   named in the config).
@@ -35,6 +36,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.models.lora import PEFT_PREFIX, Lora, fingerprint
 from tpuplex.models.weights import save_weights
 from tpuplex.slices import SliceReader
+from tpuplex.tasks.causal_lm.data import Characters
 from tpuplex.text_files import as_umask_allows
 
 FORMATS = {"hf": "the core", "peft": "the core", "saved_model": "tf", "torch_export": "torch"}
@@ -75,6 +77,8 @@ class Trained:
     lora: Lora | None
     state: Any
     info: dict[str, Any]
+    data: Any
+    """The task's data without its splits (`Task.model_data`: a character run's vocabulary), or None."""
 
     @classmethod
     def read(cls, found: run_folder.Found) -> Trained:
@@ -84,7 +88,7 @@ class Trained:
         if rebuilt is not None:
             kind.check_data(rebuilt)  # sizes what the model's config.json left to the run's tokenizer
         state, info = checkpoint.load(found.checkpoint, verified=True)
-        return cls(found, task, kind, kind.lora(found.config), state, info)
+        return cls(found, task, kind, kind.lora(found.config), state, info, rebuilt)
 
     def write_hf(self, folder: Path, merge: bool) -> None:
         """The HF folder (see the module doc) into the empty `folder`."""
@@ -101,6 +105,10 @@ class Trained:
         params = self._params()
         weights = kind.hf_weights({**(self.lora.merged(params) if self.lora else params), **self.state.buffers})
         _save_safetensors(weights, folder / "model.safetensors")
+        vocabulary = getattr(self.data, "vocabulary", None)
+        if isinstance(vocabulary, Characters):  # the run's own vocabulary, not a tokenizer of the checkpoint's
+            vocabulary.save_pretrained(folder)
+            return
         for name in run_folder.TOKENIZER_FILES:
             if (kind.checkpoint_dir / name).is_file():
                 shutil.copy2(kind.checkpoint_dir / name, folder / name)

@@ -72,6 +72,10 @@ def _no_text(file: DataFile) -> TpuplexError:
     return DataError(f"{file.path} has no text ({file.field}): give a file with some text in it")
 
 
+CHARACTERS_END_OF_TEXT = "<|endoftext|>"
+"""The end-of-text token of a character vocabulary's HF tokenizer (`Characters.save_pretrained`): GPT-2's name."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Characters:
     """A character vocabulary: id i is `characters[i]`; `len(characters)` is the end-of-text id."""
@@ -104,6 +108,22 @@ class Characters:
             raise DataError(f"{what} has the character {character!r}, which the run's character vocabulary (built "
                             "from data.train_file) lacks: train on text that has every character you feed")
         return ids
+
+    def save_pretrained(self, folder: Path) -> None:
+        """This vocabulary as an HF tokenizer in `folder` (tokenizer.json, tokenizer_config.json), which
+        `AutoTokenizer` loads: each character one token of its id, end-of-text `<|endoftext|>` the last id, texts
+        decoded by joining the characters (no spaces put in, none cleaned up)."""
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+        tokenizer = Tokenizer(models.WordLevel({character: index for index, character in enumerate(self.characters)},
+                                               unk_token=None))
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tokenizer.decoder = decoders.Fuse()
+        tokenizer.add_special_tokens([CHARACTERS_END_OF_TEXT])
+        tokenizer.save(str(Path(folder) / "tokenizer.json"))
+        settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": CHARACTERS_END_OF_TEXT,
+                    "clean_up_tokenization_spaces": False, "model_input_names": ["input_ids", "attention_mask"]}
+        (Path(folder) / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 
     def decode(self, ids: np.ndarray) -> str:
         return "".join(self.characters[i] if i < len(self.characters) else "\n" for i in np.asarray(ids))
