@@ -202,18 +202,30 @@ class Config:
         """`hash` with the training length (and runtime.cpu_devices) in it: what a tune study is for, whose scores
         depend on how long each trial trains; and the hash that runs recorded before those fields left `hash`,
         which their checkpoints still resume and evaluate with (`hash_matches`)."""
-        return self._hash(tuple(field for field in OUTPUT_FIELDS if field != ("runtime", "cpu_devices")))
+        return self._hash(_WITH_LENGTH_LEFT_OUT)
 
     def hash_matches(self, recorded: object) -> bool:
         """Whether a checkpoint's recorded config hash is this config's: `hash`, or `hash_with_length` (written by
         a tpuplex whose hash still held the training length)."""
         return recorded in (self.hash(), self.hash_with_length())
 
-    def _hash(self, left_out: tuple[tuple[str, str], ...]) -> str:
+    def changes_from(self, recorded: Mapping[str, Any], with_length: bool = False) -> list[str]:
+        """What makes this config's `hash` (`hash_with_length`) differ from that of `recorded`, another config's
+        `to_dict` (as a run or a study stored it): "section.field = old, now new" for each field that differs."""
+        left_out = _WITH_LENGTH_LEFT_OUT if with_length else OUTPUT_FIELDS + LENGTH_FIELDS
+        before, now = _computed(recorded, left_out), _computed(self.to_dict(), left_out)
         defaults = Config().to_dict()
-        computed = {section: {name: value for name, value in fields.items()
-                              if (section, name) not in left_out and value != defaults[section].get(name, _UNSET)}
-                    for section, fields in self.to_dict().items()}
+        changes = []
+        for section in sorted(set(before) | set(now)):
+            for name in sorted(set(before.get(section, {})) | set(now.get(section, {}))):
+                old, new = (fields.get(section, {}).get(name, defaults.get(section, {}).get(name, "unset"))
+                            for fields in (before, now))
+                if old != new:
+                    changes.append(f"{section}.{name} = {old!r}, now {new!r}")
+        return changes
+
+    def _hash(self, left_out: tuple[tuple[str, str], ...]) -> str:
+        computed = _computed(self.to_dict(), left_out)
         if not computed["task"]:  # the section came after the others: at its default it leaves hashes as they were
             del computed["task"]
         return hashlib.sha256(json.dumps(computed, sort_keys=True).encode()).hexdigest()[:16]
@@ -255,6 +267,17 @@ LENGTH_FIELDS = (("train", "epochs"), ("train", "max_steps"))
 """Fields that only say how long to train: a run resumed with more steps continues from its last checkpoint (its
 learning-rate schedule then spans the new length, as HF's `resume_from_checkpoint` with more steps does); one with
 fewer steps than its checkpoint is refused (`Trainer.find_resume_point`)."""
+_WITH_LENGTH_LEFT_OUT = tuple(field for field in OUTPUT_FIELDS if field != ("runtime", "cpu_devices"))
+
+
+def _computed(sections: Mapping[str, Any], left_out: tuple[tuple[str, str], ...]) -> dict[str, dict[str, Any]]:
+    """Config sections (`Config.to_dict`, or one read back from JSON) as the hash sees them: the fields not at their
+    default, less `left_out`, each value as JSON reads it back (a tuple as a list)."""
+    defaults = json.loads(json.dumps(Config().to_dict()))
+    sections = json.loads(json.dumps(dict(sections)))
+    return {section: {name: value for name, value in fields.items()
+                      if (section, name) not in left_out and value != defaults.get(section, {}).get(name, _UNSET)}
+            for section, fields in sections.items() if isinstance(fields, dict)}
 
 
 _CHOICES = {

@@ -35,14 +35,21 @@ def offered(names: list[str] | set[str]) -> list[str]:
     return sorted(set(names) - {TEST_BACKEND})
 
 
-def create(name: str, runtime: RuntimeConfig) -> Backend:
-    """Construct the backend `name`; a missing one gives the pip command that installs it."""
-    found = {ep.name: ep for ep in entry_points(group=GROUP)}
+def check_known(name: str) -> None:
+    """`name` is an installed backend: else one ConfigError line, the pip command that installs it or the backends
+    there are. Nothing is imported."""
+    found = available()
     if name not in found:
         installed = ", ".join(offered(set(found))) or "none"
         if name in INSTALL:
             raise ConfigError(f"backend {name!r} is not installed (installed: {installed}): {INSTALL[name]}")
         raise ConfigError(f"backend {name!r} is not known: use one of {', '.join(offered(set(INSTALL) | set(found)))}")
+
+
+def create(name: str, runtime: RuntimeConfig) -> Backend:
+    """Construct the backend `name`; a missing one gives the pip command that installs it."""
+    check_known(name)
+    found = {ep.name: ep for ep in entry_points(group=GROUP)}
     try:
         cls = found[name].load()
     except ImportError as error:

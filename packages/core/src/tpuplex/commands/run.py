@@ -154,12 +154,16 @@ def prepare_data(config: Config, config_path: Path | None = None) -> Any:
 
 
 def train(config: Config, backend_name: str, config_path: Path | None = None,
-          on_evaluation: Callable[[int, int, dict[str, dict[str, float]]], None] | None = None) -> dict[str, Any]:
+          on_evaluation: Callable[[int, int, dict[str, dict[str, float]]], None] | None = None,
+          said: set[str] | None = None) -> dict[str, Any]:
     """Run the experiment `config` on the backend `backend_name`; returns what it writes to results.json.
-    `on_evaluation`: called after each evaluation (`Trainer.on_evaluation`: tpuplex tune's reports and pruning)."""
+    `on_evaluation`: called after each evaluation (`Trainer.on_evaluation`: tpuplex tune's reports and pruning).
+    `said`: the notes already said (`Trainer.said`), shared by runs that say each once (tpuplex tune's trials)."""
     run = prepare(config, backend_name, config_path)
     trainer, backend = run.trainer, run.backend
     trainer.on_evaluation = on_evaluation
+    if said is not None:
+        trainer.said = said
     resume = trainer.find_resume_point()  # before the Reporter: a refused resume writes nothing
     with Reporter(run.output_dir, write=trainer.hosts.writer) as reporter:
         if trainer.hosts.writer:
