@@ -244,3 +244,10 @@ def test_the_live_bar_says_its_loss_is_the_last_step_s(tmp_path) -> None:
         reporter.start_progress(10, 0)
         reporter.advance(1, 0.5, 10.0)
     assert "last-step loss 0.5000" in shown.getvalue()
+
+
+def test_the_help_names_every_built_in_task() -> None:
+    from tpuplex.tasks import BUILTIN
+
+    description = cli._parser().description  # what `tpuplex --help` prints first
+    assert set(BUILTIN) <= set(re.findall(r"\w+", description)), description

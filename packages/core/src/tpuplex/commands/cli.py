@@ -82,9 +82,13 @@ def _write_traceback() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tpuplex", description="Train one experiment (classify texts or "
-                                     "images, tag tokens, pre-train a masked LM) on TPU, GPU or CPU with "
-                                     "TensorFlow, PyTorch or JAX: the same config and the same numbers on each.")
+    parser = argparse.ArgumentParser(prog="tpuplex", description="Train one experiment on TPU, GPU or CPU with "
+                                     "TensorFlow, PyTorch or JAX, the same config and the same numbers on each: "
+                                     "classify texts (sequence_classification), tag words (token_classification), "
+                                     "pre-train a masked LM (masked_lm), train a decoder on text or conversations "
+                                     "(causal_lm), text to text with T5 (seq2seq, span_corruption), classify images "
+                                     "(image_classification), transcribe speech (speech_recognition), or a task of "
+                                     "your own.")
     parser.add_argument("--version", action="version", version=f"tpuplex {__version__}")
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
@@ -151,9 +155,11 @@ def _parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser("generate", help="continue a prompt with a causal_lm run, or write a text-to-text "
                                    "run's output (any backend)",
-                                   description="Continue prompts with a causal_lm checkpoint: greedy (temperature 0, "
-                                   "the default) or sampled (temperature, top-k) from --seed, the same tokens on "
-                                   "every backend (see tpuplex.commands.generate).")
+                                   description="Continue prompts with a causal_lm checkpoint, or write a text "
+                                   "for each input with a text-to-text one (T5; --beams for beam search): greedy "
+                                   "(temperature 0, the default) or sampled (temperature, top-k) from --seed, the "
+                                   "same tokens on every backend. Prints the new text alone, as Run.generate "
+                                   "returns it (see tpuplex.commands.generate).")
     _checkpoint_arguments(generate)
     generate.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for several)")
     generate.add_argument("--prompt-file", type=Path, help="a UTF-8 file whose whole text is one more prompt")
