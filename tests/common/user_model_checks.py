@@ -1,13 +1,11 @@
 """Checks of the user-model extension point (`model.architecture`) shared by the backend sessions.
 
-They train the example TextCNN of examples/custom_model (the real extension, not a test double) on random
-batches; `examples/custom_model` goes on sys.path so `textcnn.{backend}_model` imports as it does for a user.
+They train a TextCNN written in each framework (`native_textcnn`, beside this file: the framework-native path a
+user with a module of their own takes) on random batches, imported as `native_textcnn.{backend}_model` as a
+user's module is.
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -15,11 +13,7 @@ from tpuplex.data.batching import Batcher, Encoded
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.testing.specs import user_classifier_spec
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_model"
-if str(EXAMPLE) not in sys.path:
-    sys.path.insert(0, str(EXAMPLE))
-
-TEXTCNN = "textcnn.{backend}_model:TextCNN"
+TEXTCNN = "native_textcnn.{backend}_model:TextCNN"
 VOCAB = 64
 
 
@@ -58,7 +52,7 @@ def check_the_framework_counts_its_forward_flops(backend, padding_taps: bool, ex
     XLA only those inside the row ((w^2 - 1) / 8 fewer at each end of it); torch's count is exactly the hand
     count (`exact`), XLA's and TensorFlow's add the element-wise work (bias additions, ReLU, the max), a few
     percent. Counting compiles nothing."""
-    from textcnn import EMBEDDING_SIZE, FILTERS, WIDTHS
+    from native_textcnn import EMBEDDING_SIZE, FILTERS, WIDTHS
 
     state = backend.init(spec(), OptimizerSpec(seed=3))
     batch = batches(1)[0]

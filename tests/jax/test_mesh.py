@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import slow_run
+import user_model_checks
 from helpers import backend
 from llama_runs import write_llama_run
 from multihost_checks import train_args
@@ -23,7 +25,7 @@ from tpuplex.kinds.decoder import Decoders
 from tpuplex.models.lora import Lora
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.causal_lm import TASK as CAUSAL_LM
-from tpuplex.testing.specs import image_family_spec
+from tpuplex.testing.specs import image_family_spec, network_classifier_spec
 
 pytestmark = pytest.mark.started_first
 
@@ -91,11 +93,11 @@ move apart: 3 of 426,624 in the Llama after 20 steps (max 1.9e-5), as 8 replicas
 parallelism do (5 of 426,624, max 2.7e-5), measured 2026-11-26 (docs/sharding.md)."""
 
 
-def check_same_numbers(spec: ModelSpec, mesh: dict, batches: list, optimizer: OptimizerSpec = OPTIMIZER) -> None:
+def check_same_numbers(spec: ModelSpec, mesh: dict, batches: list, optimizer: OptimizerSpec = OPTIMIZER) -> Any:
     """Losses within 1e-5 relative of the replicated run's, and the final state within 1e-5 (all but
-    ROUNDING_SHARE of the elements, none further than 2 learning rates a step)."""
+    ROUNDING_SHARE of the elements, none further than 2 learning rates a step); returns the sharded run's state."""
     expected_losses, expected, _, _ = train(spec, REPLICATED, batches, optimizer)
-    losses, arrays, _, _ = train(spec, mesh, batches, optimizer)
+    losses, arrays, _, state = train(spec, mesh, batches, optimizer)
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
     assert arrays.step == expected.step == len(batches)
     apart = total = 0
@@ -105,6 +107,7 @@ def check_same_numbers(spec: ModelSpec, mesh: dict, batches: list, optimizer: Op
         assert distance.max() <= 2 * LEARNING_RATE * len(batches), name
         apart, total = apart + np.count_nonzero(distance > 1e-5), total + value.size
     assert apart <= ROUNDING_SHARE * total, (apart, total)
+    return state
 
 
 @pytest.mark.parametrize("steps", [pytest.param(5, id="fast"), pytest.param(20, id="full", marks=pytest.mark.long)])
@@ -130,6 +133,15 @@ def test_lora_over_a_sharded_frozen_base_trains_as_replicated(tmp_path) -> None:
         np.testing.assert_array_equal(arrays.params[name], spec.params[name])
     down = state.frozen["block.0.down.weight"]  # the flat tree of canonical names, portable layout
     assert down.addressable_shards[0].data.size == down.size // 4
+
+
+def test_a_network_written_once_sharded_over_fsdp_trains_as_replicated() -> None:
+    """A network of your own (`tpuplex.nn`, tests/common/written_once.py) is laid out from its parameters' names
+    and shapes alone: its feed-forward weights split over fsdp = 2, the rest whole."""
+    spec = network_classifier_spec("written_once:AttentionPool", 2, user_model_checks.VOCAB, dropout=False)
+    state = check_same_numbers(spec, {"data": 4, "fsdp": 2}, user_model_checks.batches(5))
+    up = state.params["block.up.weight"]
+    assert up.addressable_shards[0].data.size == up.size // 2
 
 
 @pytest.mark.parametrize("steps", [pytest.param(5, id="fast"), pytest.param(20, id="full", marks=pytest.mark.long)])

@@ -265,3 +265,15 @@ class JaxOps:
 
     def mean(self, x, axes):
         return x.mean(axis=axes)
+
+    def sum(self, x, axes):
+        return x.sum(axis=axes)
+
+    def max(self, x, axes):
+        return x.max(axis=axes)
+
+    def conv1d(self, x, weight, bias):
+        width = weight.shape[-1]
+        out = jax.lax.conv_general_dilated(x, weight.astype(x.dtype), (1,), [((width - 1) // 2, width // 2)],
+                                           dimension_numbers=("NWC", "OIW", "NWC"))
+        return out if bias is None else out + bias.astype(x.dtype)

@@ -201,3 +201,15 @@ class TfOps:
 
     def mean(self, x, axes):
         return tf.reduce_mean(x, axis=axes)
+
+    def sum(self, x, axes):
+        return tf.reduce_sum(x, axis=axes)
+
+    def max(self, x, axes):
+        return tf.reduce_max(x, axis=axes)
+
+    def conv1d(self, x, weight, bias):
+        width = weight.shape[-1]
+        padded = tf.pad(x, [[0, 0], [(width - 1) // 2, width // 2], [0, 0]])
+        out = tf.nn.conv1d(padded, tf.transpose(tf.cast(weight, x.dtype), (2, 1, 0)), 1, "VALID")  # OIW -> WIO
+        return out if bias is None else out + tf.cast(bias, x.dtype)

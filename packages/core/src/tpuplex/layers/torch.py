@@ -265,3 +265,14 @@ class TorchOps:
 
     def mean(self, x, axes):
         return x.mean(dim=axes)
+
+    def sum(self, x, axes):
+        return x.sum(dim=axes)
+
+    def max(self, x, axes):
+        return x.amax(dim=axes)
+
+    def conv1d(self, x, weight, bias):
+        width = weight.shape[-1]
+        padded = F.pad(x.transpose(1, 2), ((width - 1) // 2, width // 2))  # [B, C_in, T + K - 1]
+        return F.conv1d(padded, weight.to(x.dtype), None if bias is None else bias.to(x.dtype)).transpose(1, 2)

@@ -91,3 +91,9 @@ class Ops(Protocol):
     def max_pool(self, x: Any, window: int, stride: int, padding: int) -> Any:
         """x [B, H, W, C] max-pooled over window x window, `padding` of -inf on every side (torch's MaxPool2d)."""
     def mean(self, x: Any, axes: tuple[int, ...]) -> Any: ...                   # over axes, dropping them
+    def sum(self, x: Any, axes: tuple[int, ...]) -> Any: ...                    # over axes, dropping them
+    def max(self, x: Any, axes: tuple[int, ...]) -> Any: ...                    # over axes, dropping them
+    # Sequences (a network of your own, `tpuplex.nn`).
+    def conv1d(self, x: Any, weight: Any, bias: Any | None) -> Any:
+        """x [B, T, C_in] convolved along T with weight [C_out, C_in, K] (torch's Conv1d layout) and bias [C_out]
+        (or None), "same" padding as torch pads it ((K - 1) // 2 zeros before, K // 2 after) -> [B, T, C_out]."""

@@ -1,4 +1,10 @@
-"""Your own model: a classifier written in the backend's framework, named in the config, trained by tpuplex.
+"""Your own model, named in the config and trained by tpuplex: a network written once over the op table (a
+`tpuplex.nn.Network`, the same class on every backend), or a classifier written in the backend's framework.
+
+    [model]
+    architecture = "my_pkg.models:TextCNN"              # a tpuplex.nn.Network: one path for every backend
+
+or, a module per framework:
 
     [model]
     architecture = "my_pkg.{backend}_models:TextCNN"   # `module:attribute`, resolved by each backend

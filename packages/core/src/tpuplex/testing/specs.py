@@ -10,8 +10,10 @@ from typing import Any
 
 from tpuplex import models
 from tpuplex.kinds.image import ImageFamilies
-from tpuplex.kinds.own import OwnModel
+from tpuplex.kinds.own import OwnModel, OwnNetwork
 from tpuplex.kinds.text import TextEncoders
+from tpuplex.models import user
+from tpuplex.nn import Network, initial_params
 from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec
 from tpuplex.tasks.base import Head, Task
@@ -50,6 +52,18 @@ def user_classifier_spec(architecture: str, num_labels: int, vocab_size: int, **
     return ModelSpec(kind=OwnModel(None, {}, None, None), task=SEQUENCE_CLASSIFICATION,
                      head=classifier_head(None, None, {}, num_labels), params={}, architecture=architecture,
                      model_arguments={"vocab_size": vocab_size, "num_labels": num_labels},
+                     example_batch=SEQUENCE_CLASSIFICATION.example_batch(None), **fields)
+
+
+def network_classifier_spec(architecture: str, num_labels: int, vocab_size: int, seed: int = 0,
+                            **fields: Any) -> ModelSpec:
+    """A network written once (`tpuplex.nn.Network`) as a sequence classifier over `vocab_size` token ids, its
+    parameters drawn from `seed` as `tpuplex train` draws them."""
+    arguments = {"vocab_size": vocab_size, "num_labels": num_labels}
+    network = user.build(architecture, "", arguments, Network, "tpuplex.nn.Network")
+    return ModelSpec(kind=OwnNetwork(None, {}, None, None), task=SEQUENCE_CLASSIFICATION,
+                     head=classifier_head(None, None, {}, num_labels), params=initial_params(network, seed),
+                     architecture=architecture, model_arguments=arguments,
                      example_batch=SEQUENCE_CLASSIFICATION.example_batch(None), **fields)
 
 

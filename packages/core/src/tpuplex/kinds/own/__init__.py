@@ -1,5 +1,9 @@
-"""Your own network (`model.architecture`, `tpuplex.models.user`), built by each framework's module here from the
-task's `model_arguments` and initialised by that framework from `train.seed`.
+"""Your own network (`model.architecture`, `tpuplex.models.user`), built from the task's `model_arguments`.
+
+Written once (a `tpuplex.nn.Network`, `OwnNetwork`): its parameters drawn by the core from `train.seed`, held by each
+backend's generic holder (`tpuplex_<backend>.network`) under the names it declares, so its checkpoints are
+portable. Written in one framework (`OwnModel`: a `torch.nn.Module`, a Flax module, a Keras model, the path's
+`{backend}` naming each): built by each framework's module here and initialised by that framework.
 
 A text task still reads model.checkpoint, for its tokenizer (and the vocabulary size the model is built with);
 an image task reads nothing.
@@ -7,6 +11,7 @@ an image task reads nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import numpy as np
@@ -15,6 +20,9 @@ from tpuplex import params
 from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds import ModelKind
+from tpuplex.models import user
+from tpuplex.nn import Network, initial_params
+from tpuplex.protocol import ModelSpec
 
 
 class OwnModel(ModelKind):
@@ -24,7 +32,12 @@ class OwnModel(ModelKind):
 
     @classmethod
     def resolve(cls, config: Any, task: Any) -> OwnModel:
+        """A network written once (`OwnNetwork`) when the path names a `tpuplex.nn.Network` (one path for every
+        backend), else a framework's model."""
         checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint) if task.tokenized else None
+        architecture = config.model.architecture
+        if "{backend}" not in architecture and _is_network(user.resolve(architecture, "")):
+            return OwnNetwork(checkpoint_dir, {}, None, None)
         return cls(checkpoint_dir, {}, None, None)
 
     def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -40,3 +53,27 @@ class OwnModel(ModelKind):
         vocab_size = (load_tokenizer(self.checkpoint_dir, config.data.max_length).get_vocab_size()
                       if self.checkpoint_dir else 0)
         return task.model_arguments(data, head, vocab_size)
+
+
+class OwnNetwork(OwnModel):
+    """A network written once over the op table (`tpuplex.nn.Network`): the core draws its parameters, each
+    backend's generic holder runs it."""
+
+    frameworks: ClassVar[dict[str, str]] = {framework: f"tpuplex_{framework}.network:NetworkModule"
+                                            for framework in ("jax", "tf", "torch")}
+
+    def spec(self, config: Any, task: Any, data: Any) -> ModelSpec:
+        """The task's spec with the parameters `params()` declares, drawn from `train.seed` a block at a time."""
+        spec = super().spec(config, task, data)
+        network = user.build(config.model.architecture, "", spec.model_arguments, Network, "tpuplex.nn.Network")
+        return dataclasses.replace(spec, params=initial_params(network, config.train.seed))
+
+    def hf_class(self, config: Any, task: Any) -> str:
+        raise TpuplexError(f"the run trained your own network ({config.model.architecture}), which transformers "
+                           "has no class for: export it with --format saved_model (tf) or torch_export (torch), "
+                           "or read its parameters from the run's portable checkpoint")
+
+
+
+def _is_network(found: Any) -> bool:
+    return isinstance(found, type) and issubclass(found, Network)

@@ -1,0 +1,48 @@
+"""The generic holder of a network written once (`tpuplex.nn.Network`) in Keras: its parameters as variables under
+the names it declares, its forward pass run over `TfOps`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tpuplex.kinds.tf import Built, KindModule
+from tpuplex.layers.tf import TfOps, Variables
+from tpuplex.models import user
+from tpuplex.nn import Network
+from tpuplex.protocol import ModelSpec, OptimizerSpec
+
+
+class NetworkHolder(keras.Model):
+    """`network`'s parameters as the model's variables; dropout drawn from the step's seed when `dropout`."""
+
+    def __init__(self, network: Network, shapes: Mapping[str, tuple[int, ...]], dropout: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.network, self.dropout = network, dropout
+        self.named = {name: self.add_weight(shape=shape, initializer="zeros", name=name.replace(".", "_"))
+                      for name, shape in shapes.items()}
+
+    def call(self, *inputs: tf.Tensor, seed: tf.Tensor | None = None):
+        ops = TfOps(seed if self.dropout else None, self.compute_dtype)
+        return self.network(ops, {name: variable.value for name, variable in self.named.items()}, *inputs)
+
+    def hf_variables(self) -> Variables:
+        return {name: (variable, False) for name, variable in self.named.items()}
+
+    def state_variables(self) -> dict[str, keras.Variable]:
+        return {}
+
+
+class NetworkModule(KindModule):
+    def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
+        """The holder with every variable created, checked to return logits [rows, num_labels]."""
+        network = user.build(spec.architecture, "", spec.model_arguments, Network, "tpuplex.nn.Network")
+        model = NetworkHolder(network, {name: tuple(np.shape(array)) for name, array in spec.params.items()},
+                              spec.dropout)
+        example = {key: tf.constant(value) for key, value in spec.example_batch.items()}
+        logits = model(*task.model_inputs(example))
+        user.check_logits(spec.architecture, tuple(logits.shape), len(spec.example_batch["labels"]), spec.num_labels)
+        return Built(model, spec.params, {})
