@@ -459,6 +459,21 @@ def test_three_workers_share_one_postgres_study_and_a_killed_trial_resumes(write
     assert sum(t.state.name == "FAIL" for t in attempts) == 1  # the killed attempt, failed by its heartbeat
 
 
+def test_a_bare_postgresql_url_is_read_with_the_driver_installed(write_config, tmp_path, postgres_url,
+                                                                 monkeypatch) -> None:
+    """docs/tune.md's `--storage postgresql://...` against the real server: with psycopg 3 (the [tune] extra's), and
+    with psycopg2 alone where it is installed (psycopg 3 hidden), as the docs allow."""
+    bare = postgres_url.replace("postgresql+psycopg://", "postgresql://")
+    drivers = ["psycopg"] + (["psycopg2"] if importlib.util.find_spec("psycopg2") is not None else [])
+    for driver in drivers:
+        if driver == "psycopg2":
+            monkeypatch.setitem(sys.modules, "psycopg", None)  # not importable, as where only psycopg2 is installed
+        config = tune_config(write_config, tmp_path, trials=1, study=f"bare-url-{driver}")
+        tuned = tpuplex.tune(config, "numpy", storage=bare, output=tmp_path / f"tune-{driver}")
+        assert tuned.summary["storage"].startswith(f"postgresql+{driver}://tpuplex@127.0.0.1:")
+        assert [row["state"] for row in tuned.trials] == ["complete"]
+
+
 def _poll(check, what: str):
     deadline = time.monotonic() + TIMEOUT_S
     while not (found := check()):
