@@ -133,3 +133,9 @@ EXAMPLE_COMMANDS = example_config_commands()
 @pytest.mark.parametrize(("where", "argv"), EXAMPLE_COMMANDS, ids=[where for where, _ in EXAMPLE_COMMANDS])
 def test_a_command_an_example_config_shows_is_one_the_cli_accepts(where, argv):
     cli._parser().parse_args(argv)  # argparse exits (a SystemExit fails the test) on a missing or unknown flag
+
+
+def test_the_readme_stays_a_guide_of_at_most_500_lines_with_its_test_command():
+    """Reference material goes to docs/; the README keeps how to install, train and test."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 500 and "nox -s tests          # every claim of this README" in "\n".join(lines)
