@@ -62,7 +62,7 @@ from tpuplex import config as config_lib
 from tpuplex import hosts, registry, tasks
 from tpuplex.commands import run as run_lib
 from tpuplex.commands.tune.search import Search, check_metric, parse_search
-from tpuplex.commands.tune.storage import import_optuna
+from tpuplex.commands.tune.storage import import_optuna, reach
 from tpuplex.commands.tune.summary import STUDY_FILE, Tuned, is_tune_folder, summary_lines
 from tpuplex.commands.tune.trials import Worker
 from tpuplex.config import Config, Overrides
@@ -111,6 +111,8 @@ def tune(config: Config | str | Path, backend: str, *, search: Mapping[str, Any]
             raise TpuplexError(f"--output {str(root)!r} holds files tpuplex tune did not write ({foreign}): give a "
                                "new or empty folder (or the folder of a tune, to go on with it)")
     optuna = import_optuna()
+    if storage is not None:  # reached before the data is prepared (SQLite's file is made in the tune folder later)
+        reach(storage)
     _check_inputs(plan, base, config_path)
     url = storage or f"sqlite:///{root / STUDY_FILE}"
     return Worker(optuna, plan, base, backend, config_path, root, url, external=storage is not None).run()

@@ -37,9 +37,9 @@ bare URL is one driver, psycopg 3 from 2.1 on, whether or not it is installed)."
 DRIVER_INSTALL = {"psycopg": "pip install 'psycopg[binary]'", "psycopg2": "pip install psycopg2-binary"}
 
 
-def open_storage(optuna: Any, url: str, plan: Search, retry: Any) -> tuple[Any, str]:
-    """The RDB storage with heartbeats, reached before anything is written to it, and its URL as shown to the user
-    (no password). A bare postgresql:// URL is read with the PostgreSQL driver installed (`POSTGRES_DRIVERS`)."""
+def reach(url: str) -> tuple[Any, dict[str, Any], str]:
+    """The storage URL parsed (a bare postgresql:// given the driver installed, `POSTGRES_DRIVERS`), the engine's
+    arguments and the URL as shown (no password), once a connection to it is made: nothing is written to it."""
     import sqlalchemy
     from sqlalchemy.engine import make_url
 
@@ -72,6 +72,15 @@ def open_storage(optuna: Any, url: str, plan: Search, retry: Any) -> tuple[Any, 
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise TpuplexError(f"--storage {shown} cannot be reached ({first}): start the database or fix the URL "
                            "(nothing was written to it)") from None
+    return parsed, arguments, shown
+
+
+def open_storage(optuna: Any, url: str, plan: Search, retry: Any) -> tuple[Any, str]:
+    """The RDB storage with heartbeats, reached before anything is written to it (`reach`), and its URL as shown
+    to the user (no password)."""
+    import sqlalchemy
+
+    parsed, arguments, shown = reach(url)
     for attempt in range(1, 6):
         try:
             return optuna.storages.RDBStorage(
