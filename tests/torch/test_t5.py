@@ -85,6 +85,8 @@ def test_characters_the_tokenizer_lacks_are_counted_and_generate_options_typed(t
     assert isinstance(run.generate('reverse: "42" apple', tokens=4), str)
     assert ("tpuplex: the tokenizer has no token for 4 character(s) of the prompts ('\"24'): they are read as its "
             "unknown token and do not come back in written text") in capfd.readouterr().err
+    assert isinstance(run.predict("reverse: 7 apple"), str)
+    assert "the tokenizer has no token for 1 character(s) of the inputs ('7')" in capfd.readouterr().err
     with pytest.raises(tpuplex.TpuplexError, match=r"^temperature = 'hot' is a str: temperature \(--temperature\) "
                                                    r"takes a number \(float\)$"):
         run.generate("reverse: apple", temperature="hot")

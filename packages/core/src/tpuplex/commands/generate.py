@@ -27,7 +27,6 @@ import dataclasses
 import math
 import numbers
 import reprlib
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.params import resolve_checkpoint
 from tpuplex.protocol import Prompts
 from tpuplex.tasks.causal_lm import chat as conversations
-from tpuplex.tasks.causal_lm.data import CheckpointTokenizer, unknown_note
+from tpuplex.tasks.causal_lm.data import encode_counting_unknown
 
 SMALLEST_BUCKET = 8
 TEXT_TO_TEXT = ("seq2seq", "span_corruption")
@@ -168,7 +167,8 @@ def generate_restored(found: run_folder.Found, experiment: Any, state: Any, prom
     template = (conversations.user_turn(resolve_checkpoint(found.config.model.checkpoint), system) if chat
                 else None)
     vocabulary = experiment.data.vocabulary
-    rows = encoded(vocabulary, [template(prompt) if template else prompt for prompt in prompts], "the prompt")
+    texts = [template(prompt) if template else prompt for prompt in prompts]
+    rows = encode_counting_unknown(vocabulary, texts, "the prompts")
     if not all(len(row) for row in rows):
         raise TpuplexError("a prompt gives no tokens: give each prompt some text")
     if chat:  # cropped, a prompt would lose the template's start: the window grows to hold it instead
@@ -199,7 +199,8 @@ def text_to_text(found: run_folder.Found, experiment: Any, state: Any, inputs: l
     vocabulary = experiment.data.vocabulary
     end = vocabulary.end_of_text
     longest = found.config.data.max_length
-    rows = [np.append(ids[: longest - 1], np.int32(end)) for ids in encoded(vocabulary, inputs, "the input")]
+    rows = [np.append(ids[: longest - 1], np.int32(end))
+            for ids in encode_counting_unknown(vocabulary, inputs, "the prompts")]
     width = min(max(SMALLEST_BUCKET, 1 << (max(map(len, rows)) - 1).bit_length()), longest)
     ids, mask = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), np.int32)
     for index, row in enumerate(rows):
@@ -212,21 +213,6 @@ def text_to_text(found: run_folder.Found, experiment: Any, state: Any, inputs: l
     written = [row[: np.flatnonzero(np.append(row == end, True))[0]] for row in tokens]
     return Generated(inputs, [vocabulary.tokenizer.decode([int(i) for i in row], skip_special_tokens=True)
                               for row in written], written, seconds)
-
-
-def encoded(vocabulary: Any, texts: list[str], what: str) -> list[np.ndarray]:
-    """Each text's ids; the characters a checkpoint's tokenizer has no token for (read as its unknown token, and
-    lost from the text written) are counted and said in one line on stderr (a character vocabulary refuses them)."""
-    if not isinstance(vocabulary, CheckpointTokenizer):
-        return [vocabulary.encode(text, what) for text in texts]
-    rows, unknown = [], ""
-    for text in texts:
-        ids, lacking = vocabulary.encode_telling_unknown(text)
-        rows.append(ids)
-        unknown += lacking
-    if unknown:
-        print(f"tpuplex: {unknown_note(unknown, 'the prompts')}", file=sys.stderr, flush=True)
-    return rows
 
 
 def model_positions(experiment: Any, context: int) -> int:

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,22 @@ class CheckpointTokenizer:
 
     def decode(self, ids: np.ndarray) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def encode_counting_unknown(vocabulary: Vocabulary, texts: list[str], what: str) -> list[np.ndarray]:
+    """Each text's ids (`what` names them: "the prompt"); the characters a checkpoint's tokenizer has no token for
+    (read as its unknown token, and lost from any text written) are counted and said in one line on stderr (a
+    character vocabulary refuses them)."""
+    if not isinstance(vocabulary, CheckpointTokenizer):
+        return [vocabulary.encode(text, what) for text in texts]
+    rows, unknown = [], ""
+    for text in texts:
+        ids, lacking = vocabulary.encode_telling_unknown(text)
+        rows.append(ids)
+        unknown += lacking
+    if unknown:
+        print(f"tpuplex: {unknown_note(unknown, what)}", file=sys.stderr, flush=True)
+    return rows
 
 
 def unknown_note(characters: str, what: str) -> str:

@@ -43,7 +43,7 @@ from tpuplex.models.t5 import INPUTS, shift_right
 from tpuplex.protocol import Batch, Prompts
 from tpuplex.tasks.base import Head, Task, TaskData, check_inputs, check_split_names, framework_modules
 from tpuplex.tasks.causal_lm.chat import render_row, row_templates
-from tpuplex.tasks.causal_lm.data import CheckpointTokenizer, unknown_note
+from tpuplex.tasks.causal_lm.data import CheckpointTokenizer, encode_counting_unknown, unknown_note
 from tpuplex.tasks.sequence_classification.glue import GlueData, get_dataset
 from tpuplex.text_files import staged_text
 
@@ -304,8 +304,8 @@ class Seq2Seq(Task):
     def predictions_of(self, experiment: Any, state: Any, inputs: list[str]) -> list[str]:
         """The text greedy decoding writes for each input."""
         data, longest = experiment.data, experiment.config.data.max_length
-        rows = [np.append(data.vocabulary.encode(text, "the input")[: longest - 1],
-                          np.int32(data.vocabulary.end_of_text)) for text in inputs]
+        rows = [np.append(ids[: longest - 1], np.int32(data.vocabulary.end_of_text))
+                for ids in encode_counting_unknown(data.vocabulary, inputs, "the inputs")]
         ids = np.zeros((len(rows), longest), np.int32)
         for index, row in enumerate(rows):
             ids[index, : len(row)] = row
