@@ -45,6 +45,12 @@ def test_a_target_that_is_not_text_is_refused_at_its_line(tmp_path, answer, show
                               f"'{{{{ answer }}}}' prints {shown}, not text") and "\n" not in message
 
 
+def test_a_row_without_the_target_s_field_is_refused_at_its_line(tmp_path) -> None:
+    with pytest.raises(TpuplexError, match=r"train.jsonl line 3 has no field 'answer' \(it has question\): add it, or "
+                                           r"write the file's names in the config .*the task's templates"):
+        prepared(tmp_path, [*ROWS, {"question": "which one"}])
+
+
 def test_a_template_that_fails_on_a_row_is_the_user_s_error_naming_it_and_the_row(tmp_path) -> None:
     with pytest.raises(TpuplexError, match=r"task.target_template = '\{\{ answer / 0 \}\}' cannot render "
                                            r".*train.jsonl line 1 \(data.train_file\) \(TypeError: unsupported"):

@@ -34,6 +34,8 @@ TEXT_FORMATS = {".tsv": "\t", ".csv": ","}
 FORMATS = (*TEXT_FORMATS, ".jsonl", ".parquet")
 DATASETS_FOLDER = "datasets folder"
 DATASET_DICT_FILE = "dataset_dict.json"  # what save_to_disk writes at the top of a DatasetDict folder
+NAME_THE_COLUMNS = ("write the file's names in the config (task.text_columns / task.label_column, or the "
+                    "task's templates: {{ column }})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +209,7 @@ def _csv_error(path: Path, line: int, error: csv.Error) -> DataError:
 def _header_index(header: Sequence[str], name: str, path: Path) -> int:
     if name not in header:
         raise DataError(f"{path} has no column {name!r} (its header is {', '.join(header)}): rename the column "
-                        "or set task.text_columns / task.label_column to the file's names")
+                        f"or {NAME_THE_COLUMNS}")
     if header.count(name) > 1:
         raise DataError(f"{path} has the column {name!r} twice in its header: give each column its own name")
     return list(header).index(name)
@@ -228,7 +230,7 @@ def _read_jsonl(path: Path, columns: Sequence[str], optional: Sequence[str]) -> 
         for name in wanted:
             if name not in record:
                 raise DataError(f"{path} line {line} has no field {name!r} (it has {', '.join(record) or 'none'}): "
-                                "add it, or set task.text_columns / task.label_column to the file's names")
+                                f"add it, or {NAME_THE_COLUMNS}")
             values[name].append(record[name])
         lines.append(line)
     return Table(path, values, lines)
@@ -253,7 +255,7 @@ def _read_arrow(file: DataFile, columns: Sequence[str], optional: Sequence[str])
     for name in columns:
         if name not in names:
             raise DataError(f"{file.path} has no column {name!r} (its columns are {', '.join(names)}): rename "
-                            "the column or set task.text_columns / task.label_column to the file's names")
+                            f"the column or {NAME_THE_COLUMNS}")
     wanted = [*columns, *(name for name in optional if name in names)]
     return Table(file.path, {name: table.column(name).to_pylist() for name in wanted}, None)
 
