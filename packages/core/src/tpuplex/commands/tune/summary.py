@@ -310,17 +310,23 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def summary_lines(tuned: Tuned) -> list[str]:
-    """What the command prints at the end."""
+    """What the command prints at the end (paths under the working directory relative to it)."""
     summary = tuned.summary
     counts = ", ".join(f"{count} {state}" for state, count in summary["counts"].items() if count)
     lines = [f"tune: {len(summary['trials'])} trials ({counts}) in study {summary['study']}"]
     best = summary["best"]
     if best:
+        config = _shown(Path(best["config"]))
         lines.append(f"best: trial {best['trial']}, {summary['metric']} {best['value']:.6g} "
                      f"({params_text(best['params'])})")
-        lines.append(f"best config: {best['config']} (tpuplex train {best['config']} --backend "
-                     f"{summary['backend']})")
-    lines.append(f"results: {tuned.folder / TUNE_FILE}, {tuned.folder / TUNE_MARKDOWN}")
+        lines.append(f"best config: {config} (tpuplex train {config} --backend {summary['backend']})")
+    lines.append(f"results: {_shown(tuned.folder / TUNE_FILE)}, {_shown(tuned.folder / TUNE_MARKDOWN)}")
     return lines
 
 
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it is under it, else as it is."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
