@@ -78,6 +78,16 @@ def test_a_folder_tune_did_not_make_is_refused_before_anything_is_written(write_
     assert snapshot(folder) == before
 
 
+def test_a_runtime_output_dir_of_the_users_is_refused_by_that_name(write_config, tmp_path, capsys) -> None:
+    config = short_tune(write_config, tmp_path)
+    (tmp_path / "tune").mkdir()
+    (tmp_path / "tune" / "study.db").write_text("mine")
+    message = cli_error(["tune", str(config), "--backend", "numpy"], capsys)
+    assert message.startswith(f"runtime.output_dir {str(tmp_path / 'tune')!r} holds files tpuplex tune did not "
+                              "write (study.db)")
+    assert (tmp_path / "tune" / "study.db").read_text() == "mine"
+
+
 def test_a_tune_folder_goes_on_and_an_empty_one_is_taken(write_config, tmp_path, capsys) -> None:
     folder = tmp_path / "empty"
     folder.mkdir()
@@ -254,6 +264,14 @@ def test_report_over_only_unfinished_runs_is_one_line(write_config, tmp_path, ca
     (tuned.folder / "trial-0" / "results.json").unlink()
     message = cli_error(["report", str(tuned.folder / "trial-0"), "--out", str(tmp_path / "report")], capsys)
     assert message.startswith("none of the runs given has finished (trial-0)")
+
+
+def test_report_over_a_tune_folder_with_no_trial_yet_is_one_line(tmp_path, capsys) -> None:
+    from tpuplex.commands.tune import summary
+
+    summary.mark_folder(tmp_path / "tune")  # as tune leaves it before its first trial
+    message = cli_error(["report", str(tmp_path / "tune"), "--out", str(tmp_path / "report")], capsys)
+    assert message == f"{tmp_path / 'tune'} holds no run yet: tpuplex report needs a run with its results.json"
 
 
 # -- another configuration: the fields that differ ------------------------------------------------------------------

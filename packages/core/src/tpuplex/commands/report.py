@@ -49,8 +49,9 @@ def load_runs(paths: Sequence[str | Path]) -> list[tuple[Path, dict[str, Any]]]:
         print(f"tpuplex report: note: {', '.join(unfinished)} left out: no {RESULTS_FILE} (a run that stopped before "
               "its end: a pruned trial, an interrupted or failed run, or one still running)", file=sys.stderr)
     if not runs:
-        raise TpuplexError(f"none of the runs given has finished ({', '.join(unfinished)}): tpuplex report needs a "
-                           f"run with its {RESULTS_FILE}")
+        given = f"none of the runs given has finished ({', '.join(unfinished)})" if unfinished else (
+            f"{', '.join(map(str, paths))} holds no run yet")
+        raise TpuplexError(f"{given}: tpuplex report needs a run with its {RESULTS_FILE}")
     return runs
 
 

@@ -104,11 +104,12 @@ def tune(config: Config | str | Path, backend: str, *, search: Mapping[str, Any]
     if hosts.expected_processes() > 1:
         raise TpuplexError("tpuplex tune trains each trial in its one process, not under tpuplex launch: start one "
                            "tpuplex tune per host against one --storage instead")
-    run_lib.check_writable_folder(root, "--output")
+    field = "--output" if output is not None else "runtime.output_dir"
+    run_lib.check_writable_folder(root, field)
     if root.is_dir() and not is_tune_folder(root):
         foreign = run_lib.shown_names(sorted(child.name for child in root.iterdir()))
         if foreign:
-            raise TpuplexError(f"--output {str(root)!r} holds files tpuplex tune did not write ({foreign}): give a "
+            raise TpuplexError(f"{field} {str(root)!r} holds files tpuplex tune did not write ({foreign}): give a "
                                "new or empty folder (or the folder of a tune, to go on with it)")
     optuna = import_optuna()
     if storage is not None:  # reached before the data is prepared (SQLite's file is made in the tune folder later)
