@@ -35,6 +35,7 @@ from tpuplex.errors import TpuplexError
 from tpuplex.models.architecture import drawn_as_hf
 from tpuplex.models.family import ConfigReader
 from tpuplex.models.ops import Ops
+from tpuplex.models.rope import Rope
 from tpuplex.slices import SliceReader
 
 DECODER_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
@@ -46,7 +47,8 @@ class DecoderArch:
     """Sizes and switches of one decoder, read from an HF `config.json` by its `DecoderFamily`.
 
     num_kv_heads: key/value heads (grouped-query attention; = num_heads without it); head_dim: per head.
-    rope_theta: rotary positions' base (0: learned position embeddings of `max_positions` rows instead).
+    rope: rotary positions (`tpuplex.models.rope.Rope`: its type, base and scaling), or None: learned position
+        embeddings of `max_positions` rows instead (GPT-2).
     rms_norm: RMSNorm (weight only) rather than LayerNorm; norm_bias: the LayerNorms have a bias; norm_offset: the
         RMSNorm scales by offset + weight (Gemma stores its scale less one).
     post_norms: the attention's and the MLP's outputs are normed again before the residual add (Gemma 2).
@@ -75,7 +77,7 @@ class DecoderArch:
     head_dim: int
     intermediate_size: int
     max_positions: int
-    rope_theta: float
+    rope: Rope | None
     rms_norm: bool
     norm_bias: bool
     norm_eps: float
@@ -142,7 +144,7 @@ def canonical_shapes(arch: DecoderArch) -> dict[str, tuple[int, ...]]:
         return {f"{module}.weight": (hidden,), **({f"{module}.bias": (hidden,)} if arch.norm_bias else {})}
 
     shapes: dict[str, tuple[int, ...]] = {"embeddings.word.weight": (arch.vocab_size, hidden)}
-    if not arch.rope_theta:
+    if arch.rope is None:
         shapes["embeddings.position.weight"] = (arch.max_positions, hidden)
     for block in range(arch.num_layers):
         prefix = f"block.{block}"
@@ -193,15 +195,18 @@ def initial_params(arch: DecoderArch, seed: int) -> dict[str, SliceReader]:
     return params
 
 
-def rotary(ops: Ops, x: Any, positions: Any, theta: float) -> Any:
-    """HF Llama's rotary embedding of x [B, T, heads, D] at positions int [B, T] (halves rotated, not pairs): the
-    angles in float32, the rotation in x's dtype."""
-    half = ops.shape(x)[-1] // 2
-    inverse = (1.0 / theta ** (np.arange(0, half, dtype=np.float32) * 2 / (2 * half))).astype(np.float32)
-    angles = ops.float32(positions)[..., None] * ops.constant(inverse)  # [B, T, D/2]
-    cos, sin = (ops.cast_like(f(angles), x)[:, :, None, :] for f in (ops.cos, ops.sin))
-    first, second = x[..., :half], x[..., half:]
-    return ops.concat([first * cos - second * sin, second * cos + first * sin], axis=-1)
+def rotary(ops: Ops, x: Any, positions: Any, rope: Rope) -> Any:
+    """HF Llama's rotary embedding of x [B, T, heads, D] at positions int [B, T] (halves rotated, not pairs) with
+    `rope`'s inverse frequencies: the angles, and the cosines and sines scaled by its attention factor, in float32,
+    the rotation in x's dtype; the dimensions past `rope.rotated` (Phi-3's partial rotation) pass through."""
+    half = rope.rotated // 2
+    angles = ops.float32(positions)[..., None] * rope.inverse_frequencies(ops, positions)  # [B, T, D/2]
+    scale = np.float32(rope.attention_factor)
+    cos, sin = (ops.cast_like(f(angles) * scale if scale != 1 else f(angles), x)[:, :, None, :]
+                for f in (ops.cos, ops.sin))
+    first, second = x[..., :half], x[..., half:rope.rotated]
+    rotated = [first * cos - second * sin, second * cos + first * sin]
+    return ops.concat(rotated if rope.rotated == ops.shape(x)[-1] else [*rotated, x[..., rope.rotated:]], axis=-1)
 
 
 def attention_mask(ops: Ops, length: int, keys: Any, cache_index: Any, key_mask: Any | None, window: int) -> Any:
@@ -241,7 +246,7 @@ def forward(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, input_ids: Any, *
     if positions is None:
         positions = ops.arange(length)[None, :]  # [1, T]: one row of positions serves every row
     x = ops.embed(p["embeddings.word.weight"], input_ids)
-    if not arch.rope_theta:
+    if arch.rope is None:
         x = x + ops.embed(p["embeddings.position.weight"], positions)
     if arch.embedding_scale != 1.0:
         x = x * ops.cast_like(ops.constant(np.float32(arch.embedding_scale)), x)
@@ -288,8 +293,8 @@ def block(ops: Ops, p: Mapping[str, Any], arch: DecoderArch, lora: Any, index: i
         query, key, value = (project(part, h) for part in ("query", "key", "value"))
     query = ops.reshape(query, (rows, length, heads, size))
     key, value = (ops.reshape(t, (rows, length, kv, size)) for t in (key, value))
-    if arch.rope_theta:
-        query, key = rotary(ops, query, positions, arch.rope_theta), rotary(ops, key, positions, arch.rope_theta)
+    if arch.rope is not None:
+        query, key = rotary(ops, query, positions, arch.rope), rotary(ops, key, positions, arch.rope)
     if cache is not None:
         key, value = ops.cache_write(cache[0], key, cache_index), ops.cache_write(cache[1], value, cache_index)
         cache = (key, value)
@@ -377,9 +382,6 @@ class DecoderFamily:
         if arch.num_heads % arch.num_kv_heads:
             raise TpuplexError(f"{path}: {arch.num_heads} attention heads do not divide into {arch.num_kv_heads} "
                                "key/value heads: fix the checkpoint's config.json")
-        if arch.rope_theta and arch.head_dim % 2:
-            raise TpuplexError(f"{path}: rotary positions need an even head size, not {arch.head_dim}: fix the "
-                               "checkpoint's config.json")
         return arch
 
     def hf_name(self, canonical: str) -> str:

@@ -1,69 +1,76 @@
 """Llama (`LlamaForCausalLM`): rotary positions, RMSNorm, SwiGLU, grouped-query attention, its own LM head unless
-`tie_word_embeddings`; and the reading of config.json the Llama-shaped families share (`read_llama_like`)."""
+`tie_word_embeddings`; and the reading of config.json the Llama-shaped families share (`read_llama_like`), each
+absent key read as the family's transformers config class defaults it (`DEFAULTS`), its rotary table as
+`tpuplex.models.rope.read` reads it."""
+
+from typing import Any
 
 from tpuplex.errors import TpuplexError
+from tpuplex.models import rope
 from tpuplex.models.decoder import DecoderArch, DecoderFamily
 from tpuplex.models.family import ConfigReader
 
 
-def rope_theta(config: ConfigReader) -> float:
-    """The rotary base: `rope_parameters.rope_theta` (transformers 5) or `rope_theta`; only the default rotary
-    kind (no scaling) is built."""
-    parameters = config.get("rope_parameters", dict, None) or config.get("rope_scaling", dict, None) or {}
-    kind = parameters.get("rope_type", parameters.get("type", "default"))
-    if kind != "default":
-        raise TpuplexError(f"rope_type {kind!r} in {config.path} is not supported: tpuplex builds Llama with the "
-                           "default rotary positions (no scaling)")
-    theta = parameters.get("rope_theta", config.get("rope_theta", float, 10000.0))
-    if not isinstance(theta, int | float) or theta <= 0:
-        raise TpuplexError(f"rope_theta = {theta!r} in {config.path} must be a positive number: fix the "
-                           "checkpoint's config.json")
-    return float(theta)
+def sliding_window(config: ConfigReader, default: int | None) -> int:
+    """config.json's `sliding_window` (0: none, as null gives), or the family's transformers default."""
+    if "sliding_window" in config.config and config.config["sliding_window"] is None:
+        return 0
+    return config.positive("sliding_window", default) or 0
 
 
-def sliding_windows(config: ConfigReader, layers: int, everywhere: bool) -> tuple[int, ...]:
-    """Each layer's sliding window (0: none) from transformers 5's `layer_types` ("sliding_attention" layers see
-    `sliding_window` keys), or, in a config.json without them, `sliding_window` on every layer where the family
-    slides `everywhere` (Mistral, Phi-3) when it is set."""
-    window = config.positive("sliding_window", None) or 0
-    kinds = config.get("layer_types", list, None)
+def sliding_windows(config: ConfigReader, layers: int, window: int, kinds: list | None) -> tuple[int, ...]:
+    """Each layer's sliding window (0: none): `window` keys on the "sliding_attention" layers of `kinds`
+    (transformers 5's `layer_types`), or on every layer where kinds is None (Mistral, Phi-3)."""
     if kinds is None:
-        return (window,) * layers if everywhere and window else ()
-    if len(kinds) != layers or not set(kinds) <= {"sliding_attention", "full_attention"}:
+        return (window,) * layers if window else ()
+    if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= {"sliding_attention",
+                                                                                  "full_attention"}:
         raise TpuplexError(f"layer_types in {config.path} must give each of the {layers} layers "
                            "'sliding_attention' or 'full_attention': fix the checkpoint's config.json")
     if "sliding_attention" in kinds and not window:
-        raise TpuplexError(f"{config.path} has sliding_attention layers but no sliding_window: set it")
+        raise TpuplexError(f"{config.path} has sliding_attention layers but no sliding_window (or, in Qwen2, "
+                           "use_sliding_window false), which transformers cannot build: set them")
     windows = tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
     return windows if any(windows) else ()
 
 
-def read_llama_like(config: ConfigReader, family: str, **switches) -> DecoderArch:
+DEFAULTS = {"num_key_value_heads": None, "head_dim": None, "hidden_act": "silu", "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+            "attention_dropout": 0.0, "initializer_range": 0.02}
+"""The config.json keys Llama reads that may be absent, and `transformers.LlamaConfig`'s default for each (a
+None head count or size is derived: the query heads, hidden / heads)."""
+
+
+def read_llama_like(config: ConfigReader, family: str, defaults: dict[str, Any], *, phi3: bool = False,
+                    **switches) -> DecoderArch:
     """A Llama-shaped decoder (rotary positions, RMSNorm, a gated MLP, grouped-query attention, torch Linear
-    layout) read from config.json under Llama's key names; `switches` are the family's own `DecoderArch` fields."""
-    if config.get("pretraining_tp", int, 1) != 1:
-        raise TpuplexError(f"pretraining_tp in {config.path} must be 1: tpuplex computes the projections whole")
+    layout) read from config.json under Llama's key names, each absent key taking the family's transformers default
+    (`defaults`: the keys it reads; `attention_bias` and `mlp_bias` only where the family's transformers class reads
+    them); `switches` are the family's own `DecoderArch` fields."""
     hidden, heads = config.positive("hidden_size"), config.positive("num_attention_heads")
-    attention_bias = config.get("attention_bias", bool, False)
-    layers = config.layers("num_hidden_layers")
+    head_dim = config.positive("head_dim", defaults.get("head_dim")) or hidden // heads
+    attention_bias = "attention_bias" in defaults and config.get("attention_bias", bool, defaults["attention_bias"])
+    max_positions = config.positive("max_position_embeddings", defaults["max_position_embeddings"])
     fields = dict(
         family=family, vocab_size=config.positive("vocab_size", None) or 0, hidden_size=hidden,
-        num_layers=layers, num_heads=heads, num_kv_heads=config.positive("num_key_value_heads", None) or heads,
-        head_dim=config.positive("head_dim", None) or hidden // heads,
-        intermediate_size=config.positive("intermediate_size"),
-        max_positions=config.positive("max_position_embeddings"), rope_theta=rope_theta(config), rms_norm=True,
-        norm_bias=False, norm_eps=config.get("rms_norm_eps", float, 1e-6),
-        activation=config.get("hidden_act", str, "silu"), fused_qkv=False, gated_mlp=True,
-        qkv_bias=attention_bias, output_bias=attention_bias, mlp_bias=config.get("mlp_bias", bool, False),
-        kernel_layout="out_in", tied=config.get("tie_word_embeddings", bool, False), embedding_dropout=0.0,
-        attention_dropout=config.get("attention_dropout", float, 0.0), residual_dropout=0.0,
-        initializer_range=config.get("initializer_range", float, 0.02), scaled_output_init=False,
+        num_layers=config.layers("num_hidden_layers"), num_heads=heads,
+        num_kv_heads=config.positive("num_key_value_heads", defaults["num_key_value_heads"]) or heads,
+        head_dim=head_dim, intermediate_size=config.positive("intermediate_size"), max_positions=max_positions,
+        rope=rope.read(config, head_dim, max_positions, phi3=phi3), rms_norm=True, norm_bias=False,
+        norm_eps=config.get("rms_norm_eps", float, defaults["rms_norm_eps"]),
+        activation=config.get("hidden_act", str, defaults.get("hidden_act")), fused_qkv=False, gated_mlp=True,
+        qkv_bias=attention_bias, output_bias=attention_bias,
+        mlp_bias="mlp_bias" in defaults and config.get("mlp_bias", bool, defaults["mlp_bias"]),
+        kernel_layout="out_in", tied=config.get("tie_word_embeddings", bool, defaults["tie_word_embeddings"]),
+        embedding_dropout=0.0, attention_dropout=config.get("attention_dropout", float, defaults["attention_dropout"]),
+        residual_dropout=0.0, initializer_range=config.get("initializer_range", float, defaults["initializer_range"]),
+        scaled_output_init=False,
     )
     return DecoderArch(**(fields | switches))
 
 
 def read(config: ConfigReader) -> DecoderArch:
-    return read_llama_like(config, "llama")
+    return read_llama_like(config, "llama", DEFAULTS)
 
 
 _LAYER = "model.layers.{block}"

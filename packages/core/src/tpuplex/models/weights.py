@@ -33,12 +33,15 @@ _STORAGE_DTYPES = {"FloatStorage": np.float32, "DoubleStorage": np.float64, "Hal
 
 def load_weights(checkpoint_dir: Path) -> dict[str, SliceReader]:
     """Every tensor of the folder's weights file as a `StoredTensor` (mapped, read a block at a time), float
-    tensors read as float32 (bfloat16 and float16 widened exactly): model.safetensors, else pytorch_model.bin."""
+    tensors read as float32 (bfloat16 and float16 widened exactly): model.safetensors, else pytorch_model.bin.
+    A block read with a NaN or an infinity in it stops the run in one line naming the tensor and the file (a backend
+    reads every parameter when it builds the model, so before any step)."""
     folder = Path(checkpoint_dir)
-    if (folder / SAFETENSORS).is_file():
-        return stored_tensors(folder / SAFETENSORS)
-    if (folder / PICKLE).is_file():
-        return _load_pickled(folder / PICKLE)
+    for name in (SAFETENSORS, PICKLE):
+        if (folder / name).is_file():
+            tensors = stored_tensors(folder / name) if name == SAFETENSORS else _load_pickled(folder / name)
+            return {key: dataclasses.replace(tensor, name=key, path=str(folder / name))
+                    for key, tensor in tensors.items()}
     raise CheckpointError(f"model checkpoint {folder} has neither {SAFETENSORS} nor {PICKLE}: save the model "
                           "there (transformers: model.save_pretrained(folder))")
 
@@ -55,6 +58,9 @@ class StoredTensor(BlockReader):
 
     stored: np.ndarray  # the tensor as the file stores it: a view of the file's memory map (strided for a torch view)
     bfloat16: bool
+    name: str = ""
+    """The tensor's name and its file (`load_weights`): what a block that is not finite is reported as."""
+    path: str = ""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -68,8 +74,13 @@ class StoredTensor(BlockReader):
     def __getitem__(self, index: Index) -> np.ndarray:
         block = self.stored[tuple(slice(*b) for b in bounds(index, self.shape))]
         if self.bfloat16:
-            return (block.astype(np.uint32) << 16).view(np.float32)
-        return np.array(block, dtype=self.dtype)  # a copy: nothing returned points into the map
+            block = (block.astype(np.uint32) << 16).view(np.float32)
+        else:
+            block = np.array(block, dtype=self.dtype)  # a copy: nothing returned points into the map
+        if self.name and block.dtype.kind == "f" and not np.isfinite(block).all():
+            raise CheckpointError(f"{self.name} in {self.path} holds NaN or infinite values: the checkpoint is "
+                                  "damaged or was saved after training diverged; use an earlier or a re-saved one")
+        return block
 
 
 def stored_tensors(path: Path) -> dict[str, StoredTensor]:

@@ -3,8 +3,10 @@ the forward pass written once (`tpuplex.models.decoder.forward`); `tf.py`, `jax.
 parameters and each framework's decoding loop.
 
 A config.json alone is a model to train from scratch, drawn by the core as HF initialises the family; with
-weights (`model.safetensors` or `pytorch_model.bin`, a base model's names given the family's prefix), they are read,
-and an untied LM head the folder lacks is drawn.
+weights (`model.safetensors` or `pytorch_model.bin`, a base model's names given the family's prefix), they are read.
+The LM head is read as transformers 5 reads it: `tie_word_embeddings = true` with an `lm_head.weight` of other
+numbers in the weights is untied, that head used; `tie_word_embeddings = false` with no head in a causal LM's
+weights is refused in one line naming it (a base model's folder, which has no head, gets one drawn).
 
 Every framework module also decodes (`generate`): left-padded prompts [B, P] (P a bucket), a key/value cache of
 P + N positions, and N new tokens in one compiled loop, sampled by inverse CDF from uniforms the core draws, so the
@@ -21,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex import models
-from tpuplex.errors import TpuplexError
+from tpuplex.errors import CheckpointError, TpuplexError
 from tpuplex.kinds import ModelKind
 from tpuplex.models.decoder import initial_params
 from tpuplex.models.lora import Lora
@@ -35,6 +37,12 @@ class Decoders(ModelKind):
     families: ClassVar[tuple[Any, ...]] = models.DECODER_FAMILIES
     frameworks: ClassVar[dict[str, str]] = {framework: f"{__name__}.{framework}:Decoder"
                                             for framework in ("jax", "tf", "torch")}
+
+    def __init__(self, checkpoint_dir: Path | None, hf_config: Mapping[str, Any], family: Any, arch: Any):
+        super().__init__(checkpoint_dir, hf_config, family, arch)
+        if arch.tied and checkpoint_dir is not None and has_own_head(Path(checkpoint_dir), family):
+            self.arch = dataclasses.replace(arch, tied=False)
+            self.hf_config = {**hf_config, "tie_word_embeddings": False}
 
     def tensor_dims(self) -> dict[str, int]:
         return self.family.tensor_dims(self.arch)
@@ -82,13 +90,30 @@ class Decoders(ModelKind):
         return self.family.hf_weights(self.arch, weights)
 
 
+HEAD_ROWS = 4096
+"""`has_own_head` compares the head with the word embeddings this many rows at a time."""
+
+
+def has_own_head(checkpoint_dir: Path, family: Any) -> bool:
+    """Whether the folder's weights hold an LM head whose numbers differ from the word embeddings': transformers 5
+    then does not tie them, whatever `tie_word_embeddings` says, and reads the head."""
+    if not any((checkpoint_dir / name).is_file() for name in (SAFETENSORS, PICKLE)):
+        return False
+    weights = load_weights(checkpoint_dir)
+    head, embeddings = (weights.get(family.hf_name(name)) for name in ("lm_head.weight", "embeddings.word.weight"))
+    if head is None or embeddings is None or head.shape != embeddings.shape:
+        return head is not None
+    return any(not np.array_equal(head[first:first + HEAD_ROWS], embeddings[first:first + HEAD_ROWS])
+               for first in range(0, head.shape[0], HEAD_ROWS))
+
+
 def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: int,
                            draw: Callable[[Any, int], dict[str, SliceReader]] = initial_params
                            ) -> dict[str, SliceReader]:
     """Every parameter of the model (HF names, HF layout, float32): the folder's weights, or, without a weights
     file, drawn (`draw`: `tpuplex.models.decoder.initial_params`, or T5's, keyed by `seed`, each drawn a block at
     a time when read); an untied LM head a base model's folder lacks is taken from that draw, as `from_pretrained`
-    draws it anew."""
+    draws it anew, and one a causal LM's weights lack is refused in one line."""
     def drawn() -> dict[str, SliceReader]:
         names = family.hf_names(arch)
         return {names[name]: array for name, array in draw(arch, seed).items()}
@@ -99,13 +124,18 @@ def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: i
     shapes = family.hf_shapes(arch)
     prefix = family.hf_name("embeddings.word.weight").split(".", 1)[0]
     tied = family.tied_names(arch)
-    loaded = {}
+    loaded, base_model = {}, True
     for name, array in load_weights(folder).items():
+        base_model &= name not in shapes and name not in tied
         full = name if name in shapes or name in tied else f"{prefix}.{name}"
         if full in shapes:
             loaded[full] = array
     head = family.hf_name("lm_head.weight")
     if not arch.tied and head not in loaded:
+        if not base_model:
+            raise CheckpointError(f"the weights in {folder} lack {head}, the LM head that config.json's "
+                                  "tie_word_embeddings = false asks for: add it, or set tie_word_embeddings = true "
+                                  "to use the word embeddings as the head")
         loaded[head] = drawn()[head]
     check_names(shapes, loaded, f"the weights in {checkpoint_dir}")
     return loaded

@@ -1,0 +1,19 @@
+"""Every rope type in every rotary family on the torch backend, against transformers (tests/common/rope_checks.py)."""
+
+from pathlib import Path
+
+import pytest
+from helpers import backend as torch_backend
+from rope_checks import CASES, check_rope_checkpoint, parametrize
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return torch_backend()
+
+
+@parametrize(CASES)
+def test_rope_checkpoint_matches_transformers(backend, tmp_path: Path, family: str, kind: str) -> None:
+    """A transformers-drawn checkpoint with the rope table `kind`: transformers' per-token losses below and above
+    the original length, its greedy tokens from prompts below, above and across it."""
+    check_rope_checkpoint(backend, tmp_path, family, kind)
