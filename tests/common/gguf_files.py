@@ -229,7 +229,7 @@ def gguf_of_model(path: Path, model: Any, vocabulary: Vocabulary) -> Path:
     """The GGUF file llama.cpp's converter writes of the transformers model `model` (a `*ForCausalLM` of GPT-2,
     Llama, Mistral, Qwen2, Gemma 2 or Phi-3; its vocabulary `vocabulary`): a Mistral as a "llama" file (its head
     size in `rope.dimension_count`, no sliding window), a tied head left out (GPT-2's written, as llama.cpp writes
-    it)."""
+    it), a llama3 rope table as its factors (`rope_freqs`)."""
     config = model.config
     architecture = "llama" if config.model_type == "mistral" else config.model_type
     weights = {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()
@@ -243,4 +243,20 @@ def gguf_of_model(path: Path, model: Any, vocabulary: Vocabulary) -> Path:
         shape = Shape(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                       config.intermediate_size, config.num_hidden_layers, head_dim, config.max_position_embeddings,
                       config.rope_parameters["rope_theta"], config.rms_norm_eps, window)
-    return write_gguf(path, weights, architecture, vocabulary, shape)
+    rope = getattr(config, "rope_parameters", None) or {}
+    extra = ({"rope_freqs.weight": llama3_rope_freqs(rope, shape.head_dim)} if rope.get("rope_type") == "llama3"
+             else None)
+    return write_gguf(path, weights, architecture, vocabulary, shape, extra)
+
+
+def llama3_rope_freqs(rope: dict[str, Any], head_dim: int) -> np.ndarray:
+    """The `rope_freqs` tensor llama.cpp's converter writes for a llama3 rope table (LlamaModel.generate_extra_tensors:
+    each frequency's factor, in float32)."""
+    frequencies = 1.0 / (np.float32(rope["rope_theta"]) ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    wavelengths = np.float32(2 * np.pi) / frequencies
+    original = rope.get("original_max_position_embeddings", 8192)
+    low, high, factor = rope["low_freq_factor"], rope["high_freq_factor"], rope["factor"]
+    smooth = (original / wavelengths - low) / (high - low)
+    smoothed = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelengths < original / high, 1.0,
+                    np.where(wavelengths > original / low, factor, smoothed)).astype(np.float32)

