@@ -230,6 +230,7 @@ GGUF_MODELS = {
     "llama3": ("llama", LLAMA3, {**_GGUF_SIZE, "rope_theta": 500000.0, "tie_word_embeddings": False}),
     "qwen2": ("qwen2", byte_vocabulary("qwen2"), {**_GGUF_SIZE, "tie_word_embeddings": False}),
     "mistral": ("mistral", SENTENCEPIECE, {**_GGUF_SIZE, "head_dim": 12}),
+    "mistral-nemo": ("mistral", byte_vocabulary("tekken"), {**_GGUF_SIZE, "head_dim": 12}),
     "gemma2": ("gemma2", SENTENCEPIECE, {**_GGUF_SIZE, "head_dim": 256, "query_pre_attn_scalar": 256,
                                          "sliding_window": 5}),
     "phi3": ("phi3", SENTENCEPIECE, _GGUF_SIZE),
@@ -238,9 +239,10 @@ GGUF_MODELS = {
 of ~10, so that a row order or an offset undone wrongly shows): GPT-2 (its own pre-tokenizer; n_positions 1024, the
 only one transformers' GGUF load builds), Llama 3 (its BPE vocabulary, pre-tokenizer and BOS; rope theta 500000, an
 untied head), Qwen2 (biases, its pre-tokenizer), Mistral (a "llama" file with a SentencePiece vocabulary and a head
-size not hidden / heads), Gemma 2 (norms stored as 1 + weight, tied, a window the rows exceed; head_dim 256 and
-query_pre_attn_scalar 256, which transformers' GGUF load assumes and tpuplex reads as llama.cpp does, from the head
-size) and Phi-3 (fused projections, its own word-start rule)."""
+size not hidden / heads; Mistral Nemo's with its byte-level Tekken vocabulary), Gemma 2 (norms stored as
+1 + weight, tied, a window the rows exceed; head_dim 256 and query_pre_attn_scalar 256, which transformers' GGUF
+load assumes and tpuplex reads as llama.cpp does, from the head size) and Phi-3 (fused projections, its own
+word-start rule)."""
 
 
 @pytest.mark.parametrize("name", GGUF_MODELS)
