@@ -35,7 +35,6 @@ class _Refused(Exception):
         self.error = error
 
 
-
 class Worker:
     """One `tpuplex tune` process: takes trials until the study has its N, then waits for those still running."""
 
