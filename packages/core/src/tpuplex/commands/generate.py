@@ -9,6 +9,9 @@ longer prompts keep their last C / 2 tokens, as nanoGPT's sample.py crops) and g
 compiled loop with a key/value cache; the next window continues from the last C / 2 tokens. So a run compiles one
 program for the first bucket and one for every later window, whatever the prompts' lengths. The draws come from
 `numpy.random.default_rng(seed)` (`tpuplex.protocol.Prompts`): a seed gives the same text on every backend.
+Each text is the new text alone, never the prompt before it: `Run.generate` returns it, the CLI prints it. The
+options are checked by type first (`check_number`: `temperature="hot"` is one line naming it), and characters of
+a prompt the checkpoint's tokenizer has no token for are counted in one line on stderr.
 With `chat`, each prompt is a user's message rendered by the checkpoint's chat template (ending in the assistant's
 turn; after a `system` message when one is given), and each answer ends at the end-of-text token. A chat prompt is
 never cropped (it would lose the template's start): one longer than C / 2 decodes in a wider window, up to what the
