@@ -65,7 +65,7 @@ def reach(url: str) -> tuple[Any, dict[str, Any], str]:
             pass
         engine.dispose()
     except ImportError as error:  # the driver the URL names is not installed
-        install = DRIVER_INSTALL.get(error.name or "", f"pip install {error.name}")
+        install = DRIVER_INSTALL.get(error.name or "", "install it")
         raise TpuplexError(f"--storage {shown} is read with the Python module {error.name}, which is not installed: "
                            f"{install}, or name an installed driver in the URL") from None
     except (sqlalchemy.exc.SQLAlchemyError, OSError) as error:
