@@ -8,7 +8,7 @@ from tpuplex import nn
 
 WIDTH = 64
 HIDDEN = 256
-"""Wide enough that the feed-forward weights ([256, 64]) are split over `fsdp` (`tpuplex.sharding.MIN_SHARDED_ELEMENTS`)."""
+"""Wide enough that the feed-forward weights ([256, 64]) split over `fsdp` (`tpuplex.sharding.MIN_SHARDED_ELEMENTS`)."""
 DROPOUT = 0.1
 
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 from fresh_process import tpuplex
 
 from tpuplex.data import images
-from tpuplex.tasks.image_classification.tf import decode_and_resize
+from tpuplex_tf.tasks.image_classification import decode_and_resize
 
 REPO = Path(__file__).resolve().parents[2]
 

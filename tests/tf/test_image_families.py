@@ -14,8 +14,8 @@ from helpers import LOGICAL_CPUS
 
 import torch
 from tpuplex.config import RuntimeConfig
-from tpuplex.layers.tf import TfOps
 from tpuplex_tf.backend import TfBackend
+from tpuplex_tf.ops import TfOps
 
 pytestmark = pytest.mark.started_first  # the tf session's longest file (2-replica training on each check)
 

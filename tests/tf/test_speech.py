@@ -15,7 +15,7 @@ from speech_checks import (  # noqa: F401  (collected here)
 )
 
 from tpuplex.data.audio import LogMel
-from tpuplex.tasks.speech_recognition.tf import log_mel
+from tpuplex_tf.tasks.speech_recognition import log_mel
 
 pytestmark = pytest.mark.started_first
 

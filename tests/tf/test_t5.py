@@ -78,7 +78,7 @@ def test_the_graph_tokenizer_gives_what_tokenizers_gives_on_real_text(tmp_path: 
     from tokenizers import Tokenizer, models
 
     from tpuplex.data.t5_tokenizer import graph_tokenizer, train_t5_tokenizer
-    from tpuplex.tasks.seq2seq.tf import TextTokenizer
+    from tpuplex_tf.tasks.seq2seq import TextTokenizer
 
     texts = []
     for task in ("MRPC", "RTE"):

@@ -29,8 +29,8 @@ def test_the_device_s_crops_and_flips_are_the_host_s_to_the_pixel(flowers_data):
     import numpy as np
 
     import torch
-    from tpuplex.layers.torch import TorchOps
     from tpuplex.tasks.image_classification.data import augment, augmentation_rows, crop_and_flip
+    from tpuplex_torch.ops import TorchOps
 
     images = flowers_data.train.images_held()
     index = np.arange(0, 64, 3)

@@ -4,7 +4,7 @@ import optax
 from smoothing import SMOOTHING
 
 import jax
-from tpuplex.tasks.sequence_classification import jax as classification
+from tpuplex_jax.tasks import sequence_classification as classification
 
 
 class Module(classification.Module):

@@ -4,7 +4,7 @@ classifier's."""
 import tensorflow as tf
 from smoothing import SMOOTHING
 
-from tpuplex.tasks.sequence_classification import tf as classification
+from tpuplex_tf.tasks import sequence_classification as classification
 
 
 class Module(classification.Module):

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from smoothing import SMOOTHING
 
 import torch
-from tpuplex.tasks.sequence_classification import torch as classification
+from tpuplex_torch.tasks import sequence_classification as classification
 
 
 class Module(classification.Module):

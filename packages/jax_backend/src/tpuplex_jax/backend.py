@@ -24,8 +24,6 @@ from tpuplex.data.batching import check_micro_batches
 from tpuplex.errors import TpuplexError
 from tpuplex.hardware import Topology
 from tpuplex.hosts import process_rows
-from tpuplex.kinds import jax as kinds_jax
-from tpuplex.layers.jax import Naming
 from tpuplex.protocol import (
     TARGETS,
     BackendBase,
@@ -38,9 +36,11 @@ from tpuplex.protocol import (
     device_dtype,
     head_inputs,
 )
-from tpuplex.tasks import jax as tasks_jax
 from tpuplex_jax import checkpoint, layout, step
+from tpuplex_jax import kinds as kinds_jax
+from tpuplex_jax import tasks as tasks_jax
 from tpuplex_jax.devices import select_devices
+from tpuplex_jax.ops import Naming
 
 
 @dataclasses.dataclass(frozen=True)

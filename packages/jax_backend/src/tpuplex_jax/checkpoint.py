@@ -15,10 +15,10 @@ import numpy as np
 import optax
 
 import jax
-from tpuplex.layers.jax import Naming, flax_views, to_portable_arrays, to_portable_slices
 from tpuplex.params import check_names
 from tpuplex.protocol import PortableState
 from tpuplex_jax.layout import host_array
+from tpuplex_jax.ops import Naming, flax_views, to_portable_arrays, to_portable_slices
 from tpuplex_jax.step import TrainState, adam_state, with_adam_state
 
 

@@ -20,8 +20,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import jax
 from tpuplex import sharding
-from tpuplex.layers.jax import Naming
 from tpuplex.params import from_torch_axes
+from tpuplex_jax.ops import Naming
 from tpuplex_jax.step import TrainState
 
 

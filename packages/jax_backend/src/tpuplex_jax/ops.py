@@ -9,7 +9,7 @@ on a mesh without ever being whole), `to_portable_arrays` / `to_portable_slices`
 each process's slices (parameters, and Adam moments, which share the layout). A model of
 your own gets a native `Naming`: its tree paths as they are.
 
-A framework module (docs/ARCHITECTURE.md): imported by the jax backend and the `jax.py` of tasks and model kinds.
+The jax backend's table (docs/ARCHITECTURE.md): its steps, and its kinds' and tasks' modules, build on it.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ import optax
 from flax import traverse_util
 
 import jax
-from tpuplex.layers.jax import Naming
 from tpuplex.protocol import OptimizerSpec, decays
+from tpuplex_jax.ops import Naming
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
 

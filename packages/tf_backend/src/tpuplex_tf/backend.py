@@ -14,10 +14,10 @@ import tensorflow as tf
 
 from tpuplex.config import RuntimeConfig
 from tpuplex.hardware import Topology
-from tpuplex.kinds import tf as kinds_tf
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState, Prompts
-from tpuplex.tasks import tf as tasks_tf
 from tpuplex_tf import checkpoint, export
+from tpuplex_tf import kinds as kinds_tf
+from tpuplex_tf import tasks as tasks_tf
 from tpuplex_tf.devices import build_strategy, use_xla
 from tpuplex_tf.step import Steps
 

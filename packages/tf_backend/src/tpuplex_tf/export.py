@@ -1,16 +1,16 @@
 """A trained model as a TensorFlow SavedModel for TF Serving: `tpuplex export RUN --format saved_model`.
 
 Written with Keras 3's `keras.export.ExportArchive`. The endpoints are the task's
-(`tpuplex.tasks.tf.TaskModule.serving`); `serving_default` takes, for text, what the tokenizer gives (the text
+(`tpuplex_tf.tasks.TaskModule.serving`); `serving_default` takes, for text, what the tokenizer gives (the text
 itself would need tokenizer ops that TensorFlow does not ship for every family's tokenizer; `tokenizers` runs beside
 the server instead),
 
     input_ids, token_type_ids, attention_mask   int32 [batch, length], any batch and length up to the model's
     -> the task's serving outputs (sequence classification: logits and probabilities [batch, num_labels])
 
-and for images encoded image bytes (`tpuplex.tasks.image_classification.tf`). A text-to-text run's takes texts and
+and for images encoded image bytes (`tpuplex_tf.tasks.image_classification`). A text-to-text run's takes texts and
 returns the texts greedy decoding writes, tokenized, decoded and detokenized inside the graph (its `token_ids`
-endpoint takes the ids; `tpuplex.tasks.seq2seq.tf`); load it after `import tensorflow_text`, whose ops it runs.
+endpoint takes the ids; `tpuplex_tf.tasks.seq2seq`); load it after `import tensorflow_text`, whose ops it runs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import keras
 
-from tpuplex.tasks.tf import TaskModule
+from tpuplex_tf.tasks import TaskModule
 
 
 def saved_model(model: Any, layer: keras.layers.Layer, task: TaskModule, folder: Path, data: Any) -> None:

@@ -5,7 +5,7 @@ Dropout is stateless: every dropout site draws its mask from `tf.random.stateles
 the `seed` argument, so a step is a pure function of (variables, batch, seed). That keeps XLA compilation, replicas
 and exact resume simple (the tf backend's train step derives the seed from the optimizer step and the replica).
 
-A framework module (docs/ARCHITECTURE.md): imported by the tf backend and the `tf.py` of tasks and model kinds only.
+The tf backend's table (docs/ARCHITECTURE.md): its steps, and its kinds' and tasks' modules, build on it.
 """
 
 from __future__ import annotations

@@ -44,9 +44,9 @@ import tensorflow as tf
 
 from tpuplex.data.batching import check_divisible, check_micro_batches
 from tpuplex.errors import TpuplexError
-from tpuplex.kinds.tf import Built
 from tpuplex.protocol import Batch, OptimizerSpec, batch_rows, decays, device_dtype, head_inputs
-from tpuplex.tasks.tf import TaskModule
+from tpuplex_tf.kinds import Built
+from tpuplex_tf.tasks import TaskModule
 
 
 class Steps:

@@ -12,10 +12,10 @@ import torch
 from tpuplex.config import RuntimeConfig
 from tpuplex.errors import TpuplexError
 from tpuplex.hardware import Topology
-from tpuplex.kinds import torch as kinds_torch
 from tpuplex.protocol import BackendBase, Batch, ModelSpec, OptimizerSpec, PortableState, Prompts
-from tpuplex.tasks import torch as tasks_torch
 from tpuplex_torch import checkpoint, devices, export, step
+from tpuplex_torch import kinds as kinds_torch
+from tpuplex_torch import tasks as tasks_torch
 from tpuplex_torch.step import TorchState
 
 

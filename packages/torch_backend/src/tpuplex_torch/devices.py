@@ -46,8 +46,8 @@ from tpuplex.data.batching import check_divisible
 from tpuplex.errors import MeshError, TpuplexError
 from tpuplex.hardware import Topology
 from tpuplex.hosts import process_rows
-from tpuplex.layers.torch import Float8Matmuls, layers
 from tpuplex.protocol import TARGETS, Batch, batch_rows, device_dtype
+from tpuplex_torch.ops import Float8Matmuls, layers
 
 WeightedLoss = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 """(model, micro-batch) -> sum over the rows (or tokens) of weight * loss, a float32 scalar: what a placement
@@ -109,7 +109,7 @@ class Placement(abc.ABC):
     row_processes: int = 1
 
     def building(self) -> contextlib.AbstractContextManager:
-        """The context a model kind builds its module in (`tpuplex.kinds.torch`): as it is, unless `shard` will
+        """The context a model kind builds its module in (`tpuplex_torch.kinds`): as it is, unless `shard` will
         split the parameters (then they are made on the meta device)."""
         return contextlib.nullcontext()
 
@@ -280,7 +280,7 @@ class EagerPlacement(Placement):
         self._graphs_skipped_said = False
 
     def shard(self, module: torch.nn.Module) -> torch.nn.Module:
-        """FSDP2 over the (data, fsdp) mesh: `fully_shard` on every layer (`tpuplex.layers.torch.layers`: so one
+        """FSDP2 over the (data, fsdp) mesh: `fully_shard` on every layer (`tpuplex_torch.ops.layers`: so one
         layer's weights are gathered at a time), then on the root; each parameter split on the dimension the core's
         layout gives it (`tpuplex.sharding.layout`; dimension 0 where the core keeps it whole, as FSDP2 splits every
         parameter). FSDP2 averages the gradients over the processes (gloo has no pre-scaled sum for a factor of

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tpuplex.tasks.torch import TaskModule
+from tpuplex_torch.tasks import TaskModule
 
 
 def torch_export(model: torch.nn.Module, task: TaskModule, folder: Path, data: Any) -> None:

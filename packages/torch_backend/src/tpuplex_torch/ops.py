@@ -1,8 +1,7 @@
 """What every PyTorch module of tpuplex shares: activations by HF name, parameters registered under dotted names,
 and the table of operations the networks written once run on (`TorchOps`, `tpuplex.models.ops`).
 
-A framework module (docs/ARCHITECTURE.md): imported by the torch backend and the `torch.py` of tasks and model
-kinds only.
+The torch backend's table (docs/ARCHITECTURE.md): its steps, and its kinds' and tasks' modules, build on it.
 """
 
 from __future__ import annotations

@@ -20,18 +20,18 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import torch
 from tpuplex.data.batching import check_micro_batches
-from tpuplex.kinds.torch import Forward
-from tpuplex.layers.torch import Float8Matmuls, float8_products
 from tpuplex.protocol import Batch, OptimizerSpec, batch_rows, decays
-from tpuplex.tasks.torch import TaskModule
 from tpuplex_torch.devices import Placement, WeightedLoss
+from tpuplex_torch.kinds import Forward
+from tpuplex_torch.ops import Float8Matmuls, float8_products
+from tpuplex_torch.tasks import TaskModule
 
 
 @dataclasses.dataclass
 class TorchState:
-    """The training state, updated in place. forward: how to call the model (`tpuplex.kinds.torch.Built`);
+    """The training state, updated in place. forward: how to call the model (`tpuplex_torch.kinds.Built`);
     train_loss: a micro-batch's weighted loss sum as the train step calls it (`weighted_loss`; compiled under
-    torch_mode "compile" and "cuda_graphs"); task: the task's torch module (`tpuplex.tasks.torch.TaskModule`:
+    torch_mode "compile" and "cuda_graphs"); task: the task's torch module (`tpuplex_torch.tasks.TaskModule`:
     `unit_losses`, `predict_outputs`); buffer_names: the model's buffers that checkpoints carry (a user model's
     batch-norm statistics); float8: the float8 products the training forward runs (`train.fp8`; None: none);
     step: optimizer updates applied so far."""

@@ -11,7 +11,7 @@ and a `tokenizer_config.json` with which transformers' AutoTokenizer loads it as
 T5Tokenizer rebuilds T5's own normaliser (no lower-casing) around the vocabulary, so text would tokenize otherwise.
 
 `graph_tokenizer` gives what a TensorFlow graph needs to tokenize as such a tokenizer does (a text-to-text
-SavedModel that takes text: `tpuplex.tasks.seq2seq.tf`): its Unigram pieces and scores as a SentencePiece model,
+SavedModel that takes text: `tpuplex_tf.tasks.seq2seq`): its Unigram pieces and scores as a SentencePiece model,
 which tensorflow-text runs, and the steps around the model the graph writes in TensorFlow's string ops.
 """
 

@@ -5,16 +5,16 @@
     decoder an HF decoder language model family (GPT-2, Llama, Qwen2, Mistral, Gemma 2, Phi-3)
     encoder_decoder  an HF encoder-decoder (T5)
     speech  a speech model family (a Conformer for CTC)
-    own     your own network (`model.architecture`) in the backend's framework (`tpuplex.models.user`)
+    own     your own network (`model.architecture`): written once (`tpuplex.nn`), or in the backend's framework
 
     kind = kinds.resolve(config, task)    # the ModelKind of this run, checked against the task's `model_kinds`
     kind.checkpoint_dir                   # the folder of the weights and a text task's tokenizer (or None)
     kind.check(config); kind.check_data(data)
     model = kind.spec(config, task, data) # the ModelSpec a backend builds: initial state from the core
 
-A kind is one folder (`tpuplex/kinds/<kind>/`): `__init__.py`, framework-free (which families it answers to, how
-its initial state is drawn or read), and one module per framework (`tf.py`, `jax.py`, `torch.py`) whose
-`KindModule` builds the network (the contract is `tpuplex.kinds.<framework>`); `frameworks` names them. The
+A kind is framework-free here (`tpuplex/kinds/<kind>/`: which families it answers to, how its initial state is
+drawn or read); each backend package holds its `KindModule`, which builds the network
+(`tpuplex_<backend>.kinds.<kind>`, the contract in `tpuplex_<backend>.kinds`); `frameworks` names them. The
 backends call `build` of the kind a spec names and never ask which kind it is.
 """
 
@@ -158,10 +158,16 @@ def mismatch(config: Any, task: Any, kind: ModelKind) -> str:
             f"cannot train: give a checkpoint folder of a {model_types} model{own}")
 
 
+def backend_modules(kind: str, name: str) -> dict[str, str]:
+    """`ModelKind.frameworks` of a kind whose framework modules each backend package holds:
+    `tpuplex_<backend>.kinds.<kind>:<name>`."""
+    return {framework: f"tpuplex_{framework}.kinds.{kind}:{name}" for framework in ("jax", "tf", "torch")}
+
+
 def framework_module(spec: ModelSpec, framework: str, contract: type) -> Any:
-    """The `KindModule` of `framework` (a subclass of `contract`, in `tpuplex.kinds.<framework>`) of the kind
+    """The `KindModule` of `framework` (a subclass of `contract`, in `tpuplex_<framework>.kinds`) of the kind
     `spec` was resolved to, imported and constructed now."""
     return construct(spec.kind.frameworks[framework], f"the {spec.kind.name} model's {framework} module", contract)
 
 
-__all__ = ["ModelKind", "family_kinds", "framework_module", "mismatch", "resolve", "with_adapters"]
+__all__ = ["ModelKind", "backend_modules", "family_kinds", "framework_module", "mismatch", "resolve", "with_adapters"]

@@ -2,7 +2,7 @@
 
 The networks (`tpuplex.models.decoder.forward`, `tpuplex.models.encoder.forward`, `tpuplex.models.t5`,
 `tpuplex.models.vit.forward`, `tpuplex.models.resnet.forward`, `tpuplex.models.conformer.forward`) are plain Python
-over this table; each framework gives it once (`tpuplex.layers.{jax,tf,torch}`: `JaxOps`, `TfOps`, `TorchOps`), the way
+over this table; each framework gives it once (`tpuplex_{jax,tf,torch}.ops`: `JaxOps`, `TfOps`, `TorchOps`), the way
 Keras 3 writes its layers over `keras.ops`. The table holds only what truly differs between frameworks: the fused
 kernels each one has (attention, norms), how dropout draws its masks, how an embedding is gathered, how a cache is
 written in place or as a new array. Arithmetic, slicing (`x[..., :h]`), comparisons and `&` on boolean tensors

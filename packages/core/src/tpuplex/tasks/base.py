@@ -7,7 +7,7 @@ specific to its problem, in two halves:
   batches, its options (`[task]` fields), the head each model family gets under HF names, its metrics, its
   prediction files and what an HF export says about it;
 - one small module per framework (`Task.backends["jax" | "tf" | "torch"]`), a subclass of that framework's
-  `TaskModule` (`tpuplex.tasks.jax`, `.tf`, `.torch`: the same method names in each) with the head, what the
+  `TaskModule` (`tpuplex_jax.tasks`, `.tf`, `.torch`: the same method names in each) with the head, what the
   model is called with, the loss of each unit the task weighs (an example, a token, a masked position) and
   serving.
 
@@ -133,9 +133,10 @@ class TaskData:
 
 
 def framework_modules(package: str) -> dict[str, str]:
-    """`Task.backends` for a task folder `package` with a `jax.py`, `tf.py` and `torch.py`, each naming its
-    `TaskModule` subclass `Module`."""
-    return {framework: f"{package}.{framework}:Module" for framework in ("jax", "tf", "torch")}
+    """`Task.backends` of the built-in task `package` (`tpuplex.tasks.<task>`), whose framework modules each
+    backend package holds: `tpuplex_<backend>.tasks.<task>:Module`, a `TaskModule` subclass."""
+    task = package.rsplit(".", 1)[-1]
+    return {framework: f"tpuplex_{framework}.tasks.{task}:Module" for framework in ("jax", "tf", "torch")}
 
 
 class Task:

@@ -15,8 +15,8 @@ import numpy as np
 
 from tpuplex import kinds
 from tpuplex.errors import TpuplexError
-from tpuplex.layers.jax import Naming
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
+from tpuplex_jax.ops import Naming
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Built:
 class KindModule(abc.ABC):
     @abc.abstractmethod
     def build(self, spec: ModelSpec, task: Any, optimizer: OptimizerSpec, batch_shards: int) -> Built:
-        """The network of `spec` with the task's parts (`tpuplex.tasks.jax.TaskModule`), computing in bfloat16
+        """The network of `spec` with the task's parts (`tpuplex_jax.tasks.TaskModule`), computing in bfloat16
         when `optimizer.bf16` (parameters stay float32); `batch_shards`: the parts the global batch is split into
         (what per-replica batch norm takes its statistics over)."""
 

@@ -1,6 +1,6 @@
 """The decoder families in Flax: the parameters as a flat tree under their canonical names in the portable layout,
 run by the forward pass written once (`tpuplex.models.decoder.forward`) over jax's table of operations
-(`tpuplex.layers.jax.JaxOps`). The same call trains (no cache: causal attention over the rows) and decodes (a
+(`tpuplex_jax.ops.JaxOps`). The same call trains (no cache: causal attention over the rows) and decodes (a
 key/value cache of S positions written at `cache_index`, with a key mask for left-padded prompts); `generate` runs
 the whole decoding loop as one compiled program per (prompt bucket, new tokens).
 """
@@ -16,13 +16,13 @@ import numpy as np
 
 import jax
 from tpuplex.kinds.decoder import parameter_names, parameter_shapes
-from tpuplex.kinds.jax import Built, KindModule
-from tpuplex.layers.jax import JaxOps, Naming, flax_views
 from tpuplex.models import decoder
 from tpuplex.models.decoder import DecoderArch
 from tpuplex.models.lora import Lora
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
+from tpuplex_jax.kinds import Built, KindModule
+from tpuplex_jax.ops import JaxOps, Naming, flax_views
 
 
 class DecoderModel(nn.Module):

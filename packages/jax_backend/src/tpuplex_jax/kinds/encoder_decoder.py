@@ -1,5 +1,5 @@
 """T5 in Flax: the parameters as a flat tree under their canonical names in the portable layout, run by the forward
-pass written once (`tpuplex.models.t5`) over jax's table of operations (`tpuplex.layers.jax.JaxOps`). `generate`
+pass written once (`tpuplex.models.t5`) over jax's table of operations (`tpuplex_jax.ops.JaxOps`). `generate`
 encodes once and runs one compiled decoder step per token (`tpuplex.models.search`), the self-attention cache
 reordered by the search inside that step: one program per (input bucket, rows, new tokens), none per token.
 """
@@ -15,12 +15,12 @@ import numpy as np
 
 import jax
 from tpuplex.kinds.encoder_decoder import parameter_names, parameter_shapes
-from tpuplex.kinds.jax import Built, KindModule
-from tpuplex.layers.jax import JaxOps, Naming, flax_views
 from tpuplex.models import search, t5
 from tpuplex.models.t5 import T5Arch
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
+from tpuplex_jax.kinds import Built, KindModule
+from tpuplex_jax.ops import JaxOps, Naming, flax_views
 
 
 class T5Model(nn.Module):

@@ -18,13 +18,13 @@ import numpy as np
 
 import jax
 from tpuplex.kinds.image import example_image_shape
-from tpuplex.kinds.jax import Built, KindModule
-from tpuplex.layers.jax import JaxOps, Naming, flax_views
 from tpuplex.models import resnet, vit
 from tpuplex.models.resnet import ResNet
 from tpuplex.models.vit import ViT
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_jax.kinds import Built, KindModule
+from tpuplex_jax.ops import JaxOps, Naming, flax_views
 
 MOMENTUM, EPSILON = 0.1, 1e-5
 """torch.nn.BatchNorm2d's defaults, which HF's ResNet keeps."""

@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax
-from tpuplex.kinds.jax import Built, KindModule
-from tpuplex.layers.jax import JaxOps, Naming, flax_views
 from tpuplex.models import user
 from tpuplex.nn import Network
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_jax.kinds import Built, KindModule
+from tpuplex_jax.ops import JaxOps, Naming, flax_views
 
 
 class NetworkHolder(nn.Module):

@@ -6,10 +6,10 @@ import flax.linen as nn
 import numpy as np
 
 import jax
-from tpuplex.kinds.jax import Built, KindModule
-from tpuplex.layers.jax import Naming
 from tpuplex.models import user
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_jax.kinds import Built, KindModule
+from tpuplex_jax.ops import Naming
 
 
 class OwnModel(KindModule):

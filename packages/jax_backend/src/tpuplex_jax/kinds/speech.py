@@ -1,5 +1,5 @@
 """The speech families in Flax: the parameters under their names, run by the forward pass written once
-(`tpuplex.models.conformer.forward`) over jax's table of operations (`tpuplex.layers.jax.JaxOps`)."""
+(`tpuplex.models.conformer.forward`) over jax's table of operations (`tpuplex_jax.ops.JaxOps`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax
-from tpuplex.kinds.jax import Built, KindModule
-from tpuplex.layers.jax import JaxOps, Naming, flax_views
 from tpuplex.models.conformer import ConformerArch, forward
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_jax.kinds import Built, KindModule
+from tpuplex_jax.ops import JaxOps, Naming, flax_views
 
 
 class SpeechModel(nn.Module):

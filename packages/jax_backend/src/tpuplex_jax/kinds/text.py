@@ -1,6 +1,6 @@
 """Text encoder families in Flax: the parameters as a flat tree under their canonical names in the portable layout,
 run by the encoder written once (`tpuplex.models.encoder.forward`) and the task's head
-(`tpuplex.tasks.base.Head.forward`) over jax's table of operations (`tpuplex.layers.jax.JaxOps`).
+(`tpuplex.tasks.base.Head.forward`) over jax's table of operations (`tpuplex_jax.ops.JaxOps`).
 
 Linen rather than NNX: the training step is a pure function of a parameter pytree (`model.apply(params, ...)`),
 which is what `jax.jit`, `jax.grad` and optax consume directly, with no split/merge of module state.
@@ -14,14 +14,14 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 import jax
-from tpuplex.kinds.jax import Built, KindModule
 from tpuplex.kinds.text import expected_shapes
-from tpuplex.layers.jax import JaxOps, Naming, flax_views
 from tpuplex.models import encoder
 from tpuplex.models.architecture import Architecture
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.base import Head
+from tpuplex_jax.kinds import Built, KindModule
+from tpuplex_jax.ops import JaxOps, Naming, flax_views
 
 
 class EncoderModel(nn.Module):

@@ -1,6 +1,7 @@
 """The contract of a task's Flax (JAX) module, what the jax backend and the model kinds call.
 
-A task's `jax.py` subclasses `TaskModule` and `Task.backends["jax"]` names the class ("package.module:Class").
+A task's module here (`tpuplex_jax.tasks.<task>`, or a module of your own task's) subclasses `TaskModule` and
+`Task.backends["jax"]` names the class ("package.module:Class").
 Rows here are one replica's arrays: the model's inputs, `labels` and `weight` (the task's loss units), and the
 head's inputs (`tpuplex.protocol.head_inputs`).
 """

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import optax
 
 import jax
-from tpuplex.layers.jax import JaxOps
-from tpuplex.tasks import jax as tasks_jax
 from tpuplex.tasks.image_classification.data import crop_and_flip
+from tpuplex_jax import tasks as tasks_jax
+from tpuplex_jax.ops import JaxOps
 
 
 class Module(tasks_jax.TaskModule):

@@ -4,7 +4,7 @@ written once: the decoder tied to the word embeddings, on the masked positions o
 from __future__ import annotations
 
 import jax
-from tpuplex.tasks import jax as tasks_jax
+from tpuplex_jax import tasks as tasks_jax
 
 
 class Module(tasks_jax.TaskModule):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 from tpuplex.models.t5 import INPUTS
-from tpuplex.tasks import jax as tasks_jax
+from tpuplex_jax import tasks as tasks_jax
 
 
 class Module(tasks_jax.TaskModule):

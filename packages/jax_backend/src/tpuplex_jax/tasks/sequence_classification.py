@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import optax
 
 import jax
-from tpuplex.tasks import jax as tasks_jax
+from tpuplex_jax import tasks as tasks_jax
 
 
 class Module(tasks_jax.TaskModule):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import optax
 
 import jax
-from tpuplex.tasks import jax as tasks_jax
+from tpuplex_jax import tasks as tasks_jax
 
 
 class Module(tasks_jax.TaskModule):

@@ -57,7 +57,7 @@ class Built:
 class KindModule(abc.ABC):
     @abc.abstractmethod
     def build(self, spec: ModelSpec, task: Any, optimizer: OptimizerSpec) -> Built:
-        """The network of `spec` with the task's parts (`tpuplex.tasks.tf.TaskModule`), every dropout rate 0
+        """The network of `spec` with the task's parts (`tpuplex_tf.tasks.TaskModule`), every dropout rate 0
         unless `spec.dropout`."""
 
     def generate(self, network: Network, prompts: Prompts) -> np.ndarray:

@@ -1,6 +1,6 @@
 """The decoder families in Keras (TensorFlow): the parameters as variables under their HF names in the portable
 layout, run by the forward pass written once (`tpuplex.models.decoder.forward`) over TensorFlow's table of
-operations (`tpuplex.layers.tf.TfOps`), dropout stateless from `seed`. `generate` runs the whole decoding loop in
+operations (`tpuplex_tf.ops.TfOps`), dropout stateless from `seed`. `generate` runs the whole decoding loop in
 one XLA-compiled `tf.function` per (prompt bucket, new tokens).
 """
 
@@ -13,12 +13,12 @@ import numpy as np
 import tensorflow as tf
 
 from tpuplex.kinds.decoder import parameter_names, parameter_shapes
-from tpuplex.kinds.tf import Built, KindModule
-from tpuplex.layers.tf import TfOps, Variables
 from tpuplex.models import decoder
 from tpuplex.models.decoder import DecoderArch
 from tpuplex.models.lora import Lora
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
+from tpuplex_tf.kinds import Built, KindModule
+from tpuplex_tf.ops import TfOps, Variables
 
 
 class DecoderModel(keras.Model):

@@ -1,5 +1,5 @@
 """T5 in Keras (TensorFlow): the parameters as variables under their HF names in the portable layout, run by the
-forward pass written once (`tpuplex.models.t5`) over TensorFlow's table of operations (`tpuplex.layers.tf.TfOps`),
+forward pass written once (`tpuplex.models.t5`) over TensorFlow's table of operations (`tpuplex_tf.ops.TfOps`),
 dropout stateless from `seed`. `generate` encodes once and runs one XLA-compiled decoder step per token
 (`tpuplex.models.search`), the self-attention cache reordered by the search inside that step.
 """
@@ -13,11 +13,11 @@ import numpy as np
 import tensorflow as tf
 
 from tpuplex.kinds.encoder_decoder import parameter_names, parameter_shapes
-from tpuplex.kinds.tf import Built, KindModule
-from tpuplex.layers.tf import TfOps, Variables
 from tpuplex.models import search, t5
 from tpuplex.models.t5 import T5Arch
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
+from tpuplex_tf.kinds import Built, KindModule
+from tpuplex_tf.ops import TfOps, Variables
 
 
 class T5Model(keras.Model):

@@ -13,12 +13,12 @@ import keras
 import tensorflow as tf
 
 from tpuplex.kinds.image import example_image_shape
-from tpuplex.kinds.tf import Built, KindModule
-from tpuplex.layers.tf import TfOps, Variables
 from tpuplex.models import resnet, vit
 from tpuplex.models.resnet import ResNet
 from tpuplex.models.vit import ViT
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_tf.kinds import Built, KindModule
+from tpuplex_tf.ops import TfOps, Variables
 
 MOMENTUM, EPSILON = 0.1, 1e-5
 """torch.nn.BatchNorm2d's defaults, which HF's ResNet keeps."""

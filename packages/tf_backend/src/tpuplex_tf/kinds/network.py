@@ -9,11 +9,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpuplex.kinds.tf import Built, KindModule
-from tpuplex.layers.tf import TfOps, Variables
 from tpuplex.models import user
 from tpuplex.nn import Network
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_tf.kinds import Built, KindModule
+from tpuplex_tf.ops import TfOps, Variables
 
 
 class NetworkHolder(keras.Model):

@@ -7,10 +7,10 @@ import numpy as np
 import tensorflow as tf
 
 from tpuplex.errors import TpuplexError
-from tpuplex.kinds.tf import Built, KindModule
-from tpuplex.layers.tf import Variables
 from tpuplex.models import user
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_tf.kinds import Built, KindModule
+from tpuplex_tf.ops import Variables
 
 
 class UserClassifier:

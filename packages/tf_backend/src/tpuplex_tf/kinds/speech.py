@@ -1,5 +1,5 @@
 """The speech families in Keras (TensorFlow): the parameters as variables under their names, run by the forward pass
-written once (`tpuplex.models.conformer.forward`) over TensorFlow's table of operations (`tpuplex.layers.tf.TfOps`)."""
+written once (`tpuplex.models.conformer.forward`) over TensorFlow's table of operations (`tpuplex_tf.ops.TfOps`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpuplex.kinds.tf import Built, KindModule
-from tpuplex.layers.tf import TfOps, Variables
 from tpuplex.models.conformer import ConformerArch, forward
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_tf.kinds import Built, KindModule
+from tpuplex_tf.ops import TfOps, Variables
 
 
 class SpeechModel(keras.Model):

@@ -1,6 +1,6 @@
 """Text encoder families in Keras (TensorFlow): the parameters as variables under their HF names in the portable
 layout, run by the encoder written once (`tpuplex.models.encoder.forward`) and the task's head
-(`tpuplex.tasks.base.Head.forward`) over TensorFlow's table of operations (`tpuplex.layers.tf.TfOps`), dropout
+(`tpuplex.tasks.base.Head.forward`) over TensorFlow's table of operations (`tpuplex_tf.ops.TfOps`), dropout
 stateless from `seed`.
 """
 
@@ -11,12 +11,12 @@ import tensorflow as tf
 
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.text import expected_shapes
-from tpuplex.kinds.tf import Built, KindModule
-from tpuplex.layers.tf import TfOps, Variables
 from tpuplex.models import encoder
 from tpuplex.models.architecture import Architecture
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.base import Head
+from tpuplex_tf.kinds import Built, KindModule
+from tpuplex_tf.ops import TfOps, Variables
 
 
 class EncoderModel(keras.Model):

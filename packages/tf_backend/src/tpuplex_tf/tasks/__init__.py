@@ -1,6 +1,7 @@
 """The contract of a task's Keras (TensorFlow) module, what the tf backend and the model kinds call.
 
-A task's `tf.py` subclasses `TaskModule` and `Task.backends["tf"]` names the class ("package.module:Class").
+A task's module here (`tpuplex_tf.tasks.<task>`, or a module of your own task's) subclasses `TaskModule` and
+`Task.backends["tf"]` names the class ("package.module:Class").
 Batches here are dicts of tensors: the model's inputs, `labels` and `weight` (the task's loss units), and the
 head's inputs (`tpuplex.protocol.head_inputs`).
 """

@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpuplex.tasks import tf as tasks_tf
+from tpuplex_tf import tasks as tasks_tf
 
 
 class Module(tasks_tf.TaskModule):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tpuplex.tasks import tf as tasks_tf
+from tpuplex_tf import tasks as tasks_tf
 
 
 class Module(tasks_tf.TaskModule):

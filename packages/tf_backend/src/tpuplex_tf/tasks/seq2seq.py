@@ -11,7 +11,7 @@ from tpuplex.data.t5_tokenizer import GraphTokenizer, graph_tokenizer
 from tpuplex.errors import TpuplexError
 from tpuplex.models import t5
 from tpuplex.models.t5 import INPUTS
-from tpuplex.tasks import tf as tasks_tf
+from tpuplex_tf import tasks as tasks_tf
 
 
 class Module(tasks_tf.TaskModule):

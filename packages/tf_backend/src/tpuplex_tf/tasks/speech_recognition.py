@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 
 from tpuplex.data.audio import EPSILON, LogMel, mel_matrix
-from tpuplex.tasks import tf as tasks_tf
 from tpuplex.tasks.speech_recognition.data import BLANK
+from tpuplex_tf import tasks as tasks_tf
 
 
 class Module(tasks_tf.TaskModule):

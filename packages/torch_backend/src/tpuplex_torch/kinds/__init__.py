@@ -40,7 +40,7 @@ class Built:
 class KindModule(abc.ABC):
     @abc.abstractmethod
     def build(self, spec: ModelSpec, task: Any, optimizer: OptimizerSpec) -> Built:
-        """The model of `spec` with the task's parts (`tpuplex.tasks.torch.TaskModule`), every dropout off unless
+        """The model of `spec` with the task's parts (`tpuplex_torch.tasks.TaskModule`), every dropout off unless
         `spec.dropout`."""
 
     def generate(self, model: torch.nn.Module, prompts: Prompts) -> np.ndarray:

@@ -1,5 +1,5 @@
 """The decoder families in PyTorch: the parameters held under their HF names, run by the forward pass written once
-(`tpuplex.models.decoder.forward`) over torch's table of operations (`tpuplex.layers.torch.TorchOps`).
+(`tpuplex.models.decoder.forward`) over torch's table of operations (`tpuplex_torch.ops.TorchOps`).
 
 `DecoderModel` registers every parameter under its family's HF name, in HF's layout, so `named_parameters()` is a
 `from_pretrained` state dict and checkpoints are portable as they are; each layer is a `DecoderBlock` module at its
@@ -15,13 +15,13 @@ import numpy as np
 
 import torch
 from tpuplex.kinds.decoder import parameter_names, parameter_shapes
-from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import Layer, Slots, TorchOps, add_module_at, common_prefix, read_slots, register_parameters
 from tpuplex.models import decoder
 from tpuplex.models.decoder import DecoderArch
 from tpuplex.models.lora import Lora
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts, head_inputs
+from tpuplex_torch.kinds import Built, KindModule
+from tpuplex_torch.ops import Layer, Slots, TorchOps, add_module_at, common_prefix, read_slots, register_parameters
 
 
 class DecoderModel(torch.nn.Module):

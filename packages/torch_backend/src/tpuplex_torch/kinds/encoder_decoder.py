@@ -1,5 +1,5 @@
 """T5 in PyTorch: the parameters held under their HF names, run by the forward pass written once
-(`tpuplex.models.t5`) over torch's table of operations (`tpuplex.layers.torch.TorchOps`).
+(`tpuplex.models.t5`) over torch's table of operations (`tpuplex_torch.ops.TorchOps`).
 
 `T5Model` registers every parameter under its HF name in HF's layout, so `named_parameters()` is a
 `from_pretrained` state dict. `generate` encodes once and decodes one token per call over a self-attention cache
@@ -14,12 +14,12 @@ import numpy as np
 
 import torch
 from tpuplex.kinds.encoder_decoder import parameter_names, parameter_shapes
-from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import TorchOps, read_slots, register_parameters
 from tpuplex.models import search, t5
 from tpuplex.models.t5 import T5Arch
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
+from tpuplex_torch.kinds import Built, KindModule
+from tpuplex_torch.ops import TorchOps, read_slots, register_parameters
 
 
 class T5Model(torch.nn.Module):

@@ -1,5 +1,5 @@
 """Image families in PyTorch: each the forward pass written once (`tpuplex.models.vit.forward`,
-`tpuplex.models.resnet.forward`) over torch's table of operations (`tpuplex.layers.torch.TorchOps`), its parameters
+`tpuplex.models.resnet.forward`) over torch's table of operations (`tpuplex_torch.ops.TorchOps`), its parameters
 registered under their HF names (a ViT layer a `Layer`, FSDP2's unit). Both take the core's parameters and
 batch-norm statistics (the backend restores them)."""
 
@@ -10,11 +10,11 @@ from collections.abc import Callable, Mapping
 
 import torch
 from tpuplex import models
-from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import Layer, Slots, TorchOps, add_module_at, read_slots, register_parameters
 from tpuplex.models import resnet, vit
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_torch.kinds import Built, KindModule
+from tpuplex_torch.ops import Layer, Slots, TorchOps, add_module_at, read_slots, register_parameters
 
 
 class ViTModel(torch.nn.Module):

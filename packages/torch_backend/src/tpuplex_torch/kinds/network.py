@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 
 import torch
-from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import TorchOps, read_slots, register_parameters
 from tpuplex.models import user
 from tpuplex.nn import Network
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_torch.kinds import Built, KindModule
+from tpuplex_torch.ops import TorchOps, read_slots, register_parameters
 
 
 class NetworkHolder(torch.nn.Module):

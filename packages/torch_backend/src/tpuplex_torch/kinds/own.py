@@ -7,9 +7,9 @@ import functools
 from collections.abc import Callable, Mapping
 
 import torch
-from tpuplex.kinds.torch import Built, KindModule
 from tpuplex.models import user
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_torch.kinds import Built, KindModule
 
 
 class OwnModel(KindModule):

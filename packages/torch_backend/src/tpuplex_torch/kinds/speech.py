@@ -1,5 +1,5 @@
 """The speech families in PyTorch: the parameters under their names, run by the forward pass written once
-(`tpuplex.models.conformer.forward`) over torch's table of operations (`tpuplex.layers.torch.TorchOps`)."""
+(`tpuplex.models.conformer.forward`) over torch's table of operations (`tpuplex_torch.ops.TorchOps`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 
 import torch
-from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import TorchOps, read_slots, register_parameters
 from tpuplex.models.conformer import ConformerArch, forward
 from tpuplex.protocol import ModelSpec, OptimizerSpec
+from tpuplex_torch.kinds import Built, KindModule
+from tpuplex_torch.ops import TorchOps, read_slots, register_parameters
 
 
 class SpeechModel(torch.nn.Module):

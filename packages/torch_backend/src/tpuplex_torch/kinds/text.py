@@ -1,6 +1,6 @@
 """Text encoder families in PyTorch: the parameters held under their HF names, run by the encoder written once
 (`tpuplex.models.encoder.forward`) and the task's head (`tpuplex.tasks.base.Head.forward`) over torch's table of
-operations (`tpuplex.layers.torch.TorchOps`).
+operations (`tpuplex_torch.ops.TorchOps`).
 
 `EncoderModel` registers every parameter under its family's HF name in the portable layout (a Linear [out, in]),
 so `named_parameters()` is a `from_pretrained` state dict (a tied decoder appears once, as the word embeddings);
@@ -14,13 +14,13 @@ from collections.abc import Mapping
 
 import torch
 from tpuplex.kinds.text import expected_shapes
-from tpuplex.kinds.torch import Built, KindModule
-from tpuplex.layers.torch import Layer, Slots, TorchOps, add_module_at, common_prefix, read_slots, register_parameters
 from tpuplex.models import encoder
 from tpuplex.models.architecture import Architecture
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, head_inputs
 from tpuplex.tasks.base import Head
+from tpuplex_torch.kinds import Built, KindModule
+from tpuplex_torch.ops import Layer, Slots, TorchOps, add_module_at, common_prefix, read_slots, register_parameters
 
 
 class EncoderModel(torch.nn.Module):

@@ -1,6 +1,7 @@
 """The contract of a task's PyTorch module, what the torch backend and the model kinds call.
 
-A task's `torch.py` subclasses `TaskModule` and `Task.backends["torch"]` names the class ("package.module:Class").
+A task's module here (`tpuplex_torch.tasks.<task>`, or a module of your own task's) subclasses `TaskModule` and
+`Task.backends["torch"]` names the class ("package.module:Class").
 Batches here are dicts of tensors: the model's inputs, `labels` and `weight` (the task's loss units), and the
 head's inputs (`tpuplex.protocol.head_inputs`).
 """

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 import torch.nn.functional as F
 
 import torch
-from tpuplex.layers.torch import TorchOps
-from tpuplex.tasks import torch as tasks_torch
 from tpuplex.tasks.image_classification.data import crop_and_flip
+from tpuplex_torch import tasks as tasks_torch
+from tpuplex_torch.ops import TorchOps
 
 
 class Module(tasks_torch.TaskModule):

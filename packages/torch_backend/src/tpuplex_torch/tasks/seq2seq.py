@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from tpuplex.tasks import torch as tasks_torch
+from tpuplex_torch import tasks as tasks_torch
 
 
 class Module(tasks_torch.TaskModule):

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 import torch
 from tpuplex.models.conformer import SERVED_FRAMES
-from tpuplex.tasks import torch as tasks_torch
 from tpuplex.tasks.speech_recognition.data import BLANK
+from tpuplex_torch import tasks as tasks_torch
 
 
 class Module(tasks_torch.TaskModule):

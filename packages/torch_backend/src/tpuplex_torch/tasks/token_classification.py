@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import torch.nn.functional as F
 
 import torch
-from tpuplex.tasks import torch as tasks_torch
+from tpuplex_torch import tasks as tasks_torch
 
 
 class Module(tasks_torch.TaskModule):

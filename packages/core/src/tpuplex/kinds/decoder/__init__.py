@@ -1,5 +1,5 @@
 """Decoder language models (`tpuplex.models.DECODER_FAMILIES`), each described once as a `DecoderArch` and run by
-the forward pass written once (`tpuplex.models.decoder.forward`); `tf.py`, `jax.py`, `torch.py` here hold the
+the forward pass written once (`tpuplex.models.decoder.forward`); each backend's `kinds/decoder.py` holds the
 parameters and each framework's decoding loop.
 
 A config.json alone is a model to train from scratch, drawn by the core as HF initialises the family; with
@@ -24,7 +24,7 @@ import numpy as np
 
 from tpuplex import models
 from tpuplex.errors import CheckpointError, TpuplexError
-from tpuplex.kinds import ModelKind
+from tpuplex.kinds import ModelKind, backend_modules
 from tpuplex.models.decoder import initial_params
 from tpuplex.models.lora import Lora
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
@@ -35,8 +35,7 @@ from tpuplex.slices import SliceReader
 class Decoders(ModelKind):
     name: ClassVar[str] = "decoder"
     families: ClassVar[tuple[Any, ...]] = models.DECODER_FAMILIES
-    frameworks: ClassVar[dict[str, str]] = {framework: f"{__name__}.{framework}:Decoder"
-                                            for framework in ("jax", "tf", "torch")}
+    frameworks: ClassVar[dict[str, str]] = backend_modules("decoder", "Decoder")
 
     def __init__(self, checkpoint_dir: Path | None, hf_config: Mapping[str, Any], family: Any, arch: Any):
         super().__init__(checkpoint_dir, hf_config, family, arch)
@@ -103,8 +102,8 @@ def has_own_head(checkpoint_dir: Path, family: Any) -> bool:
     head, embeddings = (weights.get(family.hf_name(name)) for name in ("lm_head.weight", "embeddings.word.weight"))
     if head is None or embeddings is None or head.shape != embeddings.shape:
         return head is not None
-    return any(not np.array_equal(head[first:first + HEAD_ROWS], embeddings[first:first + HEAD_ROWS])
-               for first in range(0, head.shape[0], HEAD_ROWS))
+    blocks = ((slice(first, first + HEAD_ROWS),) for first in range(0, head.shape[0], HEAD_ROWS))
+    return any(not np.array_equal(head[block], embeddings[block]) for block in blocks)
 
 
 def initial_decoder_params(checkpoint_dir: Path, family: Any, arch: Any, seed: int,

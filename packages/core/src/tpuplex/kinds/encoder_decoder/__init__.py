@@ -1,5 +1,5 @@
 """Encoder-decoder models (`tpuplex.models.ENCODER_DECODER_FAMILIES`: T5), described once as a `T5Arch` and run by
-the forward pass written once (`tpuplex.models.t5`); `tf.py`, `jax.py`, `torch.py` here hold the parameters and
+the forward pass written once (`tpuplex.models.t5`); each backend's `kinds/encoder_decoder.py` holds the parameters and
 each framework's decoding loop.
 
 A config.json alone is a model to train from scratch, drawn by the core as HF initialises T5; with weights
@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex import models
-from tpuplex.kinds import ModelKind
+from tpuplex.kinds import ModelKind, backend_modules
 from tpuplex.kinds.decoder import Decoders, initial_decoder_params
 from tpuplex.models import t5
 from tpuplex.slices import SliceReader
@@ -29,8 +29,7 @@ from tpuplex.slices import SliceReader
 class EncoderDecoders(ModelKind):
     name: ClassVar[str] = "encoder_decoder"
     families: ClassVar[tuple[Any, ...]] = models.ENCODER_DECODER_FAMILIES
-    frameworks: ClassVar[dict[str, str]] = {framework: f"{__name__}.{framework}:EncoderDecoder"
-                                            for framework in ("jax", "tf", "torch")}
+    frameworks: ClassVar[dict[str, str]] = backend_modules("encoder_decoder", "EncoderDecoder")
 
     def tensor_dims(self) -> dict[str, int]:
         return self.family.tensor_dims(self.arch)

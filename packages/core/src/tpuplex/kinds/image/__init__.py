@@ -1,5 +1,5 @@
 """Image families (`tpuplex.models.image_family`: ResNet, ViT), described once as a plan each framework walks
-(`tf.py`, `jax.py`, `torch.py` here: the ViT is its forward pass written once, `tpuplex.models.vit.forward`;
+(each backend's `kinds/image.py`: the ViT is its forward pass written once, `tpuplex.models.vit.forward`;
 the ResNet walks the plan in Flax and Keras, and is transformers' own class in torch).
 
 A config.json alone is a model to train from scratch, drawn by the core; with weights, they are read (a classifier
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex import models
-from tpuplex.kinds import ModelKind
+from tpuplex.kinds import ModelKind, backend_modules
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
 from tpuplex.params import check_names
 from tpuplex.protocol import batch_rows
@@ -24,8 +24,7 @@ from tpuplex.protocol import batch_rows
 class ImageFamilies(ModelKind):
     name: ClassVar[str] = "image"
     families: ClassVar[tuple[Any, ...]] = models.IMAGE_FAMILIES
-    frameworks: ClassVar[dict[str, str]] = {framework: f"{__name__}.{framework}:ImageFamily"
-                                            for framework in ("jax", "tf", "torch")}
+    frameworks: ClassVar[dict[str, str]] = backend_modules("image", "ImageFamily")
 
     def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         return initial_image_state(self.checkpoint_dir, self.hf_config, head.num_labels, seed)

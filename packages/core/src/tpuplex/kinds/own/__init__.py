@@ -1,7 +1,7 @@
 """Your own network (`model.architecture`, `tpuplex.models.user`), built from the task's `model_arguments`.
 
 Written once (a `tpuplex.nn.Network`, `OwnNetwork`): its parameters drawn by the core from `train.seed`, held by each
-backend's generic holder (`tpuplex_<backend>.network`) under the names it declares, so its checkpoints are
+backend's generic holder (`tpuplex_<backend>.kinds.network`) under the names it declares, so its checkpoints are
 portable. Written in one framework (`OwnModel`: a `torch.nn.Module`, a Flax module, a Keras model, the path's
 `{backend}` naming each): built by each framework's module here and initialised by that framework.
 
@@ -19,7 +19,7 @@ import numpy as np
 from tpuplex import params
 from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.errors import TpuplexError
-from tpuplex.kinds import ModelKind
+from tpuplex.kinds import ModelKind, backend_modules
 from tpuplex.models import user
 from tpuplex.nn import Network, initial_params
 from tpuplex.protocol import ModelSpec
@@ -27,8 +27,7 @@ from tpuplex.protocol import ModelSpec
 
 class OwnModel(ModelKind):
     name: ClassVar[str] = "own"
-    frameworks: ClassVar[dict[str, str]] = {framework: f"{__name__}.{framework}:OwnModel"
-                                            for framework in ("jax", "tf", "torch")}
+    frameworks: ClassVar[dict[str, str]] = backend_modules("own", "OwnModel")
 
     @classmethod
     def resolve(cls, config: Any, task: Any) -> OwnModel:
@@ -36,7 +35,7 @@ class OwnModel(ModelKind):
         backend), else a framework's model."""
         checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint) if task.tokenized else None
         architecture = config.model.architecture
-        if "{backend}" not in architecture and _is_network(user.resolve(architecture, "")):
+        if "{backend}" not in architecture and _names_a_network(architecture):
             return OwnNetwork(checkpoint_dir, {}, None, None)
         return cls(checkpoint_dir, {}, None, None)
 
@@ -59,8 +58,7 @@ class OwnNetwork(OwnModel):
     """A network written once over the op table (`tpuplex.nn.Network`): the core draws its parameters, each
     backend's generic holder runs it."""
 
-    frameworks: ClassVar[dict[str, str]] = {framework: f"tpuplex_{framework}.network:NetworkModule"
-                                            for framework in ("jax", "tf", "torch")}
+    frameworks: ClassVar[dict[str, str]] = backend_modules("network", "NetworkModule")
 
     def spec(self, config: Any, task: Any, data: Any) -> ModelSpec:
         """The task's spec with the parameters `params()` declares, drawn from `train.seed` a block at a time."""
@@ -75,5 +73,11 @@ class OwnNetwork(OwnModel):
 
 
 
-def _is_network(found: Any) -> bool:
+def _names_a_network(architecture: str) -> bool:
+    """Whether `architecture` imports as a `tpuplex.nn.Network` subclass. One that does not import yet is taken for
+    a framework's model, whose backend names the failure when it builds it (after the data's own checks)."""
+    try:
+        found = user.resolve(architecture, "")
+    except TpuplexError:
+        return False
     return isinstance(found, type) and issubclass(found, Network)

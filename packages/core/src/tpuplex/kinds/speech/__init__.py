@@ -1,5 +1,5 @@
 """Speech families (`tpuplex.models.conformer`: a Conformer for CTC), whose forward pass is written once over each
-framework's operations (`tf.py`, `jax.py`, `torch.py` here give them and hold the parameters).
+framework's operations (each backend's `kinds/speech.py` holds the parameters).
 
 A config.json alone is a model to train from scratch, drawn by the core; a `model.safetensors` beside it (a
 checkpoint of the same sizes, e.g. `tpuplex export` of an earlier run's parameters) is read instead.
@@ -15,7 +15,7 @@ import numpy as np
 
 from tpuplex import models
 from tpuplex.errors import TpuplexError
-from tpuplex.kinds import ModelKind
+from tpuplex.kinds import ModelKind, backend_modules
 from tpuplex.models.conformer import initial_params, parameter_shapes
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
 from tpuplex.params import check_names
@@ -24,8 +24,7 @@ from tpuplex.params import check_names
 class SpeechFamilies(ModelKind):
     name: ClassVar[str] = "speech"
     families: ClassVar[tuple[Any, ...]] = models.SPEECH_FAMILIES
-    frameworks: ClassVar[dict[str, str]] = {framework: f"{__name__}.{framework}:SpeechFamily"
-                                            for framework in ("jax", "tf", "torch")}
+    frameworks: ClassVar[dict[str, str]] = backend_modules("speech", "SpeechFamily")
 
     def initial_state(self, head: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The parameters for the data's mel bins and vocabulary (`head`): the folder's weights, else drawn."""

@@ -1,5 +1,5 @@
 """Text encoder families (`tpuplex.models`: BERT, RoBERTa, DistilBERT, ELECTRA, ALBERT), each described once as
-an `Architecture`, built with the task's head in each framework (`tf.py`, `jax.py`, `torch.py` here).
+an `Architecture`, built with the task's head in each framework (`tpuplex_<backend>.kinds.text`).
 
 The initial weights are the checkpoint's, with the head's missing parts drawn by the core (`initial_params`), so
 every backend starts from the same numbers.
@@ -15,7 +15,7 @@ import numpy as np
 
 from tpuplex import initializers, models
 from tpuplex.errors import TpuplexError
-from tpuplex.kinds import ModelKind
+from tpuplex.kinds import ModelKind, backend_modules
 from tpuplex.models import architecture
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
 from tpuplex.params import check_names
@@ -25,8 +25,7 @@ from tpuplex.tasks.base import Head
 class TextEncoders(ModelKind):
     name: ClassVar[str] = "text"
     families: ClassVar[tuple[Any, ...]] = models.FAMILIES
-    frameworks: ClassVar[dict[str, str]] = {framework: f"{__name__}.{framework}:TextEncoder"
-                                            for framework in ("jax", "tf", "torch")}
+    frameworks: ClassVar[dict[str, str]] = backend_modules("text", "TextEncoder")
 
     def tensor_dims(self) -> dict[str, int]:
         return self.family.tensor_dims(self.arch)

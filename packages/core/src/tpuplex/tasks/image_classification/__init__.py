@@ -24,7 +24,8 @@ jax) the devices hold the training set (uint8, `TaskData.held`) and a training b
 shift and flip (`image_index`, `shift` [B, 2], `flip`), which the compiled step turns into the same pixels
 (`data.crop_and_flip`): the host chooses, the device reads. Loss: cross-entropy. Metrics:
 `accuracy` and `loss`. Predictions: a TSV per eval split or image folder (`tpuplex predict --split`). Export: a
-SavedModel served from encoded bytes (`tf.py`), or a `torch.export` program (`torch.py`); see docs/images.md.
+SavedModel served from encoded bytes (`tpuplex_tf.tasks.image_classification`), or a `torch.export` program
+(`tpuplex_torch.tasks.image_classification`); see docs/images.md.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ from tpuplex.tasks.base import (
     check_held_out,
     check_split_names,
     evaluation_splits,
+    framework_modules,
     token_metrics,
 )
 from tpuplex.tasks.causal_lm.data import CheckpointTokenizer, documents
@@ -98,8 +99,7 @@ class SpanCorruptionData(TaskData):
 class SpanCorruption(Task):
     name: ClassVar[str] = "span_corruption"
     Options: ClassVar[type] = Options
-    backends: ClassVar[Mapping[str, str]] = {framework: f"tpuplex.tasks.seq2seq.{framework}:Module"
-                                             for framework in ("jax", "tf", "torch")}
+    backends: ClassVar[Mapping[str, str]] = framework_modules("seq2seq")  # seq2seq's losses
     auto_class: ClassVar[str] = "AutoModelForSeq2SeqLM"
     model_kinds: ClassVar[tuple[str, ...]] = ("encoder_decoder",)
     inputs: ClassVar[tuple[str, ...]] = INPUTS
