@@ -42,9 +42,10 @@ PHI3_TYPES = ("default", "longrope")
 CASES = [(family, kind) for family in ROTARY_FAMILIES for kind in TABLES
          if family != "phi3" or kind in PHI3_TYPES] + [("llama-legacy", kind) for kind in TABLES]
 """Every family with every rope type it takes, and Llama's tables under the legacy `rope_scaling` key."""
-SUBSET = [("llama", kind) for kind in TABLES] + [("phi3", "longrope"), ("qwen2", "yarn"), ("gemma2", "dynamic"),
-                                                 ("mistral", "llama3")]
-"""What the jax and tf sessions run: every type once, and a type in each other family."""
+SUBSET = [("llama", "yarn"), ("llama", "llama3"), ("llama", "longrope"), ("phi3", "longrope"), ("gemma2", "dynamic"),
+          ("qwen2", "linear")]
+"""What the jax and tf sessions run (13 s a case on tf): every type but the default once (whose constant table
+the decoder tests check on every family), in four families."""
 
 
 def rope_table(family: str, kind: str) -> dict:

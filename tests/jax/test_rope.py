@@ -1,4 +1,4 @@
-"""A rope type in each rotary family, and every type once, on the jax backend against transformers
+"""Every rope type but the default once, in four families, on the jax backend against transformers
 (tests/common/rope_checks.py)."""
 
 from pathlib import Path

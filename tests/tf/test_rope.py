@@ -1,4 +1,4 @@
-"""A rope type in each rotary family, and every type once, on the tf backend against transformers
+"""Every rope type but the default once, in four families, on the tf backend against transformers
 (tests/common/rope_checks.py)."""
 
 from pathlib import Path
@@ -9,10 +9,12 @@ from rope_checks import SUBSET, check_rope_checkpoint, parametrize
 from tpuplex.config import RuntimeConfig
 from tpuplex_tf.backend import TfBackend
 
+pytestmark = pytest.mark.started_first
+
 
 @pytest.fixture(scope="module")
 def backend():
-    return TfBackend(RuntimeConfig())
+    return TfBackend(RuntimeConfig(cpu_devices=1))
 
 
 @parametrize(SUBSET)

@@ -107,8 +107,9 @@ class DecoderArch:
 
     @property
     def max_length(self) -> int:
-        """The longest sequence the model takes (its position table, or the configured context for rotary)."""
-        return self.max_positions
+        """The longest sequence the model takes: its position table, or its rotary table's context
+        (`tpuplex.models.rope.Rope.context`)."""
+        return self.max_positions if self.rope is None else self.rope.context
 
     @property
     def scale(self) -> float:

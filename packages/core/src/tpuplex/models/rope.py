@@ -74,6 +74,18 @@ class Rope:
     long_factor: tuple[float, ...] = ()
 
     @property
+    def context(self) -> int:
+        """The longest sequence the table is meant for: max_position_embeddings, or the length the table scales its
+        base length to where that is longer (dynamic: factor x max_position_embeddings; yarn: factor x
+        original_max_position_embeddings, as Qwen2.5's long-context config leaves max_position_embeddings at
+        32,768 and scales it by 4). transformers itself sets no limit."""
+        if self.kind == "dynamic":
+            return int(self.factor * self.max_positions)
+        if self.kind == "yarn":
+            return max(self.max_positions, int(self.factor * self.original_max_positions))
+        return self.max_positions
+
+    @property
     def exponents(self) -> np.ndarray:
         """float32 [rotated / 2]: 2i / rotated, as torch computes `arange(0, dim, 2).float() / dim`."""
         return np.arange(0, self.rotated, 2, dtype=np.float32) / np.float32(self.rotated)
