@@ -40,10 +40,12 @@ ROTARY_FAMILIES = ("llama", "qwen2", "mistral", "gemma2", "phi3")
 PHI3_TYPES = ("default", "longrope")
 """The rope types transformers builds Phi-3 with (it refuses the others, and so does tpuplex)."""
 CASES = [(family, kind) for family in ROTARY_FAMILIES for kind in TABLES
-         if family != "phi3" or kind in PHI3_TYPES] + [("llama-legacy", kind) for kind in TABLES]
-"""Every family with every rope type it takes, and Llama's tables under the legacy `rope_scaling` key."""
-SUBSET = [("llama", "yarn"), ("llama", "llama3"), ("llama", "longrope"), ("phi3", "longrope"), ("gemma2", "dynamic"),
-          ("qwen2", "linear")]
+         if family != "phi3" or kind in PHI3_TYPES] + [("llama-legacy", kind) for kind in TABLES] + [
+    ("phi3-partial", kind) for kind in PHI3_TYPES]
+"""Every family with every rope type it takes, Llama's tables under the legacy `rope_scaling` key, and Phi-3
+rotating half of each head (`partial_rotary_factor`, Phi-4-mini's 0.75 in kind)."""
+SUBSET = [("llama", "yarn"), ("llama", "llama3"), ("llama", "longrope"), ("phi3-partial", "longrope"),
+          ("gemma2", "dynamic"), ("qwen2", "linear")]
 """What the jax and tf sessions run (13 s a case on tf): every type but the default once (whose constant table
 the decoder tests check on every family), in four families."""
 
@@ -56,16 +58,27 @@ def rope_table(family: str, kind: str) -> dict:
     return table
 
 
+def model_settings(family: str) -> tuple[str, dict]:
+    """The model_type and the config of `family`, one of CASES' (the decoder tests' tiny sizes)."""
+    if family == "phi3-partial":
+        return "phi3", {**CONFIGS["phi3"], "partial_rotary_factor": 0.5}
+    model_type = "llama" if family == "llama-legacy" else family
+    return model_type, CONFIGS[model_type]
+
+
 def write_rope_checkpoint(folder: Path, family: str, kind: str) -> Path:
     """A tiny `family` model with the rope table `kind`, drawn by transformers (noise on its initialisation, so that
     the positions show in the losses) and saved with `save_pretrained`; "llama-legacy" rewrites Llama's config.json
     into the legacy form (`rope_scaling` with `type`, `rope_theta` beside it)."""
-    model_type = "llama" if family == "llama-legacy" else family
-    settings = {key: value for key, value in CONFIGS[model_type].items() if key != "model_type"}
+    model_type, settings = model_settings(family)
+    settings = {key: value for key, value in settings.items() if key != "model_type"}
     settings["max_position_embeddings"] = ORIGINAL if kind == "dynamic" else 64
     if model_type == "phi3":
         settings["original_max_position_embeddings"] = ORIGINAL
-    config = transformers.AutoConfig.for_model(model_type, **settings, rope_parameters=rope_table(model_type, kind))
+    table = rope_table(model_type, kind)
+    if kind == "longrope" and family == "phi3-partial":  # a factor per rotated frequency: half as many
+        table |= {key: table[key][::2] for key in ("short_factor", "long_factor")}
+    config = transformers.AutoConfig.for_model(model_type, **settings, rope_parameters=table)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
@@ -126,7 +139,7 @@ def check_rope_checkpoint(backend, tmp_path: Path, family: str, kind: str) -> No
                                    atol=1e-4, rtol=0, err_msg=f"length {length}")
     # Phi-3's generate drops its cache to recompute the sequence with the long factors where decoding crosses
     # original_max_position_embeddings; tpuplex keeps its cache (tpuplex.models.rope), so that crossing is not asked.
-    crossing = not (family == "phi3" and kind == "longrope")
+    crossing = not (family.startswith("phi3") and kind == "longrope")
     for prompt_length, new in ((6, 6), (ABOVE - 8, 6), *([(ORIGINAL - 3, 6)] if crossing else [])):
         prompts = rows(prompt_length, seed=7)["input_ids"]
         with torch.no_grad():
