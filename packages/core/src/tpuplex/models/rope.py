@@ -26,6 +26,7 @@ the long factors at the step that crosses `original_max_position_embeddings`; tp
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -96,7 +97,15 @@ class Rope:
 
     def frequencies(self, long: bool = False) -> np.ndarray:
         """float32 [rotated / 2]: the inverse frequencies of every type but dynamic past its length (its table for
-        lengths up to max_position_embeddings); longrope's short ones, or its long ones (`long`)."""
+        lengths up to max_position_embeddings); longrope's short ones, or its long ones (`long`). Computed once:
+        every layer's forward asks for them."""
+        return self._tables[long]
+
+    @functools.cached_property
+    def _tables(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._frequencies(long=False), self._frequencies(long=True)
+
+    def _frequencies(self, long: bool) -> np.ndarray:
         base = self.base_frequencies()
         if self.kind == "linear":
             return base / np.float32(self.factor)
