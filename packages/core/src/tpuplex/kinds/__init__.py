@@ -30,6 +30,7 @@ import numpy as np
 from tpuplex import models, params
 from tpuplex.errors import ConfigError
 from tpuplex.models.lora import Lora, fingerprint
+from tpuplex.nn import Network
 from tpuplex.plugins import construct
 from tpuplex.protocol import ModelSpec
 from tpuplex.slices import SliceReader
@@ -84,6 +85,11 @@ class ModelKind:
         """Forward FLOPs of the kind's network on `batch` (`tpuplex.flops`: the task's head is the task's to
         count), a function of the batch's shapes alone; None where they are not counted (a model of your own)."""
         return None
+
+    def network(self, spec: ModelSpec) -> Network:
+        """The network written once that each backend's generic holder (`tpuplex_<backend>.kinds.network`) runs, for
+        a kind whose `frameworks` name that holder."""
+        raise NotImplementedError(f"the {self.name} kind's network is held by its own backend modules")
 
     def lora(self, config: Any) -> Lora | None:
         """The LoRA adapters `[model.lora]` asks for (`tpuplex.models.lora`); kinds other than decoders refuse."""

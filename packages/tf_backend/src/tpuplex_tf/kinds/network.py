@@ -1,5 +1,5 @@
-"""The generic holder of a network written once (`tpuplex.nn.Network`) in Keras: its parameters as variables under
-the names it declares, its forward pass run over `TfOps`."""
+"""The generic holder of a network written once (`tpuplex.nn.Network`: a network of your own, the Conformer) in
+Keras: its parameters as variables under their portable names, its forward pass run over `TfOps`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpuplex.models import user
 from tpuplex.nn import Network
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex_tf.kinds import Built, KindModule
@@ -26,7 +25,7 @@ class NetworkHolder(keras.Model):
                       for name, shape in shapes.items()}
 
     def call(self, *inputs: tf.Tensor, seed: tf.Tensor | None = None):
-        ops = TfOps(seed if self.dropout else None, self.compute_dtype)
+        ops = TfOps(seed if self.dropout else None)
         return self.network(ops, {name: variable.value for name, variable in self.named.items()}, *inputs)
 
     def hf_variables(self) -> Variables:
@@ -38,11 +37,8 @@ class NetworkHolder(keras.Model):
 
 class NetworkModule(KindModule):
     def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
-        """The holder with every variable created, checked to return logits [rows, num_labels]."""
-        network = user.build(spec.architecture, "", spec.model_arguments, Network, "tpuplex.nn.Network")
-        model = NetworkHolder(network, {name: tuple(np.shape(array)) for name, array in spec.params.items()},
-                              spec.dropout)
-        example = {key: tf.constant(value) for key, value in spec.example_batch.items()}
-        logits = model(*task.model_inputs(example))
-        user.check_logits(spec.architecture, tuple(logits.shape), len(spec.example_batch["labels"]), spec.num_labels)
+        """The holder, called once on the task's example batch: every variable created, as Keras' export asks."""
+        model = NetworkHolder(spec.kind.network(spec), {name: tuple(np.shape(array))
+                                                         for name, array in spec.params.items()}, spec.dropout)
+        model(*task.model_inputs({key: tf.constant(value) for key, value in spec.example_batch.items()}))
         return Built(model, spec.params, {})

@@ -1,5 +1,5 @@
-"""The generic holder of a network written once (`tpuplex.nn.Network`) in PyTorch: its parameters registered under
-the names it declares, its forward pass run over `TorchOps`."""
+"""The generic holder of a network written once (`tpuplex.nn.Network`: a network of your own, the Conformer) in
+PyTorch: its parameters registered under their portable names, its forward pass run over `TorchOps`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 import torch
-from tpuplex.models import user
 from tpuplex.nn import Network
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex_torch.kinds import Built, KindModule
@@ -17,7 +16,7 @@ from tpuplex_torch.ops import TorchOps, read_slots, register_parameters
 
 
 class NetworkHolder(torch.nn.Module):
-    """`network`'s parameters as a module's (`named_parameters()` gives its names); dropout drawn in training when
+    """`network`'s parameters as a module's (`named_parameters()` gives their names); dropout drawn in training when
     `dropout`."""
 
     def __init__(self, network: Network, shapes: Mapping[str, tuple[int, ...]], dropout: bool):
@@ -32,14 +31,9 @@ class NetworkHolder(torch.nn.Module):
 
 class NetworkModule(KindModule):
     def build(self, spec: ModelSpec, task, optimizer: OptimizerSpec) -> Built:
-        network = user.build(spec.architecture, "", spec.model_arguments, Network, "tpuplex.nn.Network")
         shapes = {name: tuple(np.shape(array)) for name, array in spec.params.items()}
-        architecture, num_labels = spec.architecture, spec.num_labels
 
         def forward(model: NetworkHolder, batch: Mapping[str, torch.Tensor]) -> Any:
-            arguments = task.model_inputs(batch)
-            logits = model(*arguments)
-            user.check_logits(architecture, tuple(logits.shape), arguments[0].shape[0], num_labels)
-            return logits
+            return model(*task.model_inputs(batch))
 
-        return Built(NetworkHolder(network, shapes, spec.dropout), forward, spec.params)
+        return Built(NetworkHolder(spec.kind.network(spec), shapes, spec.dropout), forward, spec.params)

@@ -12,6 +12,7 @@ an image task reads nothing.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -21,7 +22,7 @@ from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds import ModelKind, backend_modules
 from tpuplex.models import user
-from tpuplex.nn import Network, initial_params
+from tpuplex.nn import Network, Param, initial_params
 from tpuplex.protocol import ModelSpec
 
 
@@ -63,14 +64,37 @@ class OwnNetwork(OwnModel):
     def spec(self, config: Any, task: Any, data: Any) -> ModelSpec:
         """The task's spec with the parameters `params()` declares, drawn from `train.seed` a block at a time."""
         spec = super().spec(config, task, data)
-        network = user.build(config.model.architecture, "", spec.model_arguments, Network, "tpuplex.nn.Network")
-        return dataclasses.replace(spec, params=initial_params(network, config.train.seed))
+        return dataclasses.replace(spec, params=initial_params(self.network(spec), config.train.seed))
+
+    def network(self, spec: ModelSpec) -> Network:
+        """Your network, its output checked to be logits [rows, num_labels] wherever its shapes are known."""
+        network = user.build(spec.architecture, "", spec.model_arguments, Network, "tpuplex.nn.Network")
+        return CheckedLogits(network, spec.architecture, spec.num_labels)
 
     def hf_class(self, config: Any, task: Any) -> str:
         raise TpuplexError(f"the run trained your own network ({config.model.architecture}), which transformers "
                            "has no class for: export it with --format saved_model (tf) or torch_export (torch), "
                            "or read its parameters from the run's portable checkpoint")
 
+
+
+class CheckedLogits(Network):
+    """A network of your own whose output is checked to be logits [rows, num_labels] wherever the shapes are
+    static (eager torch, jax's traces, TensorFlow's first call); nothing else constrains it."""
+
+    def __init__(self, network: Network, architecture: str, num_labels: int):
+        self.network, self.architecture, self.num_labels = network, architecture, num_labels
+
+    def params(self) -> Mapping[str, Param]:
+        return self.network.params()
+
+    def __call__(self, ops: Any, params: Mapping[str, Any], *inputs: Any) -> Any:
+        logits = self.network(ops, params, *inputs)
+        rows = ops.shape(inputs[0])[0]
+        if isinstance(rows, int):
+            shape = tuple(ops.shape(logits)) if hasattr(logits, "shape") else type(logits).__name__
+            user.check_logits(self.architecture, shape, rows, self.num_labels)
+        return logits
 
 
 def _names_a_network(architecture: str) -> bool:
