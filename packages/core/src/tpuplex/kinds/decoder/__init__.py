@@ -24,7 +24,7 @@ import numpy as np
 
 from tpuplex import models
 from tpuplex.errors import CheckpointError, TpuplexError
-from tpuplex.kinds import ModelKind, backend_modules
+from tpuplex.kinds.base import ModelKind, backend_modules
 from tpuplex.models.decoder import initial_params
 from tpuplex.models.lora import Lora
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights

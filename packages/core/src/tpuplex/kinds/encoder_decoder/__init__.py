@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex import models
-from tpuplex.kinds import ModelKind, backend_modules
+from tpuplex.kinds.base import ModelKind, backend_modules
 from tpuplex.kinds.decoder import Decoders, initial_decoder_params
 from tpuplex.models import t5
 from tpuplex.slices import SliceReader

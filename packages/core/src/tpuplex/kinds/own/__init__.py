@@ -20,7 +20,7 @@ import numpy as np
 from tpuplex import params
 from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.errors import TpuplexError
-from tpuplex.kinds import ModelKind, backend_modules
+from tpuplex.kinds.base import ModelKind, backend_modules
 from tpuplex.models import user
 from tpuplex.nn import Network, Param, initial_params
 from tpuplex.protocol import ModelSpec

@@ -15,7 +15,7 @@ import numpy as np
 
 from tpuplex import models
 from tpuplex.errors import TpuplexError
-from tpuplex.kinds import ModelKind, backend_modules
+from tpuplex.kinds.base import ModelKind, backend_modules
 from tpuplex.models.conformer import ConformerArch, forward, initial_params, parameter_shapes
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
 from tpuplex.nn import Network, Param

@@ -15,7 +15,7 @@ import numpy as np
 
 from tpuplex import initializers, models
 from tpuplex.errors import TpuplexError
-from tpuplex.kinds import ModelKind, backend_modules
+from tpuplex.kinds.base import ModelKind, backend_modules
 from tpuplex.models import architecture
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
 from tpuplex.params import check_names

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from tpuplex import tasks
 from tpuplex.data.batching import Encoded
 from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.errors import DataError
@@ -160,8 +161,6 @@ def _logits_of(experiment: Any, state: Any, inputs: Examples) -> np.ndarray:
 
 
 def _options(task: Task, config: Any) -> Options:
-    from tpuplex import tasks
-
     return tasks.options(task, config.task.options)
 
 

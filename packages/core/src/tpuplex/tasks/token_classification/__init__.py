@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from tpuplex import tasks
 from tpuplex.data.batching import Encoded
 from tpuplex.data.tables import DataFile
 from tpuplex.data.tokenize import cached_split, load_tokenizer
@@ -179,8 +180,6 @@ class TokenClassification(Task):
     def prediction_sources(self, config: Any, split: str) -> dict[str, tagged.Sentences]:
         """The sentences of eval split `split`, or of data.test_file ("test"), read and checked against the run's
         tag set."""
-        from tpuplex import tasks
-
         options = tasks.options(self, config.task.options)
         files = {name: file for name, file in self._files(config).items() if name != "train"}
         if split not in files:
