@@ -114,8 +114,8 @@ def _segment_lengths(boundaries: np.ndarray, num_items: int) -> np.ndarray:
     return np.diff(starts, axis=1)
 
 
-def noise_masks(batch: int, length: int, noise_density: float = NOISE_DENSITY,
-                mean_span_length: float = MEAN_SPAN_LENGTH, rng: np.random.Generator | None = None) -> np.ndarray:
+def noise_masks(batch: int, length: int, rng: np.random.Generator, noise_density: float = NOISE_DENSITY,
+                mean_span_length: float = MEAN_SPAN_LENGTH) -> np.ndarray:
     """Random-span noise masks: bool [batch, length], True on noise tokens.
 
     Every row has `span_counts(length)` noise tokens in as many noise spans, alternating with non-noise spans and
@@ -123,8 +123,6 @@ def noise_masks(batch: int, length: int, noise_density: float = NOISE_DENSITY,
     masks are equally likely (`random_spans_noise_mask`). Calls `rng.shuffle` twice a row, as the reference calls
     `np.random.shuffle`: row i of a batch is the reference's i-th mask from the same generator.
     """
-    if rng is None:
-        raise ConfigError("noise_masks needs rng, a numpy Generator: np.random.default_rng([seed, step])")
     noise, spans = span_counts(length, noise_density, mean_span_length)
     noise_boundaries = np.empty((batch, noise - 1), bool)
     noise_boundaries[:] = np.arange(noise - 1) < spans - 1
@@ -140,12 +138,6 @@ def noise_masks(batch: int, length: int, noise_density: float = NOISE_DENSITY,
     indicator = np.zeros((batch, length), np.int32)
     np.put_along_axis(indicator, span_starts, 1, axis=1)
     return np.cumsum(indicator, axis=1) % 2 == 1  # odd spans are noise
-
-
-def noise_mask(length: int, noise_density: float = NOISE_DENSITY, mean_span_length: float = MEAN_SPAN_LENGTH,
-               rng: np.random.Generator | None = None) -> np.ndarray:
-    """One random-span noise mask: bool [length] (`noise_masks` of a batch of one)."""
-    return noise_masks(1, length, noise_density, mean_span_length, rng)[0]
 
 
 def replace_spans(tokens: np.ndarray, mask: np.ndarray, sentinel_ids: np.ndarray, eos_id: int) -> np.ndarray:
@@ -188,5 +180,5 @@ def corrupt(tokens: np.ndarray, sentinel_ids: Sequence[int] | np.ndarray, eos_id
         raise ConfigError(f"rows of {length} tokens have {spans} noise spans but the tokenizer has "
                           f"{sentinels.size} sentinel tokens: cut shorter rows or use a tokenizer with more "
                           "<extra_id_N> tokens")
-    mask = noise_masks(batch, length, noise_density, mean_span_length, rng)
+    mask = noise_masks(batch, length, rng, noise_density, mean_span_length)
     return replace_spans(tokens, mask, sentinels, eos_id), replace_spans(tokens, ~mask, sentinels, eos_id)
