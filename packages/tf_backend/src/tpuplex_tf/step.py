@@ -110,8 +110,8 @@ class Steps:
         check_micro_batches(rows, self.strategy.num_replicas_in_sync, self.optimizer.grad_accum)
         keys = (*self.inputs, "labels", "weight", *head_inputs(batches[0], self.inputs))
         arrays = {key: np.concatenate([_train_array(b, key) for b in batches]) for key in keys}
-        arrays["learning_rate"] = np.repeat(np.asarray(learning_rates, np.float32), rows)
-        return [float(loss) for loss in self._program(self._train_loop, arrays, rows)(arrays).numpy()]
+        program = self._program(self._train_loop, arrays, rows, tf.TensorSpec([None], tf.float32))
+        return [float(loss) for loss in program(arrays, np.asarray(learning_rates, np.float32)).numpy()]
 
     def predict(self, batch: Batch) -> np.ndarray:
         """The task's predict outputs [B, ...] for every row of `batch`."""
@@ -137,28 +137,31 @@ class Steps:
         finally:
             tf.get_logger().setLevel(quiet)
 
-    def _program(self, body: Callable, arrays: dict[str, np.ndarray], rows: int) -> Callable:
-        """`body(arrays, rows)` as a tf.function for inputs shaped like `arrays` with any number of stacked batches.
+    def _program(self, body: Callable, arrays: dict[str, np.ndarray], rows: int,
+                 *more: tf.TensorSpec) -> Callable:
+        """`body(arrays, *more, rows)` as a tf.function for inputs shaped like `arrays` with any number of stacked
+        batches, and further arguments of the signatures `more` (a train call's learning rates).
 
         arrays: each [k * rows, ...]; the program is traced once per (body, rows, trailing shapes and dtypes).
         """
         signature = {key: tf.TensorSpec([None, *array.shape[1:]], tf.as_dtype(array.dtype))
                      for key, array in arrays.items()}
-        key = (body.__name__, rows, tuple(signature.items()))
+        key = (body.__name__, rows, tuple(signature.items()), more)
         if key not in self._programs:
-            self._programs[key] = tf.function(functools.partial(body, rows=rows), input_signature=[signature])
+            self._programs[key] = tf.function(functools.partial(body, rows=rows), input_signature=[signature, *more])
         return self._programs[key]
 
     # --- traced programs -------------------------------------------------------------------------------------
 
-    def _train_loop(self, arrays: dict[str, tf.Tensor], rows: int) -> tf.Tensor:
-        """One optimizer step per batch of `arrays` (each [k * rows, ...]) -> losses float32 [k]."""
+    def _train_loop(self, arrays: dict[str, tf.Tensor], learning_rates: tf.Tensor, rows: int) -> tf.Tensor:
+        """One optimizer step per batch of `arrays` (each [k * rows, ...]) at its learning rate (float32 [k]) ->
+        losses float32 [k]."""
         self.traces += 1
         count = tf.shape(arrays["labels"])[0] // rows
         losses = tf.TensorArray(tf.float32, size=count)
         replica_step = functools.partial(self._replica_step, rows=rows)
         for index in tf.range(count):
-            per_replica = self.strategy.run(replica_step, args=(arrays, index))
+            per_replica = self.strategy.run(replica_step, args=(arrays, learning_rates[index], index))
             losses = losses.write(index, self.strategy.experimental_local_results(per_replica)[0])
         return losses.stack()
 
@@ -176,10 +179,11 @@ class Steps:
         return {key: tf.reshape(array, [-1, replicas, rows // replicas, *array.shape[1:]])[index, replica]
                 for key, array in arrays.items()}
 
-    def _replica_step(self, arrays: dict[str, tf.Tensor], index: tf.Tensor, rows: int) -> tf.Tensor:
-        """Update `index` of the call, in replica context; returns the global batch's weighted mean loss (a scalar)."""
+    def _replica_step(self, arrays: dict[str, tf.Tensor], learning_rate: tf.Tensor, index: tf.Tensor,
+                      rows: int) -> tf.Tensor:
+        """Update `index` of the call at `learning_rate`, in replica context; returns the global batch's weighted
+        mean loss (a scalar)."""
         batch = self._replica_rows(arrays, index, rows)
-        learning_rate = batch.pop("learning_rate")[0]
         context = tf.distribute.get_replica_context()
         replicas = self.strategy.num_replicas_in_sync
         replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
