@@ -62,12 +62,10 @@ INPUTS = "Run.predict"
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
-    sample_rate: int = 16000
-    mel_bins: int = 80
-    frame_ms: float = 25.0
-    hop_ms: float = 10.0
-    normalize: str = "none"
+class Options(audio.LogMel):
+    """The `[task]` fields: the log-mel features' (`audio.LogMel`: sample_rate, mel_bins, frame_ms, hop_ms,
+    normalize), then the data's, SpecAugment's and the vocabulary's."""
+
     max_seconds: float = 30.0
     audio_column: str = "path"
     text_column: str = "text"
@@ -81,7 +79,8 @@ class Options:
 
     @property
     def features(self) -> audio.LogMel:
-        return audio.LogMel(self.sample_rate, self.mel_bins, self.frame_ms, self.hop_ms, self.normalize)
+        """The feature settings alone (what the export's contract records)."""
+        return audio.LogMel(**{field.name: getattr(self, field.name) for field in dataclasses.fields(audio.LogMel)})
 
 
 @dataclasses.dataclass(frozen=True)
