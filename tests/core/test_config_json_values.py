@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tpuplex import models
 from tpuplex.commands.generate import check_options
 from tpuplex.errors import TpuplexError
-from tpuplex.models.family import ConfigReader
+from tpuplex.models.config_reader import ConfigReader
 
 REPO = Path(__file__).resolve().parents[2]
 SIZES = {"vocab_size": 50, "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,

@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import numpy as np
 
-from tpuplex.slices import BlockReader, Index, bounds
+from tpuplex.slices import BlockReader, Index, SliceReader, bounds
 
 _PHILOX_OUTPUTS = 4
 """64-bit outputs per Philox4x64 counter value: element i is output i % 4 of counter i // 4."""
@@ -111,6 +112,23 @@ def normal(seed: int, name: str, shape: tuple[int, ...], std: float, clip: float
 def uniform(seed: int, name: str, shape: tuple[int, ...], bound: float) -> Drawn:
     """`name`'s initial value from U(-bound, bound), drawn when read."""
     return Drawn(tuple(shape), key_of(seed, name), "uniform", float(bound))
+
+
+def drawn_as_hf(shapes: Mapping[str, tuple[int, ...]], seed: int,
+                std: Callable[[str], float]) -> dict[str, SliceReader]:
+    """Canonical name -> float32 initial value as HF initialises transformers: biases 0, a norm's (module
+    `...norm`) weight 1, every other weight N(0, std(module)) keyed by its name (`normal`: drawn a block at a time,
+    when a backend reads it). The families of every kind draw their fresh parameters with it."""
+    params: dict[str, SliceReader] = {}
+    for name, shape in shapes.items():
+        module, leaf = name.rsplit(".", 1)
+        if leaf == "bias":
+            params[name] = np.zeros(shape, np.float32)
+        elif module.endswith("norm"):
+            params[name] = np.ones(shape, np.float32)
+        else:
+            params[name] = normal(seed, name, shape, std(module))
+    return params
 
 
 def _contiguous_run(wanted: tuple[tuple[int, int], ...], shape: tuple[int, ...]) -> int:

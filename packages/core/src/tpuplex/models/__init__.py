@@ -13,13 +13,14 @@ from typing import Any
 
 from tpuplex.errors import TpuplexError
 from tpuplex.models.albert import ALBERT
-from tpuplex.models.architecture import ACTIVATIONS, BLOCK_MODULES, Architecture, canonical_shapes
 from tpuplex.models.bert import BERT
+from tpuplex.models.config_reader import ACTIVATIONS
 from tpuplex.models.conformer import CONFORMER, SpeechFamily
 from tpuplex.models.decoder import DecoderArch, DecoderFamily
 from tpuplex.models.distilbert import DISTILBERT
 from tpuplex.models.electra import ELECTRA
-from tpuplex.models.family import Family
+from tpuplex.models.encoder_architecture import BLOCK_MODULES, Architecture, canonical_shapes
+from tpuplex.models.encoder_family import Family
 from tpuplex.models.gemma2 import GEMMA2
 from tpuplex.models.gpt2 import GPT2
 from tpuplex.models.image_family import RESNET, VIT, ImageFamily

@@ -8,8 +8,9 @@
 """
 
 from tpuplex.errors import TpuplexError
-from tpuplex.models.architecture import Architecture
-from tpuplex.models.family import MAX_LAYERS, ConfigReader, Family
+from tpuplex.models.config_reader import MAX_LAYERS, ConfigReader
+from tpuplex.models.encoder_architecture import Architecture
+from tpuplex.models.encoder_family import Family
 
 _LAYER = "albert.encoder.albert_layer_groups.{group}.albert_layers.{inner}"
 

@@ -1,6 +1,6 @@
 """BERT: the encoder that defined the names the others kept (its heads are the tasks', `tpuplex.tasks`)."""
 
-from tpuplex.models.family import Family, bert_style_modules, read_bert_style
+from tpuplex.models.encoder_family import Family, bert_style_modules, read_bert_style
 
 BERT = Family(
     model_types=("bert",),

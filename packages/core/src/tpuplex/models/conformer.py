@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from tpuplex.errors import TpuplexError
-from tpuplex.models.architecture import drawn_as_hf
-from tpuplex.models.family import ConfigReader
+from tpuplex.initializers import drawn_as_hf
+from tpuplex.models.config_reader import ConfigReader
 from tpuplex.models.ops import Ops
 from tpuplex.slices import SliceReader
 

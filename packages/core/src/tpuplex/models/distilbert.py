@@ -6,8 +6,9 @@ keeps them frozen, which the shared update rule has no notion of.
 """
 
 from tpuplex.errors import TpuplexError
-from tpuplex.models.architecture import Architecture
-from tpuplex.models.family import ConfigReader, Family
+from tpuplex.models.config_reader import ConfigReader
+from tpuplex.models.encoder_architecture import Architecture
+from tpuplex.models.encoder_family import Family
 
 _LAYER = "distilbert.transformer.layer.{block}"
 

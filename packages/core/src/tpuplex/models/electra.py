@@ -3,7 +3,7 @@
 - embeddings of `embedding_size`, projected to the hidden size by `electra.embeddings_project` when they differ.
 """
 
-from tpuplex.models.family import Family, bert_style_modules, read_bert_style
+from tpuplex.models.encoder_family import Family, bert_style_modules, read_bert_style
 
 ELECTRA = Family(
     model_types=("electra",),

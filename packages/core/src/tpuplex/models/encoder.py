@@ -9,9 +9,9 @@ three backends run one function on one set of parameters:
                  attention over the keys `attention_mask` keeps (rows right-padded, as tpuplex's batches are)
 
 The task's head (`tpuplex.tasks.base.Head.forward`, one per task, written over the same table) takes the hidden
-states. Parameters have the canonical names of `tpuplex.models.architecture.canonical_shapes` (`block.3.query.weight`)
-in the portable layout (a Linear [out, in]), which a `Family` maps to its HF names; a framework module holds them
-under those names and calls `forward`.
+states. Parameters have the canonical names of `tpuplex.models.encoder_architecture.canonical_shapes`
+(`block.3.query.weight`) in the portable layout (a Linear [out, in]), which a `Family` maps to its HF names; a
+framework module holds them under those names and calls `forward`.
 
 Dropout sites (the stateless TensorFlow table draws one mask per site): 0 after the embeddings, then
 `DROPOUT_SITES` per applied layer (the attention probabilities, the attention's output, the feed-forward output);
@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tpuplex.models.architecture import Architecture
+from tpuplex.models.encoder_architecture import Architecture
 from tpuplex.models.ops import Ops
 
 DROPOUT_SITES = 3

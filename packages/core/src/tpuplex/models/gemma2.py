@@ -7,8 +7,8 @@ import math
 
 from tpuplex.errors import TpuplexError
 from tpuplex.models import llama
+from tpuplex.models.config_reader import ConfigReader
 from tpuplex.models.decoder import DecoderArch, DecoderFamily
-from tpuplex.models.family import ConfigReader
 
 DEFAULTS = {"num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
             "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,

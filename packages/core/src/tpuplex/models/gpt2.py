@@ -6,8 +6,8 @@ bias. The HF export writes those biases as zeros (`DecoderFamily.hf_weights`), w
 """
 
 from tpuplex.errors import TpuplexError
+from tpuplex.models.config_reader import ConfigReader
 from tpuplex.models.decoder import DecoderArch, DecoderFamily
-from tpuplex.models.family import ConfigReader
 
 DEFAULTS = {"n_positions": 1024, "n_inner": None, "activation_function": "gelu_new", "resid_pdrop": 0.1,
             "embd_pdrop": 0.1, "attn_pdrop": 0.1, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuplex.models import resnet, vit
-from tpuplex.models.family import ConfigReader
+from tpuplex.models.config_reader import ConfigReader
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,8 +7,8 @@ from typing import Any
 
 from tpuplex.errors import TpuplexError
 from tpuplex.models import rope
+from tpuplex.models.config_reader import ConfigReader
 from tpuplex.models.decoder import DecoderArch, DecoderFamily
-from tpuplex.models.family import ConfigReader
 
 
 def sliding_window(config: ConfigReader, default: int | None) -> int:

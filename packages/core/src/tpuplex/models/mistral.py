@@ -2,8 +2,8 @@
 it is null; transformers ignores `layer_types` here), no biases, and a head size of its own (`head_dim`)."""
 
 from tpuplex.models import llama
+from tpuplex.models.config_reader import ConfigReader
 from tpuplex.models.decoder import DecoderArch, DecoderFamily
-from tpuplex.models.family import ConfigReader
 
 DEFAULTS = {"num_key_value_heads": 8, "head_dim": None, "hidden_act": "silu", "max_position_embeddings": 4096 * 32,
             "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_dropout": 0.0, "initializer_range": 0.02,

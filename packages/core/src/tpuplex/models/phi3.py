@@ -7,8 +7,8 @@ residual branches, a sliding window on every layer when `sliding_window` is set,
 PEFT has no default targets for Phi-3; tpuplex adapts `qkv_proj`, as GPT-2's default adapts its fused `c_attn`."""
 
 from tpuplex.models import llama
+from tpuplex.models.config_reader import ConfigReader
 from tpuplex.models.decoder import DecoderArch, DecoderFamily
-from tpuplex.models.family import ConfigReader
 
 DEFAULTS = {"num_key_value_heads": None, "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
             "tie_word_embeddings": False, "attention_dropout": 0.0, "initializer_range": 0.02, "resid_pdrop": 0.0,

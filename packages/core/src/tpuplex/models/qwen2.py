@@ -3,8 +3,8 @@ output, none in the MLP), the LM head tied or not, and optionally a sliding wind
 `max_window_layers` on."""
 
 from tpuplex.models import llama
+from tpuplex.models.config_reader import ConfigReader
 from tpuplex.models.decoder import DecoderArch, DecoderFamily
-from tpuplex.models.family import ConfigReader
 
 DEFAULTS = {"num_key_value_heads": 32, "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
             "tie_word_embeddings": False, "attention_dropout": 0.0, "initializer_range": 0.02,

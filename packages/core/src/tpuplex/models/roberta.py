@@ -5,7 +5,8 @@
 """
 
 from tpuplex.errors import TpuplexError
-from tpuplex.models.family import ConfigReader, Family, bert_style_modules, read_bert_style
+from tpuplex.models.config_reader import ConfigReader
+from tpuplex.models.encoder_family import Family, bert_style_modules, read_bert_style
 
 
 def position_offset(config: ConfigReader) -> int:

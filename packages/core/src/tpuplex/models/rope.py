@@ -169,7 +169,7 @@ def _mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 def read(config: Any, head_dim: int, max_positions: int, *, phi3: bool = False) -> Rope:
-    """The decoder's `Rope` from its config.json (`tpuplex.models.family.ConfigReader`), read as transformers 5's
+    """The decoder's `Rope` from its config.json (`tpuplex.models.config_reader.ConfigReader`), read as transformers 5's
     config classes read it (`RotaryEmbeddingConfigMixin.convert_rope_params_to_dict`, Phi-3's own): the legacy
     `rope_scaling` table, when it is set, replaces `rope_parameters` whole (and its `rope_theta`, if it has none,
     comes from the top-level `rope_theta` or 10,000, never from `rope_parameters`); `type` is the old name of

@@ -32,9 +32,9 @@ import numpy as np
 
 from tpuplex import flops
 from tpuplex.errors import TpuplexError
-from tpuplex.models.architecture import drawn_as_hf
+from tpuplex.initializers import drawn_as_hf
+from tpuplex.models.config_reader import ConfigReader
 from tpuplex.models.decoder import attention_mask
-from tpuplex.models.family import ConfigReader
 from tpuplex.models.ops import Ops
 from tpuplex.slices import SliceReader
 

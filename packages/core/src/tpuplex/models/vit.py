@@ -22,7 +22,7 @@ import numpy as np
 
 from tpuplex import flops, initializers
 from tpuplex.errors import TpuplexError
-from tpuplex.models.family import ConfigReader
+from tpuplex.models.config_reader import ConfigReader
 from tpuplex.models.ops import Ops
 from tpuplex.slices import SliceReader
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import jax
 from tpuplex.kinds.text import expected_shapes
 from tpuplex.models import encoder
-from tpuplex.models.architecture import Architecture
+from tpuplex.models.encoder_architecture import Architecture
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.base import Head

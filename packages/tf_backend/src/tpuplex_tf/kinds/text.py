@@ -12,7 +12,7 @@ import tensorflow as tf
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.text import expected_shapes
 from tpuplex.models import encoder
-from tpuplex.models.architecture import Architecture
+from tpuplex.models.encoder_architecture import Architecture
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.base import Head
 from tpuplex_tf.kinds import Built, KindModule

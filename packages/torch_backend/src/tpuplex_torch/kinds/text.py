@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import torch
 from tpuplex.kinds.text import expected_shapes
 from tpuplex.models import encoder
-from tpuplex.models.architecture import Architecture
+from tpuplex.models.encoder_architecture import Architecture
 from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, head_inputs
 from tpuplex.tasks.base import Head

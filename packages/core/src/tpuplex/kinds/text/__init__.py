@@ -16,7 +16,7 @@ import numpy as np
 from tpuplex import initializers, models
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.base import ModelKind, backend_modules
-from tpuplex.models import architecture
+from tpuplex.models import encoder_architecture
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
 from tpuplex.params import check_names
 from tpuplex.tasks.base import Head
@@ -65,8 +65,8 @@ def initial_params(checkpoint_dir: Path, hf_config: Mapping[str, Any], head: Hea
 
     Weights come from the checkpoint (`model.safetensors` or `pytorch_model.bin`; base-model names get the
     family's prefix, other heads are dropped as `from_pretrained` drops them); a folder with config.json alone
-    is pre-training from scratch: the encoder is drawn (`tpuplex.models.architecture.initial_params`). The head's
-    missing parts (`head.drawn`; a linear layer also when its shape differs, e.g. another num_labels) are drawn
+    is pre-training from scratch: the encoder is drawn (`tpuplex.models.encoder_architecture.initial_params`). The
+    head's missing parts (`head.drawn`; a linear layer also when its shape differs, e.g. another num_labels) are drawn
     too: linear weights from N(0, initializer_range) with zero biases, norms as weight 1 and bias 0, as HF
     initialises them. Every draw is keyed by `seed` and the parameter's name and made a block at a time when a
     backend reads it (`tpuplex.initializers`), so it is the same on every machine, backend and mesh.
@@ -77,7 +77,8 @@ def initial_params(checkpoint_dir: Path, hf_config: Mapping[str, Any], head: Hea
     if any((folder / name).is_file() for name in (SAFETENSORS, PICKLE)):
         loaded = load_weights(folder)
     else:
-        loaded = {family.hf_name(name, arch): array for name, array in architecture.initial_params(arch, seed).items()}
+        drawn = encoder_architecture.initial_params(arch, seed)
+        loaded = {family.hf_name(name, arch): array for name, array in drawn.items()}
     params = {}
     for name, array in loaded.items():
         full = name if name in shapes else f"{family.prefix}.{name}"

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpuplex.models import Architecture, Family
-from tpuplex.models.family import ConfigReader
+from tpuplex.models.config_reader import ConfigReader
 from tpuplex.models.ops import Ops
 from tpuplex.tasks.base import Head
 from tpuplex.tasks.sequence_classification.heads import hidden_dropout

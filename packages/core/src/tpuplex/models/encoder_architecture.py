@@ -15,15 +15,9 @@ the family gives and never spells one itself.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-
-import numpy as np
 
 from tpuplex import flops, initializers
 from tpuplex.slices import SliceReader
-
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "tanh")
-"""Activation names (HF's spelling) every backend implements; "gelu" is the exact erf form."""
 
 BLOCK_MODULES = ("query", "key", "value", "attention_output", "attention_norm", "intermediate", "output",
                  "output_norm")
@@ -112,24 +106,7 @@ def canonical_shapes(arch: Architecture) -> dict[str, tuple[int, ...]]:
 def initial_params(arch: Architecture, seed: int) -> dict[str, SliceReader]:
     """Every encoder parameter as HF's `_init_weights` draws a BERT-style encoder: Linear weights and embeddings
     from N(0, initializer_range), biases 0, norms 1."""
-    return drawn_as_hf(canonical_shapes(arch), seed, lambda module: arch.initializer_range)
-
-
-def drawn_as_hf(shapes: Mapping[str, tuple[int, ...]], seed: int,
-                std: Callable[[str], float]) -> dict[str, SliceReader]:
-    """Canonical name -> float32 initial value as HF initialises transformers: biases 0, a norm's (module
-    `...norm`) weight 1, every other weight N(0, std(module)) keyed by its name (`tpuplex.initializers`: drawn
-    a block at a time, when a backend reads it)."""
-    params: dict[str, SliceReader] = {}
-    for name, shape in shapes.items():
-        module, leaf = name.rsplit(".", 1)
-        if leaf == "bias":
-            params[name] = np.zeros(shape, np.float32)
-        elif module.endswith("norm"):
-            params[name] = np.ones(shape, np.float32)
-        else:
-            params[name] = initializers.normal(seed, name, shape, std(module))
-    return params
+    return initializers.drawn_as_hf(canonical_shapes(arch), seed, lambda module: arch.initializer_range)
 
 
 def _linear(module: str, out: int, into: int | None = None) -> dict[str, tuple[int, ...]]:
