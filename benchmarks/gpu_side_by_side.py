@@ -593,7 +593,7 @@ def main() -> None:
     args.peak, peak_source = peak_flops(args.device)
     print(json.dumps({"peak": peak_source}), flush=True)
     if args.benchmark == "mlm":
-        from tpuplex.params import resolve_checkpoint
+        from tpuplex.checkpoints import resolve_checkpoint
 
         tokenizer = args.tokenizer or resolve_checkpoint("minilm")
         checkpoint = bert_folder(args.out, tokenizer, args.quick, args.attention_dropout)
@@ -607,7 +607,7 @@ def main() -> None:
                  "hf-trainer": lambda: hf_trainer(checkpoint, args, args.out),
                  "flax-loop": lambda: flax_loop(checkpoint, args, args.out)}
     elif args.benchmark == "lora":
-        from tpuplex.params import resolve_checkpoint
+        from tpuplex.checkpoints import resolve_checkpoint
 
         args.sst2 = args.sst2.resolve()
         checkpoint = smollm2_folder(args.out, args.smollm2 or resolve_checkpoint("smollm2"), args.quick)

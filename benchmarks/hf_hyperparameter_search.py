@@ -25,8 +25,8 @@ import optuna
 from hf_trainer_glue import Rows, pad_batch, training_arguments
 from transformers import AutoModelForSequenceClassification, Trainer, set_seed
 
+from tpuplex import checkpoints
 from tpuplex import config as config_lib
-from tpuplex import params
 from tpuplex.metrics import compute
 from tpuplex.tasks.sequence_classification.features import load_encoded
 from tpuplex.tasks.sequence_classification.glue import get_dataset
@@ -57,7 +57,7 @@ def main() -> None:
     search = tomllib.loads(args.config.read_text())["tune"]
     recipe = config_lib.load(args.config)
     task = get_dataset(recipe.data.dataset)
-    model_dir = params.resolve_checkpoint(recipe.model.checkpoint)
+    model_dir = checkpoints.resolve_checkpoint(recipe.model.checkpoint)
     cache = Path(recipe.data.cache_dir).expanduser()
     train, dev = (load_encoded(task, split, args.data_dir, model_dir, recipe.data.max_length, cache).load()
                   for split in ("train", "dev"))

@@ -34,8 +34,8 @@ from transformers import (
     set_seed,
 )
 
+from tpuplex import checkpoints
 from tpuplex import config as config_lib
-from tpuplex import params
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "mlm" / "tinyshakespeare.toml"
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/mlm-bench"))
     args = parser.parse_args()
     recipe = config_lib.load(CONFIG)
-    model_dir = params.resolve_checkpoint(recipe.model.checkpoint)
+    model_dir = checkpoints.resolve_checkpoint(recipe.model.checkpoint)
     lines = [line.strip() for line in (ROOT / recipe.data.train_file).read_text().splitlines() if line.strip()]
     held = max(1, int(len(lines) * 0.05))
     side_by_side(

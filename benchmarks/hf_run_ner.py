@@ -34,8 +34,8 @@ from transformers import (
 )
 
 import torch
+from tpuplex import checkpoints
 from tpuplex import config as config_lib
-from tpuplex import params
 from tpuplex.tasks.token_classification import data as tagged
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/ner-bench"))
     args = parser.parse_args()
     recipe = config_lib.load(CONFIG)
-    model_dir = params.resolve_checkpoint(recipe.model.checkpoint)
+    model_dir = checkpoints.resolve_checkpoint(recipe.model.checkpoint)
     files = {"train": recipe.data.train_file, "dev": recipe.data.eval_files[0], "test": recipe.data.eval_files[1]}
     splits = {name: tagged.read_sentences(tagged.data_file(name, str(ROOT / spec)), -1, "tokens", "tags")
               for name, spec in files.items()}

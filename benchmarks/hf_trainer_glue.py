@@ -20,8 +20,8 @@ import numpy as np
 from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments, set_seed
 
 import torch
+from tpuplex import checkpoints
 from tpuplex import config as config_lib
-from tpuplex import params
 from tpuplex.commands.sweep import markdown
 from tpuplex.metrics import compute
 from tpuplex.tasks.sequence_classification.features import load_encoded
@@ -91,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     recipe = config_lib.load(BASE, args.overrides)
     task = get_dataset(args.task)
-    model_dir = params.resolve_checkpoint(recipe.model.checkpoint)
+    model_dir = checkpoints.resolve_checkpoint(recipe.model.checkpoint)
     cache = Path(recipe.data.cache_dir).expanduser()
     train, dev = (load_encoded(task, split, args.data_dir, model_dir, recipe.data.max_length, cache).load()
                   for split in ("train", "dev"))

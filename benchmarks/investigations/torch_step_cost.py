@@ -32,8 +32,8 @@ from round_robin import (  # benchmarks/investigations/ is on sys.path when this
 )
 
 import torch
+from tpuplex import checkpoints
 from tpuplex import config as config_lib
-from tpuplex import params
 from tpuplex_torch.step import _clip_by_global_norm
 
 LEARNING_RATE = 1e-5
@@ -75,7 +75,7 @@ def loop_sides(batches: list[dict], dropout: bool) -> dict[str, Callable[[int], 
     recipe = config_lib.load(CONFIG)
     train = dataclasses.replace(recipe.train, learning_rate=LEARNING_RATE, warmup_ratio=0.01)
     rates = {} if dropout else {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-    model, optimizer, schedule = torch_loop_setup(params.resolve_checkpoint(recipe.model.checkpoint), 2, train,
+    model, optimizer, schedule = torch_loop_setup(checkpoints.resolve_checkpoint(recipe.model.checkpoint), 2, train,
                                                   1000, **rates)
     tensors = [{key: torch.from_numpy(np.asarray(b[key], np.int64)) for key in LOOP_INPUTS} for b in batches]
     model.train()

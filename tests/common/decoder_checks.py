@@ -17,13 +17,13 @@ import transformers
 
 import torch
 from tpuplex import models
+from tpuplex.checkpoints import resolve_checkpoint
 from tpuplex.config import RuntimeConfig
 from tpuplex.data.batching import Encoded
 from tpuplex.kinds import with_adapters
 from tpuplex.kinds.decoder import Decoders
 from tpuplex.models import gguf
 from tpuplex.models.lora import Lora, projection_modules
-from tpuplex.params import resolve_checkpoint
 from tpuplex.protocol import ModelSpec, OptimizerSpec, PortableState, Prompts
 from tpuplex.tasks.causal_lm import TASK, chat
 from tpuplex_torch.backend import TorchBackend

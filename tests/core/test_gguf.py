@@ -30,10 +30,10 @@ from gguf_files import (
     write_gguf,
 )
 
+from tpuplex.checkpoints import resolve_checkpoint
 from tpuplex.errors import TpuplexError
 from tpuplex.models import DECODER_FAMILIES
 from tpuplex.models import gguf as tpuplex_gguf
-from tpuplex.params import resolve_checkpoint
 
 
 def check_weights_and_tokens(folder: Path, weights: dict[str, np.ndarray]) -> None:

@@ -9,11 +9,11 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from tpuplex import initializers, models
+from tpuplex.checkpoints import read_hf_config
 from tpuplex.commands import cli
 from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.text import expected_shapes, initial_params
-from tpuplex.params import read_hf_config
 from tpuplex.testing.specs import classifier
 
 SIZES = {"vocab_size": 50, "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,

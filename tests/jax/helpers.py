@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tpuplex.checkpoints import read_hf_config
 from tpuplex.config import RuntimeConfig
 from tpuplex.data.batching import Encoded
-from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec
 from tpuplex.testing.specs import classifier_spec
 from tpuplex_jax.backend import JaxBackend

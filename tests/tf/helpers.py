@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tpuplex.checkpoints import read_hf_config
 from tpuplex.data.batching import Encoded
-from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec
 from tpuplex.testing.specs import classifier_spec
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tpuplex.checkpoints import read_hf_config
 from tpuplex.config import RuntimeConfig
 from tpuplex.data.batching import Batcher, Encoded
-from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.testing.specs import classifier_spec
 from tpuplex.testing.tiny_bert import write_tiny_bert

@@ -32,12 +32,12 @@ from kill_campaign import run_campaign
 import torch
 import tpuplex
 from tpuplex import models
+from tpuplex.checkpoints import resolve_checkpoint
 from tpuplex.commands import cli
 from tpuplex.data.corpus import prepare_corpus
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.decoder import initial_decoder_params
 from tpuplex.models import gguf
-from tpuplex.params import resolve_checkpoint
 from tpuplex.protocol import OptimizerSpec, Prompts
 from tpuplex.tasks.causal_lm import TASK
 

@@ -24,10 +24,22 @@ def check_import_path(architecture: str) -> None:
                           "\"package.module:ClassName\" (or leave it empty for the checkpoint's own family)")
 
 
+_added: list[str] = []
+"""The folders `add_search_path` put on sys.path, in order: what a run records, so that reading it again later
+(export, predict, generate) imports a model or task of your own as training did."""
+
+
 def add_search_path(folder: Path) -> None:
     """Let user models import from `folder` (after everything installed, so they never shadow a library)."""
     if str(folder) not in sys.path:
         sys.path.append(str(folder))
+    if str(folder) not in _added:
+        _added.append(str(folder))
+
+
+def search_paths() -> list[str]:
+    """The folders `add_search_path` added in this process."""
+    return list(_added)
 
 
 def import_object(path: str, field: str) -> Any:

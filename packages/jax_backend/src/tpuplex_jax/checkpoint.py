@@ -15,7 +15,7 @@ import numpy as np
 import optax
 
 import jax
-from tpuplex.params import check_names
+from tpuplex.checkpoints import check_names
 from tpuplex.protocol import PortableState
 from tpuplex_jax.layout import host_array
 from tpuplex_jax.ops import Naming, flax_views, to_portable_arrays, to_portable_slices
@@ -43,7 +43,7 @@ def from_portable(arrays: PortableState, template: TrainState, programs: Any) ->
     """A host TrainState equal to `arrays`, structured like `template`, of views read a block at a time when
     placed (`tpuplex_jax.layout.place`); `programs` (the backend's) gives the expected names and shapes.
 
-    Raises TpuplexError (via tpuplex.params.check_names) naming missing, unexpected or mis-shaped entries.
+    Raises TpuplexError (via tpuplex.checkpoints.check_names) naming missing, unexpected or mis-shaped entries.
     """
     check_names(programs.shapes, arrays.params, "checkpoint parameters")
     for what, named in (("checkpoint exp_avg", arrays.exp_avg), ("checkpoint exp_avg_sq", arrays.exp_avg_sq)):

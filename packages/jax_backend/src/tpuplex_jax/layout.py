@@ -2,7 +2,7 @@
 and device arrays back to whole host arrays.
 
 The core decides a `Layout` per parameter in its portable (torch) layout; a Flax kernel is the transpose of that
-(Dense [in, out], convolutions HWIO), so its layout is permuted the same way (`tpuplex.params.from_torch_axes`).
+(Dense [in, out], convolutions HWIO), so its layout is permuted the same way (`tpuplex.checkpoints.from_torch_axes`).
 Adam's moments take their parameter's layout (`optax.tree_map_params`); counts, the injected learning rate and the
 model's other collections (batch-norm statistics) stay replicated.
 """
@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import jax
 from tpuplex import sharding
-from tpuplex.params import from_torch_axes
+from tpuplex.checkpoints import from_torch_axes
 from tpuplex_jax.ops import Naming
 from tpuplex_jax.step import TrainState
 

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax
+from tpuplex.checkpoints import flax_axes, torch_axes, torch_shape
 from tpuplex.models.conformer import positions as sinusoidal_positions
-from tpuplex.params import flax_axes, torch_axes, torch_shape
 from tpuplex.slices import Slice, View
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tpuplex.params import check_names, from_torch_layout, to_torch_layout, torch_shape
+from tpuplex.checkpoints import check_names, from_torch_layout, to_torch_layout, torch_shape
 from tpuplex.protocol import PortableState
 from tpuplex_tf.step import Steps
 

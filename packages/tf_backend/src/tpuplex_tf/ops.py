@@ -30,7 +30,7 @@ if keras.backend.backend() != "tensorflow":
 
 Variables = dict[str, tuple[keras.Variable, bool]]
 """Canonical (or HF) name -> (variable, whether it is a kernel in Keras' layout: Dense [in, out], Conv2D HWIO,
-where torch has [out, in] and OIHW; see `tpuplex.params.to_torch_layout`)."""
+where torch has [out, in] and OIHW; see `tpuplex.checkpoints.to_torch_layout`)."""
 
 ACTIVATIONS = {
     "gelu": lambda x: tf.nn.gelu(x, approximate=False),  # HF "gelu" is the exact erf form

@@ -21,7 +21,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 import torch
 from tpuplex import sharding
-from tpuplex.params import check_names
+from tpuplex.checkpoints import check_names
 from tpuplex.protocol import PortableState
 from tpuplex.slices import Slice, SliceReader, Zeros
 from tpuplex_torch.devices import Placement

@@ -253,8 +253,8 @@ def _prepare(args: argparse.Namespace) -> int:
             raise TpuplexError(f"--max-length {args.max_length}: use rows of at least 2 tokens (a token and the one "
                                "it predicts)")
         from tpuplex import tasks
+        from tpuplex.checkpoints import resolve_checkpoint
         from tpuplex.data.corpus import prepare_corpus
-        from tpuplex.params import resolve_checkpoint
 
         encoder = tasks.get(args.task).corpus_encoder(resolve_checkpoint(args.tokenizer))
         report = prepare_corpus(args.source, args.out, encoder, args.max_length, args.workers, args.text_column,

@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from tpuplex.checkpoints import resolve_checkpoint
 from tpuplex.commands import run_folder, workflow
 from tpuplex.errors import TpuplexError
-from tpuplex.params import resolve_checkpoint
 from tpuplex.protocol import Prompts
 from tpuplex.tasks.causal_lm import chat as conversations
 from tpuplex.tasks.causal_lm.data import encode_counting_unknown

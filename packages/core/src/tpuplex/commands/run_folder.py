@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from tpuplex import config as config_lib
+from tpuplex.checkpoints import MINILM_ALIAS, is_hub_id
 from tpuplex.config import Config
 from tpuplex.engine import checkpoint
 from tpuplex.engine.run_log import LOG_FILE
 from tpuplex.errors import CheckpointError
 from tpuplex.models.gguf import SMOLLM2_ALIAS
-from tpuplex.params import MINILM_ALIAS, is_hub_id
-from tpuplex.plugins import add_search_path
+from tpuplex.plugins import add_search_path, search_paths
 from tpuplex.text_files import as_umask_allows
 
 RUN_FILE = "run.json"
@@ -68,9 +68,10 @@ RUN_FORMAT = "tpuplex.run/1"
 
 def record(config: Config, pinned_options: dict[str, Any]) -> dict[str, Any]:
     """The content of `<output_dir>/run.json`, which `tpuplex train` writes before its first step: its format, the
-    config, the directory, and the task options the data decided (`TaskData.pinned_options`)."""
+    config, the directory, the task options the data decided (`TaskData.pinned_options`) and the folders a model
+    or task of your own imported from (the config's own among them)."""
     return {"format": RUN_FORMAT, "config": config.to_dict(), "directory": os.getcwd(),
-            "task_options": pinned_options}
+            "task_options": pinned_options, "search_path": search_paths()}
 
 
 def keep_model_files(checkpoint_dir: Path, run_dir: Path) -> None:
@@ -124,7 +125,8 @@ def locate(path: str | Path, data_dir: str | None = None) -> Found:
     recorded = run_dir / RUN_FILE
     try:
         written = json.loads(recorded.read_text(encoding="utf-8"))
-        add_search_path(Path(written.get("directory", ".")))  # a task of your own imports as it did in training
+        for folder in [written.get("directory", "."), *written.get("search_path", [])]:
+            add_search_path(Path(folder))  # a model or task of your own imports as it did in training
         given = config_lib.from_dict(written["config"])
         config = config_lib.from_dict(config_lib.rebased_inputs(written["config"], Path(written.get("directory", ".")),
                                                                 RUN_PATHS))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpuplex import models, params
+from tpuplex import checkpoints, models
 from tpuplex.errors import ConfigError
 from tpuplex.kinds.base import ModelKind, backend_modules, framework_module, with_adapters
 from tpuplex.kinds.decoder import Decoders
@@ -45,8 +45,8 @@ def resolve(config: Any, task: Any) -> ModelKind:
     if config.model.architecture:
         kind: ModelKind = OwnModel.resolve(config, task)
     else:
-        checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint)
-        hf_config = params.read_hf_config(checkpoint_dir)
+        checkpoint_dir = checkpoints.resolve_checkpoint(config.model.checkpoint)
+        hf_config = checkpoints.read_hf_config(checkpoint_dir)
         family, arch = models.architecture_of(hf_config, checkpoint_dir / "config.json")
         found = next(kind for kind in family_kinds() if family in kind.families)
         kind = found(checkpoint_dir, hf_config, family, arch)

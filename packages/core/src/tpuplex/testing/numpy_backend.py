@@ -21,10 +21,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from tpuplex.checkpoints import check_names
 from tpuplex.config import RuntimeConfig
 from tpuplex.errors import TpuplexError
 from tpuplex.hardware import Topology
-from tpuplex.params import check_names
 from tpuplex.protocol import (
     BackendBase,
     Batch,

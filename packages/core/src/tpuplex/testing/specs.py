@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from tpuplex import models
+from tpuplex.checkpoints import read_hf_config
 from tpuplex.kinds.image import ImageFamilies
 from tpuplex.kinds.own import OwnModel, OwnNetwork
 from tpuplex.kinds.text import TextEncoders
 from tpuplex.models import user
 from tpuplex.nn import Network, initial_params
-from tpuplex.params import read_hf_config
 from tpuplex.protocol import ModelSpec
 from tpuplex.tasks.base import Head, Task
 from tpuplex.tasks.image_classification import TASK as IMAGE_CLASSIFICATION

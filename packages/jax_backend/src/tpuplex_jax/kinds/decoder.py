@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax
+from tpuplex.checkpoints import check_names
 from tpuplex.kinds.decoder import parameter_names, parameter_shapes
 from tpuplex.models import decoder
 from tpuplex.models.decoder import DecoderArch
 from tpuplex.models.lora import Lora
-from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 from tpuplex_jax.kinds import Built, KindModule
 from tpuplex_jax.ops import JaxOps, Naming, flax_views

@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax
+from tpuplex.checkpoints import check_names
 from tpuplex.kinds.encoder_decoder import parameter_names, parameter_shapes
 from tpuplex.models import search, t5
 from tpuplex.models.t5 import T5Arch
-from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 from tpuplex_jax.kinds import Built, KindModule
 from tpuplex_jax.ops import JaxOps, Naming, flax_views

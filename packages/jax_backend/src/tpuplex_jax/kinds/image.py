@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax
+from tpuplex.checkpoints import check_names
 from tpuplex.kinds.image import example_image_shape
 from tpuplex.models import resnet, vit
 from tpuplex.models.resnet import ResNet
 from tpuplex.models.vit import ViT
-from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex_jax.kinds import Built, KindModule
 from tpuplex_jax.ops import JaxOps, Naming, flax_views

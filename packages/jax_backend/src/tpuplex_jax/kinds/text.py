@@ -14,10 +14,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 import jax
+from tpuplex.checkpoints import check_names
 from tpuplex.kinds.text import expected_shapes
 from tpuplex.models import encoder
 from tpuplex.models.encoder_architecture import Architecture
-from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex.tasks.base import Head
 from tpuplex_jax.kinds import Built, KindModule

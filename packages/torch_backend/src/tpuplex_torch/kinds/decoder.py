@@ -14,11 +14,11 @@ from collections.abc import Mapping
 import numpy as np
 
 import torch
+from tpuplex.checkpoints import check_names
 from tpuplex.kinds.decoder import parameter_names, parameter_shapes
 from tpuplex.models import decoder
 from tpuplex.models.decoder import DecoderArch
 from tpuplex.models.lora import Lora
-from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts, head_inputs
 from tpuplex_torch.kinds import Built, KindModule
 from tpuplex_torch.ops import Layer, Slots, TorchOps, add_module_at, common_prefix, read_slots, register_parameters

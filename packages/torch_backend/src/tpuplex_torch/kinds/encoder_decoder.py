@@ -13,10 +13,10 @@ from collections.abc import Mapping
 import numpy as np
 
 import torch
+from tpuplex.checkpoints import check_names
 from tpuplex.kinds.encoder_decoder import parameter_names, parameter_shapes
 from tpuplex.models import search, t5
 from tpuplex.models.t5 import T5Arch
-from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, Prompts
 from tpuplex_torch.kinds import Built, KindModule
 from tpuplex_torch.ops import TorchOps, read_slots, register_parameters

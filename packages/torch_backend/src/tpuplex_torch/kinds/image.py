@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 from tpuplex import models
+from tpuplex.checkpoints import check_names
 from tpuplex.models import resnet, vit
-from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec
 from tpuplex_torch.kinds import Built, KindModule
 from tpuplex_torch.ops import Layer, Slots, TorchOps, add_module_at, read_slots, register_parameters

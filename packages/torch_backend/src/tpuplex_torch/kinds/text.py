@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from tpuplex.checkpoints import check_names
 from tpuplex.kinds.text import expected_shapes
 from tpuplex.models import encoder
 from tpuplex.models.encoder_architecture import Architecture
-from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec, OptimizerSpec, head_inputs
 from tpuplex.tasks.base import Head
 from tpuplex_torch.kinds import Built, KindModule

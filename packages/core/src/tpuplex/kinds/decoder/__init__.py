@@ -23,12 +23,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex import models
+from tpuplex.checkpoints import check_names
 from tpuplex.errors import CheckpointError, TpuplexError
 from tpuplex.kinds.base import ModelKind, backend_modules
 from tpuplex.models.decoder import initial_params
 from tpuplex.models.lora import Lora
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
-from tpuplex.params import check_names
 from tpuplex.slices import SliceReader
 
 

@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex import models
+from tpuplex.checkpoints import check_names
 from tpuplex.kinds.base import ModelKind, backend_modules
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
-from tpuplex.params import check_names
 from tpuplex.protocol import batch_rows
 
 

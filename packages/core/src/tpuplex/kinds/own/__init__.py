@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tpuplex import params
+from tpuplex import checkpoints
 from tpuplex.data.tokenize import load_tokenizer
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.base import ModelKind, backend_modules
@@ -34,7 +34,7 @@ class OwnModel(ModelKind):
     def resolve(cls, config: Any, task: Any) -> OwnModel:
         """A network written once (`OwnNetwork`) when the path names a `tpuplex.nn.Network` (one path for every
         backend), else a framework's model."""
-        checkpoint_dir = params.resolve_checkpoint(config.model.checkpoint) if task.tokenized else None
+        checkpoint_dir = checkpoints.resolve_checkpoint(config.model.checkpoint) if task.tokenized else None
         architecture = config.model.architecture
         if "{backend}" not in architecture and _names_a_network(architecture):
             return OwnNetwork(checkpoint_dir, {}, None, None)

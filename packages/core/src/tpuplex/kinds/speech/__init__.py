@@ -14,12 +14,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex import models
+from tpuplex.checkpoints import check_names
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.base import ModelKind, backend_modules
 from tpuplex.models.conformer import ConformerArch, forward, initial_params, parameter_shapes
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
 from tpuplex.nn import Network, Param
-from tpuplex.params import check_names
 from tpuplex.protocol import ModelSpec
 
 

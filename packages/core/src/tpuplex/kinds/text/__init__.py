@@ -14,11 +14,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tpuplex import initializers, models
+from tpuplex.checkpoints import check_names
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.base import ModelKind, backend_modules
 from tpuplex.models import encoder_architecture
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
-from tpuplex.params import check_names
 from tpuplex.tasks.base import Head
 
 

@@ -1,7 +1,8 @@
-"""Checkpoint folders and parameters by name: where `model.checkpoint` points (`resolve_checkpoint`), its
-`config.json` (`read_hf_config`), the one error for names and shapes that do not match (`check_names`), and the
-layout of kernels between torch and Flax/Keras. The initial state itself is each model kind's
-(`tpuplex.kinds.text.initial_params`, `tpuplex.kinds.image.initial_image_state`).
+"""The checkpoints a run starts from, and parameters by name: where `model.checkpoint` points, downloaded when
+it names the hub (`resolve_checkpoint`), its `config.json` (`read_hf_config`), the one error for names and shapes
+that do not match (`check_names`), and the layout of kernels between torch and Flax/Keras. The initial state itself
+is each model kind's (`tpuplex.kinds.text.initial_params`, `tpuplex.kinds.image.initial_image_state`); the
+checkpoints a run writes are `tpuplex.engine.checkpoint`'s.
 """
 
 from __future__ import annotations
