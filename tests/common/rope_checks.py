@@ -47,7 +47,10 @@ rotating half of each head (`partial_rotary_factor`, Phi-4-mini's 0.75 in kind).
 SUBSET = [("llama", "yarn"), ("llama", "llama3"), ("llama", "longrope"), ("phi3-partial", "longrope"),
           ("gemma2", "dynamic"), ("qwen2", "linear")]
 """What the jax and tf sessions run (13 s a case on tf): every type but the default once (whose constant table
-the decoder tests check on every family), in four families."""
+the decoder tests check on every family), in four families. The fast tier splits them between the two sessions
+(`FAST`), so every type runs on one of them; the long tier runs the rest."""
+FAST = {"jax": [("llama", "yarn"), ("llama", "longrope"), ("gemma2", "dynamic")],
+        "tf": [("llama", "llama3"), ("phi3-partial", "longrope"), ("qwen2", "linear")]}
 
 
 def rope_table(family: str, kind: str) -> dict:
@@ -150,5 +153,9 @@ def check_rope_checkpoint(backend, tmp_path: Path, family: str, kind: str) -> No
         np.testing.assert_array_equal(found, expected_tokens, err_msg=f"prompt {prompt_length}")
 
 
-def parametrize(cases):
-    return pytest.mark.parametrize(("family", "kind"), cases, ids=[f"{family}-{kind}" for family, kind in cases])
+def parametrize(cases, fast=None):
+    """`cases` as (family, kind) parameters; those outside `fast` (when given) in the long tier."""
+    return pytest.mark.parametrize(("family", "kind"), [
+        pytest.param(family, kind, id=f"{family}-{kind}",
+                     marks=() if fast is None or (family, kind) in fast else pytest.mark.long)
+        for family, kind in cases])

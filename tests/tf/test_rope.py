@@ -4,7 +4,7 @@
 from pathlib import Path
 
 import pytest
-from rope_checks import SUBSET, check_rope_checkpoint, parametrize
+from rope_checks import FAST, SUBSET, check_rope_checkpoint, parametrize
 
 from tpuplex.config import RuntimeConfig
 from tpuplex_tf.backend import TfBackend
@@ -17,7 +17,7 @@ def backend():
     return TfBackend(RuntimeConfig(cpu_devices=1))
 
 
-@parametrize(SUBSET)
+@parametrize(SUBSET, FAST["tf"])
 def test_rope_checkpoint_matches_transformers(backend, tmp_path: Path, family: str, kind: str) -> None:
     """A transformers-drawn checkpoint with the rope table `kind`: transformers' per-token losses below and above
     the original length, its greedy tokens from prompts below, above and across it."""
