@@ -39,11 +39,9 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
 from tpuplex import initializers
 from tpuplex.models.ops import Ops
-from tpuplex.slices import BlockReader, Index, SliceReader, Zeros, bounds
+from tpuplex.slices import Filled, SliceReader
 
 Initializer = Callable[[int, str, tuple[int, ...]], SliceReader]
 """(seed, parameter name, shape) -> the parameter's initial value, read a block at a time."""
@@ -96,7 +94,7 @@ def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
 
 
 def zeros() -> Initializer:
-    return lambda seed, name, shape: Zeros(shape)
+    return constant(0.0)
 
 
 def ones() -> Initializer:
@@ -139,17 +137,5 @@ def fan_in_uniform_of(weight_shape: tuple[int, ...]) -> Initializer:
     return uniform(bound)
 
 
-@dataclasses.dataclass(frozen=True)
-class Filled(BlockReader):
-    """`value` everywhere in `shape`, made a block at a time."""
-
-    shape: tuple[int, ...]
-    value: float
-    dtype: np.dtype = np.dtype(np.float32)
-
-    def __getitem__(self, index: Index) -> np.ndarray:
-        return np.full([stop - start for start, stop in bounds(index, self.shape)], self.value, self.dtype)
-
-
-__all__ = ["Filled", "Initializer", "Network", "Ops", "Param", "constant", "fan_in_uniform", "fan_in_uniform_of",
+__all__ = ["Initializer", "Network", "Ops", "Param", "constant", "fan_in_uniform", "fan_in_uniform_of",
            "glorot_uniform", "initial_params", "normal", "ones", "uniform", "zeros"]

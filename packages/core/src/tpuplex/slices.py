@@ -32,7 +32,7 @@ class SliceReader(Protocol):
 
 
 class BlockReader:
-    """What tpuplex's own readers share (a `View`, `Zeros`, a checkpoint's `StoredArray`, a drawn parameter, a
+    """What tpuplex's own readers share (a `View`, `Filled`, a checkpoint's `StoredArray`, a drawn parameter, a
     merged LoRA weight): `np.asarray(reader)` is the whole (the block `()`), and `ndim` and `size` follow from
     `shape`. A subclass gives `shape`, `dtype` and `__getitem__`."""
 
@@ -90,14 +90,16 @@ def bounds(index: Index, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Zeros(BlockReader):
-    """Zeros of `shape` (Adam's moments before the first step), made a block at a time."""
+class Filled(BlockReader):
+    """`value` everywhere in `shape` (zeros: Adam's moments before the first step; a norm's ones), made a block at a
+    time."""
 
     shape: tuple[int, ...]
+    value: float = 0.0
     dtype: np.dtype = np.dtype(np.float32)
 
     def __getitem__(self, index: Index) -> np.ndarray:
-        return np.zeros([stop - start for start, stop in bounds(index, self.shape)], self.dtype)
+        return np.full([stop - start for start, stop in bounds(index, self.shape)], self.value, self.dtype)
 
 
 @dataclasses.dataclass(frozen=True)

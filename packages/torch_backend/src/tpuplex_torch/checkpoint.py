@@ -23,7 +23,7 @@ import torch
 from tpuplex import sharding
 from tpuplex.checkpoints import check_names
 from tpuplex.protocol import PortableState
-from tpuplex.slices import Slice, SliceReader, Zeros
+from tpuplex.slices import Filled, Slice, SliceReader
 from tpuplex_torch.devices import Placement
 from tpuplex_torch.step import TorchState
 
@@ -32,7 +32,7 @@ def initial(params: Mapping[str, np.ndarray], buffers: Mapping[str, np.ndarray],
             frozen: frozenset[str] = frozenset()) -> PortableState:
     """The state before training: `params` and `buffers`, zero moments of those not `frozen` (made a shard at a
     time), step 0."""
-    zeros = {name: Zeros(tuple(np.shape(array))) for name, array in params.items() if name not in frozen}
+    zeros = {name: Filled(tuple(np.shape(array))) for name, array in params.items() if name not in frozen}
     return PortableState(params=dict(params), exp_avg=zeros, exp_avg_sq=dict(zeros), step=0, buffers=dict(buffers))
 
 

@@ -7,19 +7,19 @@ checkpoint of the same sizes, e.g. `tpuplex export` of an earlier run's paramete
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-from tpuplex import models
+from tpuplex import models, nn
 from tpuplex.checkpoints import check_names
 from tpuplex.errors import TpuplexError
 from tpuplex.kinds.base import ModelKind, backend_modules
 from tpuplex.models.conformer import ConformerArch, forward, initial_params, parameter_shapes
 from tpuplex.models.weights import PICKLE, SAFETENSORS, load_weights
-from tpuplex.nn import Network, Param
 from tpuplex.protocol import ModelSpec
 
 
@@ -33,12 +33,12 @@ class SpeechFamilies(ModelKind):
         shapes = parameter_shapes(self.arch, head.mel_bins, head.vocab_size)
         folder = Path(self.checkpoint_dir)
         if not any((folder / name).is_file() for name in (SAFETENSORS, PICKLE)):
-            return initial_params(self.arch, head.mel_bins, head.vocab_size, seed), {}
+            return nn.initial_params(ConformerNetwork(self.arch, head.mel_bins, head.vocab_size), seed), {}
         loaded = load_weights(folder)
         check_names(shapes, loaded, f"the weights in {folder}")
         return {name: loaded[name] for name in shapes}, {}
 
-    def network(self, spec: ModelSpec) -> Network:
+    def network(self, spec: ModelSpec) -> nn.Network:
         return ConformerNetwork(spec.arch, spec.head.mel_bins, spec.head.vocab_size)
 
     def forward_flops(self, spec: Any, batch: Mapping[str, np.ndarray]) -> float:
@@ -50,19 +50,17 @@ class SpeechFamilies(ModelKind):
                            "torch_export")
 
 
-class ConformerNetwork(Network):
+class ConformerNetwork(nn.Network):
     """A Conformer for CTC (`tpuplex.models.conformer.forward`): (features float32 [B, T, mel], attention_mask int
     [B, T]) -> (logits [B, T', vocab], output_lengths [B])."""
 
     def __init__(self, arch: ConformerArch, mel_bins: int, vocab_size: int):
         self.arch, self.mel_bins, self.vocab_size = arch, mel_bins, vocab_size
 
-    def params(self) -> dict[str, Param]:
-        """Drawn as HF draws such a model (`tpuplex.models.conformer.initial_params`)."""
-        def draw(seed: int, name: str, shape: tuple[int, ...]) -> Any:
-            return initial_params(self.arch, self.mel_bins, self.vocab_size, seed)[name]
-
-        return {name: Param(shape, draw)
+    def params(self) -> dict[str, nn.Param]:
+        """Drawn as HF draws such a model (`tpuplex.models.conformer.initial_params`, once per seed)."""
+        drawn = functools.cache(lambda seed: initial_params(self.arch, self.mel_bins, self.vocab_size, seed))
+        return {name: nn.Param(shape, lambda seed, name, shape: drawn(seed)[name])
                 for name, shape in parameter_shapes(self.arch, self.mel_bins, self.vocab_size).items()}
 
     def __call__(self, ops: Any, params: Mapping[str, Any], features: Any, attention_mask: Any) -> tuple[Any, Any]:
