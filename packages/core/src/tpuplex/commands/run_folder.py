@@ -125,11 +125,11 @@ def locate(path: str | Path, data_dir: str | None = None) -> Found:
     recorded = run_dir / RUN_FILE
     try:
         written = json.loads(recorded.read_text(encoding="utf-8"))
-        for folder in [written.get("directory", "."), *written.get("search_path", [])]:
-            add_search_path(Path(folder))  # a model or task of your own imports as it did in training
+        directory = Path(written.get("directory", "."))
+        for folder in [directory, *map(Path, written.get("search_path", []))]:
+            add_search_path(folder)  # a model or task of your own imports as it did in training
         given = config_lib.from_dict(written["config"])
-        config = config_lib.from_dict(config_lib.rebased_inputs(written["config"], Path(written.get("directory", ".")),
-                                                                RUN_PATHS))
+        config = config_lib.from_dict(config_lib.rebased_inputs(written["config"], directory, RUN_PATHS))
     except (ValueError, KeyError, TypeError) as error:
         raise CheckpointError(f"{recorded} is unreadable ({type(error).__name__}): restore it from the run") from None
     pinned = written.get("task_options") or {}

@@ -73,9 +73,8 @@ class OwnNetwork(OwnModel):
 
     def hf_class(self, config: Any, task: Any) -> str:
         raise TpuplexError(f"the run trained your own network ({config.model.architecture}), which transformers "
-                           "has no class for: export it with --format saved_model (tf) or torch_export (torch), "
-                           "or read its parameters from the run's portable checkpoint")
-
+                           "has no class for: export it with --format saved_model (from a run of any backend), or "
+                           "read its parameters from the run's portable checkpoint")
 
 
 class CheckedLogits(Network):
